@@ -1,0 +1,112 @@
+"""agentfsm: an explicit finite-state-machine runtime for LLM agent loops."""
+
+from __future__ import annotations
+
+from ._bus import BusStatistics as BusStatistics
+from ._bus import EventBus as EventBus
+from ._bus import Subscription as Subscription
+from ._bus import SubscriptionStatistics as SubscriptionStatistics
+from ._loop import current_loop_id as current_loop_id
+from ._runtime import DEFAULT_MAX_TURNS as DEFAULT_MAX_TURNS
+from ._runtime import MAX_TURNS_CAP as MAX_TURNS_CAP
+from ._runtime import Runtime as Runtime
+from ._runtime import current_runtime as current_runtime
+from ._runtime import run_loop as run_loop
+from .events import AgentEvent as AgentEvent
+from .events import AgentEventAdapter as AgentEventAdapter
+from .exceptions import AgentFSMError as AgentFSMError
+from .exceptions import ConfigurationError as ConfigurationError
+from .exceptions import LoopAborted as LoopAborted
+from .exceptions import NoRuntimeError as NoRuntimeError
+from .exceptions import ProviderError as ProviderError
+from .exceptions import ToolError as ToolError
+from .exceptions import TransitionRejected as TransitionRejected
+from .interception import Abort as Abort
+from .interception import Decision as Decision
+from .interception import InterceptionHandler as InterceptionHandler
+from .interception import Pause as Pause
+from .interception import PendingTransition as PendingTransition
+from .interception import Proceed as Proceed
+from .interception import Rewrite as Rewrite
+from .interception import ToolBatch as ToolBatch
+from .messages import FunctionCallItem as FunctionCallItem
+from .messages import FunctionCallOutputItem as FunctionCallOutputItem
+from .messages import ModelContext as ModelContext
+from .messages import ModelMessageItem as ModelMessageItem
+from .messages import ReasoningItem as ReasoningItem
+from .messages import TokenUsage as TokenUsage
+from .messages import UserMessage as UserMessage
+from .providers import InferenceInput as InferenceInput
+from .providers import InferenceOutput as InferenceOutput
+from .providers import Provider as Provider
+from .providers import ProviderRegistry as ProviderRegistry
+from .providers.function import FunctionProvider as FunctionProvider
+from .results import LoopResult as LoopResult
+from .results import LoopStatus as LoopStatus
+from .results import LoopView as LoopView
+from .results import PathStep as PathStep
+from .states import LoopState as LoopState
+from .states import Outcome as Outcome
+from .states import Trigger as Trigger
+from .tools import Tool as Tool
+from .tools import tool as tool
+
+__version__ = "0.1.0"
+
+__all__ = (
+    # runtime
+    "Runtime",
+    "run_loop",
+    "current_runtime",
+    "current_loop_id",
+    "DEFAULT_MAX_TURNS",
+    "MAX_TURNS_CAP",
+    "LoopResult",
+    "LoopView",
+    "LoopStatus",
+    "PathStep",
+    # machine
+    "LoopState",
+    "Trigger",
+    "Outcome",
+    # interception
+    "PendingTransition",
+    "Decision",
+    "Proceed",
+    "Rewrite",
+    "Pause",
+    "Abort",
+    "ToolBatch",
+    "InterceptionHandler",
+    # items
+    "ModelContext",
+    "UserMessage",
+    "ModelMessageItem",
+    "ReasoningItem",
+    "FunctionCallItem",
+    "FunctionCallOutputItem",
+    "TokenUsage",
+    # providers and tools
+    "InferenceInput",
+    "InferenceOutput",
+    "Provider",
+    "ProviderRegistry",
+    "FunctionProvider",
+    "Tool",
+    "tool",
+    # events and bus
+    "AgentEvent",
+    "AgentEventAdapter",
+    "EventBus",
+    "Subscription",
+    "BusStatistics",
+    "SubscriptionStatistics",
+    # errors
+    "AgentFSMError",
+    "ConfigurationError",
+    "NoRuntimeError",
+    "TransitionRejected",
+    "LoopAborted",
+    "ToolError",
+    "ProviderError",
+)

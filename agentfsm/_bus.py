@@ -1,0 +1,331 @@
+"""The in-process event bus.
+
+Each subscriber has its own bounded buffer, so a slow, stuck or failing
+subscriber never stalls a loop or another subscriber: when its buffer is full,
+further events for it are dropped and counted, and it sees the hole as a gap in
+`seq`. A subscriber that asks for `backpressure=True` is never dropped from;
+instead a loop publishing to its full buffer waits for room.
+
+Publishing with no subscribers is a dictionary lookup; the loop asks `wants()`
+before it even builds an event.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections import deque
+from collections.abc import Iterable, Sequence
+from types import TracebackType
+from typing import NamedTuple, Self
+
+import anyio
+import anyio.lowlevel
+
+from .events import EVENT_TYPES, AgentEvent
+from .exceptions import BusClosed, BusFull, ConfigurationError
+
+__all__ = ("BusStatistics", "EventBus", "Subscription", "SubscriptionStatistics")
+
+
+class BusStatistics(NamedTuple):
+    """Counters of one bus."""
+
+    subscribers: int
+    published: int
+    """Events published (whether or not anyone wanted them)."""
+    delivered: int
+    """Events put into subscriber buffers."""
+    dropped: int
+    """Events dropped because a subscriber's buffer was full."""
+
+
+class SubscriptionStatistics(NamedTuple):
+    """Counters of one subscription."""
+
+    delivered: int
+    dropped: int
+    buffered: int
+    """Events waiting in the buffer."""
+
+
+class Subscription:
+    """One subscriber's buffer of events; iterate it with `async for`.
+
+    Use it as a context manager so it is closed (and unsubscribed) on exit:
+
+    ```python
+    with runtime.bus.subscribe("model.answer") as answers:
+        async for event in answers:
+            ...
+    ```
+    """
+
+    __slots__ = (
+        "_buffer",
+        "_bus",
+        "_closed",
+        "_space",
+        "_waiter",
+        "backpressure",
+        "capacity",
+        "delivered",
+        "dropped",
+        "loop_id",
+        "patterns",
+    )
+
+    def __init__(
+        self,
+        bus: EventBus,
+        patterns: tuple[str, ...],
+        loop_id: str | None,
+        capacity: int,
+        backpressure: bool,
+    ) -> None:
+        self._bus = bus
+        self.patterns = patterns
+        self.loop_id = loop_id
+        self.capacity = capacity
+        self.backpressure = backpressure
+        self.delivered = 0
+        self.dropped = 0
+        self._buffer: deque[AgentEvent] = deque()
+        self._waiter: anyio.Event | None = None
+        self._space: anyio.Event | None = None
+        self._closed = False
+
+    def matches(self, event_type: str) -> bool:
+        """Whether this subscription's type patterns cover `event_type`."""
+        return any(fnmatch.fnmatchcase(event_type, p) for p in self.patterns)
+
+    def _offer(self, event: AgentEvent) -> bool:
+        if len(self._buffer) >= self.capacity:
+            return False
+        self._buffer.append(event)
+        self.delivered += 1
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            waiter.set()
+        return True
+
+    async def _wait_for_space(self) -> None:
+        while len(self._buffer) >= self.capacity and not self._closed:
+            if self._space is None:
+                self._space = anyio.Event()
+            await self._space.wait()
+
+    def receive_nowait(self) -> AgentEvent:
+        """The next buffered event.
+
+        Raises:
+            anyio.WouldBlock: the buffer is empty.
+            anyio.EndOfStream: the subscription is closed and drained.
+        """
+        if self._buffer:
+            event = self._buffer.popleft()
+            space = self._space
+            if space is not None:
+                self._space = None
+                space.set()
+            return event
+        if self._closed:
+            raise anyio.EndOfStream
+        raise anyio.WouldBlock
+
+    async def receive(self) -> AgentEvent:
+        """The next event, waiting for one if needed.
+
+        Raises:
+            anyio.EndOfStream: the subscription is closed and drained.
+        """
+        while True:
+            try:
+                event = self.receive_nowait()
+            except anyio.WouldBlock:
+                waiter = self._waiter = anyio.Event()
+                await waiter.wait()
+            else:
+                await anyio.lowlevel.checkpoint_if_cancelled()
+                return event
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> AgentEvent:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    def close(self) -> None:
+        """Unsubscribe; events already buffered can still be received."""
+        if self._closed:
+            return
+        self._closed = True
+        self._bus._remove(self)
+        for event in (self._waiter, self._space):
+            if event is not None:
+                event.set()
+        self._waiter = self._space = None
+
+    @property
+    def closed(self) -> bool:
+        """Whether the subscription was closed."""
+        return self._closed
+
+    def statistics(self) -> SubscriptionStatistics:
+        """This subscription's counters."""
+        return SubscriptionStatistics(self.delivered, self.dropped, len(self._buffer))
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class EventBus:
+    """Fans events out to subscribers, each with its own bounded buffer."""
+
+    __slots__ = (
+        "_by_loop",
+        "_closed",
+        "_global",
+        "_routes",
+        "backpressure",
+        "delivered",
+        "dropped",
+        "published",
+    )
+
+    def __init__(self) -> None:
+        self._global: list[Subscription] = []
+        self._by_loop: dict[str, list[Subscription]] = {}
+        self._routes: dict[str, tuple[Subscription, ...]] = {}
+        self._closed = False
+        self.backpressure = False
+        """Whether any subscriber asked for backpressure (publishers must `await`)."""
+        self.published = 0
+        self.delivered = 0
+        self.dropped = 0
+
+    def subscribe(
+        self,
+        types: str | Sequence[str] = "*",
+        *,
+        loop_id: str | None = None,
+        buffer: int = 10_000,
+        backpressure: bool = False,
+    ) -> Subscription:
+        """Subscribe to events whose type matches a pattern (`"*"`, `"function_call.*"`).
+
+        Args:
+            types: one glob pattern or several.
+            loop_id: only events of this loop.
+            buffer: how many events may wait in the buffer.
+            backpressure: make publishers wait for room instead of dropping events.
+        """
+        if self._closed:
+            raise BusClosed("the bus is closed")
+        if buffer < 1:
+            raise ConfigurationError(f"buffer must be at least 1, got {buffer}")
+        patterns = (types,) if isinstance(types, str) else tuple(types)
+        if not patterns:
+            raise ConfigurationError("subscribe to at least one type pattern")
+        unknown = [p for p in patterns if not fnmatch.filter(EVENT_TYPES, p)]
+        if unknown:
+            raise ConfigurationError(
+                f"patterns {unknown} match no event type (types: {', '.join(EVENT_TYPES)})"
+            )
+        sub = Subscription(self, patterns, loop_id, buffer, backpressure)
+        if loop_id is None:
+            self._global.append(sub)
+        else:
+            self._by_loop.setdefault(loop_id, []).append(sub)
+        self._changed()
+        return sub
+
+    def _remove(self, sub: Subscription) -> None:
+        if sub.loop_id is None:
+            self._global.remove(sub)
+        else:
+            subs = self._by_loop[sub.loop_id]
+            subs.remove(sub)
+            if not subs:
+                del self._by_loop[sub.loop_id]
+        self._changed()
+
+    def _changed(self) -> None:
+        self._routes.clear()
+        self.backpressure = any(s.backpressure for s in self._subscriptions())
+
+    def _subscriptions(self) -> Iterable[Subscription]:
+        yield from self._global
+        for subs in self._by_loop.values():
+            yield from subs
+
+    def _route(self, event_type: str) -> tuple[Subscription, ...]:
+        route = self._routes.get(event_type)
+        if route is None:
+            route = self._routes[event_type] = tuple(
+                s for s in self._global if s.matches(event_type)
+            )
+        return route
+
+    def wants(self, event_type: str, loop_id: str) -> bool:
+        """Whether any subscriber would receive an event of this type and loop."""
+        return bool(self._route(event_type)) or loop_id in self._by_loop
+
+    def _targets(self, event: AgentEvent) -> list[Subscription]:
+        targets = list(self._route(event.type))
+        for sub in self._by_loop.get(event.loop_id, ()):
+            if sub.matches(event.type):
+                targets.append(sub)
+        return targets
+
+    def publish_nowait(self, event: AgentEvent) -> None:
+        """Deliver an event to every matching subscriber without waiting.
+
+        Raises:
+            BusFull: a backpressure subscriber's buffer is full (nothing was delivered).
+        """
+        targets = self._targets(event)
+        if self.backpressure:
+            for sub in targets:
+                if sub.backpressure and len(sub._buffer) >= sub.capacity:
+                    raise BusFull(f"subscriber to {sub.patterns} is full")
+        self._deliver(event, targets)
+
+    async def publish(self, event: AgentEvent) -> None:
+        """Deliver an event, waiting for room in backpressure subscribers' buffers."""
+        targets = self._targets(event)
+        for sub in targets:
+            if sub.backpressure:
+                await sub._wait_for_space()
+        self._deliver(event, targets)
+
+    def _deliver(self, event: AgentEvent, targets: Iterable[Subscription]) -> None:
+        self.published += 1
+        for sub in targets:
+            if sub._offer(event):
+                self.delivered += 1
+            else:
+                sub.dropped += 1
+                self.dropped += 1
+
+    def statistics(self) -> BusStatistics:
+        """The bus's counters."""
+        subscribers = len(self._global) + sum(len(s) for s in self._by_loop.values())
+        return BusStatistics(subscribers, self.published, self.delivered, self.dropped)
+
+    def close(self) -> None:
+        """Close every subscription (their iterations end once drained)."""
+        self._closed = True
+        for sub in list(self._subscriptions()):
+            sub.close()

@@ -1,0 +1,292 @@
+"""The runtime: one task group, the bus, the provider registry and the loops.
+
+```python
+async with Runtime(providers={"scripted": provider}) as runtime:
+    loop_id = runtime.run_loop("agent-1", "hello", inference_input)  # returns at once
+    result = await runtime.wait(loop_id)
+```
+
+Loops run as tasks of the runtime's task group. Leaving the block waits for
+running loops; loops still paused then are cancelled. An exception leaving the
+block cancels every loop (each still ends in `idle` with outcome `cancelled`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping, Sequence
+from contextvars import ContextVar, Token
+from types import TracebackType
+from typing import Final, Self
+
+import anyio
+from anyio.abc import TaskGroup
+
+from ._bus import EventBus
+from ._ids import uuid7
+from ._loop import Loop
+from .exceptions import (
+    ConfigurationError,
+    LoopStateError,
+    NoRuntimeError,
+    UnknownLoopError,
+)
+from .interception import Decision, InterceptionHandler, Proceed
+from .messages import UserMessage
+from .providers import InferenceInput, Provider, ProviderRegistry
+from .results import LoopResult, LoopStatus, LoopView
+
+__all__ = ("DEFAULT_MAX_TURNS", "MAX_TURNS_CAP", "Runtime", "current_runtime", "run_loop")
+
+DEFAULT_MAX_TURNS: Final = 50
+"""Model requests a loop may make unless `run_loop(max_turns=...)` says otherwise."""
+MAX_TURNS_CAP: Final = 10_000
+"""The most `max_turns` may be."""
+
+_current: ContextVar[Runtime | None] = ContextVar("agentfsm_runtime", default=None)
+
+
+def current_runtime() -> Runtime:
+    """The runtime of the current context.
+
+    Raises:
+        NoRuntimeError: not inside `async with Runtime()`.
+    """
+    runtime = _current.get()
+    if runtime is None:
+        raise NoRuntimeError(
+            "no agentfsm runtime in this context: call run_loop() inside "
+            "`async with agentfsm.Runtime() as runtime:` (or use runtime.run_loop)"
+        )
+    return runtime
+
+
+class Runtime:
+    """Owns the task group the loops run in, the event bus and the providers.
+
+    Args:
+        providers: `prefix -> provider` (or a ready `ProviderRegistry`); a loop
+            whose model is `prefix:name` is served by that provider.
+        keep_finished: how many finished loops are kept for `wait`/`get`
+            (oldest forgotten first).
+    """
+
+    def __init__(
+        self,
+        *,
+        providers: Mapping[str, Provider] | ProviderRegistry | None = None,
+        keep_finished: int = 10_000,
+    ) -> None:
+        if keep_finished < 0:
+            raise ConfigurationError(f"keep_finished must be >= 0, got {keep_finished}")
+        self.providers = (
+            providers if isinstance(providers, ProviderRegistry) else ProviderRegistry(providers)
+        )
+        self.bus = EventBus()
+        self._loops: dict[str, Loop] = {}
+        self._finished: deque[str] = deque()
+        self._keep_finished = keep_finished
+        self._tg: TaskGroup | None = None
+        self._token: Token[Runtime | None] | None = None
+        self._closed = False
+        self._closing = False
+        self._tasks = 0
+
+    async def __aenter__(self) -> Self:
+        if self._tg is not None or self._closed:
+            raise LoopStateError("a Runtime can be entered only once")
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        self._tg = tg
+        self._token = _current.set(self)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        assert self._tg is not None
+        try:
+            if exc is None:
+                # Running loops finish; loops left paused once none runs are
+                # cancelled, since nobody is left to resume them.
+                self._closing = True
+                self._cancel_paused_if_idle()
+            return await self._tg.__aexit__(exc_type, exc, tb)
+        finally:
+            self._closed = True
+            self._tg = None
+            self.bus.close()
+            if self._token is not None:
+                _current.reset(self._token)
+                self._token = None
+
+    def _spawn(self, loop: Loop) -> None:
+        assert self._tg is not None
+        self._tasks += 1
+        self._tg.start_soon(self._run_task, loop)
+
+    async def _run_task(self, loop: Loop) -> None:
+        try:
+            await loop.run()
+        finally:
+            self._tasks -= 1
+            self._cancel_paused_if_idle()
+
+    def _cancel_paused_if_idle(self) -> None:
+        if self._closing and self._tasks == 0:
+            for loop in list(self._loops.values()):
+                if loop.status is LoopStatus.paused:
+                    self.cancel(loop.loop_id, "the runtime closed while the loop was paused")
+
+    # ------------------------------------------------------------------ loops
+
+    def run_loop(
+        self,
+        agent_id: str,
+        message: UserMessage | str | None,
+        inference_input: InferenceInput,
+        interception_handler: InterceptionHandler
+        | Sequence[InterceptionHandler]
+        | None = None,
+        *,
+        max_turns: int = DEFAULT_MAX_TURNS,
+    ) -> str:
+        """Start a loop in the background and return its `loop_id` at once.
+
+        Args:
+            agent_id: who the loop runs for; loops of one agent run independently.
+            message: the user message to append first (`None` continues the context,
+                which must then end with a user message or a function output).
+            inference_input: model, settings, tools and the context to append to.
+            interception_handler: one handler or a list, run before every transition.
+            max_turns: the most model requests the loop may make (at most
+                `MAX_TURNS_CAP`); reaching it ends the loop with outcome `stopped`.
+
+        Raises:
+            ConfigurationError: the input cannot start a loop (the error says why).
+            LoopStateError: the runtime is not running.
+        """
+        if self._tg is None:
+            raise LoopStateError(
+                "the runtime is not running: use `async with Runtime() as runtime:`"
+            )
+        if not isinstance(inference_input, InferenceInput):
+            raise ConfigurationError(
+                f"inference_input must be an InferenceInput, got {type(inference_input).__name__}"
+            )
+        if not 1 <= max_turns <= MAX_TURNS_CAP:
+            raise ConfigurationError(f"max_turns must be in 1..{MAX_TURNS_CAP}, got {max_turns}")
+        user_message = _user_message(message, inference_input)
+        handlers = _handlers(interception_handler)
+        self.providers.resolve(inference_input.model)  # an unknown provider fails here, loudly
+        loop_id = uuid7()
+        loop = Loop(
+            self, loop_id, agent_id, user_message, inference_input, handlers, max_turns
+        )
+        self._loops[loop_id] = loop
+        self._spawn(loop)
+        return loop_id
+
+    def _loop(self, loop_id: str) -> Loop:
+        try:
+            return self._loops[loop_id]
+        except KeyError:
+            raise UnknownLoopError(loop_id) from None
+
+    async def wait(self, loop_id: str) -> LoopResult:
+        """Wait for a loop to end and return its result (whatever its outcome)."""
+        loop = self._loop(loop_id)
+        await loop.wait()
+        return loop.result()
+
+    def get(self, loop_id: str) -> LoopView:
+        """A snapshot of a loop: its state, status, path and totals."""
+        return self._loop(loop_id).view()
+
+    def cancel(self, loop_id: str, reason: str | None = None) -> None:
+        """Cancel a loop (running or paused); it ends in `idle` with outcome `cancelled`.
+
+        Cancelling a finished loop does nothing.
+        """
+        loop = self._loop(loop_id)
+        if loop.cancel(reason) and self._tg is not None:
+            self._spawn(loop)
+
+    def resume(self, loop_id: str, decision: Decision | None = None) -> None:
+        """Continue a paused loop; `decision` replaces the handler's `Pause`.
+
+        Raises:
+            LoopStateError: the loop is not paused.
+        """
+        loop = self._loop(loop_id)
+        if loop.status is not LoopStatus.paused:
+            raise LoopStateError(f"loop {loop_id} is {loop.status}, not paused")
+        if self._tg is None:
+            raise LoopStateError("the runtime is not running")
+        loop.resume(decision if decision is not None else Proceed())
+        self._spawn(loop)
+
+    def loops(self, *, status: LoopStatus | None = None) -> list[str]:
+        """Ids of the loops the runtime knows, oldest first (optionally of one status)."""
+        return [i for i, lp in self._loops.items() if status is None or lp.status is status]
+
+    def _loop_done(self, loop: Loop) -> None:
+        self._finished.append(loop.loop_id)
+        while len(self._finished) > self._keep_finished:
+            self._loops.pop(self._finished.popleft(), None)
+
+
+def run_loop(
+    agent_id: str,
+    message: UserMessage | str | None,
+    inference_input: InferenceInput,
+    interception_handler: InterceptionHandler | Sequence[InterceptionHandler] | None = None,
+    *,
+    max_turns: int = DEFAULT_MAX_TURNS,
+) -> str:
+    """`Runtime.run_loop` on the runtime of the current context.
+
+    Raises:
+        NoRuntimeError: not inside `async with Runtime()`.
+    """
+    return current_runtime().run_loop(
+        agent_id, message, inference_input, interception_handler, max_turns=max_turns
+    )
+
+
+def _user_message(
+    message: UserMessage | str | None, inference_input: InferenceInput
+) -> UserMessage | None:
+    if isinstance(message, str):
+        return UserMessage(content=message)
+    if isinstance(message, UserMessage):
+        return message
+    if message is not None:
+        raise ConfigurationError(
+            f"message must be a str, a UserMessage or None, got {type(message).__name__}"
+        )
+    items = inference_input.context.items
+    if not items:
+        raise ConfigurationError("message=None continues the context, but the context is empty")
+    last = items[-1]
+    if last.type not in ("user_message", "function_call_output"):
+        raise ConfigurationError(
+            "message=None continues the context, which must end with a user message or "
+            f"a function output; it ends with a {last.type}"
+        )
+    return None
+
+
+def _handlers(
+    handler: InterceptionHandler | Sequence[InterceptionHandler] | None,
+) -> tuple[InterceptionHandler, ...]:
+    if handler is None:
+        return ()
+    handlers = tuple(handler) if isinstance(handler, Sequence) else (handler,)
+    for h in handlers:
+        if not callable(h):
+            raise ConfigurationError(f"interception handler {h!r} is not callable")
+    return handlers

@@ -1,0 +1,284 @@
+"""Typed events published on the bus.
+
+Every event is a frozen pydantic model with the same envelope: `type` (a dotted
+name), `event_id`, `loop_id`, `agent_id`, `seq` (monotonic per loop, without
+holes: a subscriber sees a gap exactly when it missed an event), `ts` and
+`state` (the loop's state when the event was published). `AgentEventAdapter`
+reads any of them back from JSON.
+
+| type | when |
+|---|---|
+| `loop.started` | `run_loop` accepted the loop |
+| `transition.intercepted` | a handler decided about a pending transition |
+| `loop.paused` / `loop.resumed` | a handler paused the loop / `resume` continued it |
+| `loop.transition` | a transition was taken (the path, one edge at a time) |
+| `inference.stream` | a streamed chunk, in order |
+| `inference.completed` | a model request returned |
+| `function_call.started` / `.progress` / `.completed` | a tool call began / reported / ended |
+| `model.answer` | the answer was published |
+| `loop.failed` | the loop failed (published before its `loop.idle`) |
+| `loop.idle` | the loop ended, with its outcome and totals |
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Literal, TypeAlias, final
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter
+
+from .interception import ToolBatch
+from .messages import (
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    ModelMessageItem,
+    TokenUsage,
+    UserMessage,
+)
+from .providers import InferenceOutput, StreamingDelta
+from .states import LoopState, Outcome, Trigger
+
+__all__ = (
+    "AgentEvent",
+    "AgentEventAdapter",
+    "EventPayload",
+    "FunctionCallCompleted",
+    "FunctionCallProgress",
+    "FunctionCallStarted",
+    "InferenceCompleted",
+    "InferenceStream",
+    "LoopFailed",
+    "LoopIdle",
+    "LoopPaused",
+    "LoopResumed",
+    "LoopStarted",
+    "LoopTransition",
+    "ModelAnswer",
+    "RequestSummary",
+    "TransitionIntercepted",
+)
+
+
+class RequestSummary(BaseModel):
+    """An inference request as events record it (the settings, not the whole context)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["request"] = "request"
+    model: str
+    max_output_tokens: int | None = None
+    reasoning_effort: str | None = None
+    tool_choice: str | None = None
+    tools: tuple[str, ...] = ()
+    """The names of the tools offered."""
+    instructions: str | None = None
+    context_items: int = 0
+    """How many items the context held."""
+
+
+EventPayload: TypeAlias = (
+    UserMessage | tuple[UserMessage, ...] | ToolBatch | ModelMessageItem | RequestSummary
+)
+"""A transition payload as events record it."""
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    event_id: str
+    """Unique: `<loop_id>:<seq>`."""
+    loop_id: str
+    """The loop that published the event."""
+    agent_id: str
+    """The agent the loop runs for."""
+    seq: int
+    """Monotonic per loop, starting at 1, without holes."""
+    ts: datetime = Field(default_factory=lambda: datetime.now(UTC))
+    """When the event was published (UTC)."""
+    state: LoopState
+    """The loop's state when the event was published."""
+
+
+@final
+class LoopStarted(_Event):
+    """`run_loop` accepted the loop; it starts in `idle`."""
+
+    type: Literal["loop.started"] = "loop.started"
+    message: UserMessage | None
+    """The message the loop starts with (`None` continues the context)."""
+    model: str
+    streaming: bool
+
+
+@final
+class TransitionIntercepted(_Event):
+    """A handler (or `resume`) decided about a pending transition."""
+
+    type: Literal["transition.intercepted"] = "transition.intercepted"
+    source: LoopState
+    trigger: Trigger
+    dest: LoopState
+    """The destination proposed to the handler."""
+    decision: Literal["proceed", "rewrite", "pause", "abort"]
+    new_dest: LoopState | None = None
+    """For a rewrite, the destination it chose."""
+    reason: str | None = None
+    """For a pause or an abort, why."""
+    payload: EventPayload | None = None
+    """For a rewrite, the payload it chose."""
+    handler: int
+    """Index of the handler in the loop's list (`-1` for `resume`)."""
+
+
+@final
+class LoopPaused(_Event):
+    """A handler paused the loop with a transition pending."""
+
+    type: Literal["loop.paused"] = "loop.paused"
+    source: LoopState
+    trigger: Trigger
+    dest: LoopState
+    reason: str
+    payload: EventPayload | None = None
+    """What the pending transition would act on (e.g. the calls awaiting approval)."""
+
+
+@final
+class LoopResumed(_Event):
+    """`Runtime.resume` continued a paused loop."""
+
+    type: Literal["loop.resumed"] = "loop.resumed"
+    decision: Literal["proceed", "rewrite", "pause", "abort"]
+
+
+@final
+class LoopTransition(_Event):
+    """A transition was taken; `state` is its destination."""
+
+    type: Literal["loop.transition"] = "loop.transition"
+    source: LoopState
+    trigger: Trigger
+    dest: LoopState
+    rewritten_from: LoopState | None = None
+    """The destination before a handler rewrote it, if one did."""
+
+
+@final
+class InferenceStream(_Event):
+    """One chunk of a streaming model response."""
+
+    type: Literal["inference.stream"] = "inference.stream"
+    index: int
+    """Position of the chunk in this response, from 0."""
+    delta: StreamingDelta
+
+
+@final
+class InferenceCompleted(_Event):
+    """A model request returned."""
+
+    type: Literal["inference.completed"] = "inference.completed"
+    model: str
+    output: InferenceOutput
+
+
+@final
+class FunctionCallStarted(_Event):
+    """A tool call began."""
+
+    type: Literal["function_call.started"] = "function_call.started"
+    call: FunctionCallItem
+
+
+@final
+class FunctionCallProgress(_Event):
+    """A running tool reported progress."""
+
+    type: Literal["function_call.progress"] = "function_call.progress"
+    call_id: str
+    progress: JsonValue
+
+
+@final
+class FunctionCallCompleted(_Event):
+    """A tool call ended (its output may be an error)."""
+
+    type: Literal["function_call.completed"] = "function_call.completed"
+    call: FunctionCallItem
+    output: FunctionCallOutputItem
+    duration: float
+    """Seconds the call took."""
+
+
+@final
+class ModelAnswer(_Event):
+    """The model's answer was published."""
+
+    type: Literal["model.answer"] = "model.answer"
+    message: ModelMessageItem
+
+
+@final
+class LoopFailed(_Event):
+    """The loop failed; `loop.idle` follows."""
+
+    type: Literal["loop.failed"] = "loop.failed"
+    error_type: str
+    """The class name of the error."""
+    message: str
+
+
+@final
+class LoopIdle(_Event):
+    """The loop ended in `idle`, with its outcome and totals."""
+
+    type: Literal["loop.idle"] = "loop.idle"
+    outcome: Outcome
+    reason: str | None = None
+    """Why it stopped, aborted, failed or was cancelled."""
+    answer: ModelMessageItem | None = None
+    usage: TokenUsage
+    model_requests: int
+    tool_calls: int
+
+
+AgentEvent: TypeAlias = Annotated[
+    LoopStarted
+    | TransitionIntercepted
+    | LoopPaused
+    | LoopResumed
+    | LoopTransition
+    | InferenceStream
+    | InferenceCompleted
+    | FunctionCallStarted
+    | FunctionCallProgress
+    | FunctionCallCompleted
+    | ModelAnswer
+    | LoopFailed
+    | LoopIdle,
+    Field(discriminator="type"),
+]
+"""Any event the bus carries."""
+
+AgentEventAdapter: TypeAdapter[AgentEvent] = TypeAdapter(AgentEvent)
+"""(De)serializes any event, e.g. `AgentEventAdapter.validate_json(line)`."""
+
+EVENT_TYPES: tuple[str, ...] = tuple(
+    cls.model_fields["type"].default
+    for cls in (
+        LoopStarted,
+        TransitionIntercepted,
+        LoopPaused,
+        LoopResumed,
+        LoopTransition,
+        InferenceStream,
+        InferenceCompleted,
+        FunctionCallStarted,
+        FunctionCallProgress,
+        FunctionCallCompleted,
+        ModelAnswer,
+        LoopFailed,
+        LoopIdle,
+    )
+)
+"""Every event type name."""

@@ -1,0 +1,164 @@
+"""Errors raised by agentfsm.
+
+```text
+AgentFSMError                  base for everything raised by agentfsm
+├── ConfigurationError         the developer's mistake: bad table, duplicate tool, bad option
+├── NoRuntimeError             agentfsm.run_loop() outside `async with Runtime()`
+├── UnknownLoopError           no loop with that id (never started, or forgotten)
+├── LoopStateError             the call does not fit the loop's status (resume a running loop)
+├── TransitionError            carries loop_id, source, trigger
+│   └── TransitionRejected     an interception Rewrite named an illegal edge or payload
+├── LoopAborted                an interception handler returned Abort(reason)
+├── ToolError                  carries the tool name
+│   ├── UnknownTool            the model asked for a tool the request does not offer
+│   ├── ToolArgumentsError     the arguments did not validate
+│   └── ToolTimeout            the tool ran past its timeout
+├── ProviderError              the model provider failed
+│   ├── UnknownProvider        no provider registered for a `provider:model` prefix
+│   └── ProviderTimeout
+├── BusFull                    publish_nowait() would have to wait for a backpressure subscriber
+└── BusClosed                  subscribing to a closed bus
+```
+
+Errors inside a loop never escape into the runtime's task group: the loop takes
+its `fail` edge to `idle`, and its result carries the error type and message.
+"""
+
+from __future__ import annotations
+
+from .states import LoopState, Trigger
+
+__all__ = (
+    "AgentFSMError",
+    "BusClosed",
+    "BusFull",
+    "ConfigurationError",
+    "LoopAborted",
+    "LoopStateError",
+    "NoRuntimeError",
+    "ProviderError",
+    "ProviderTimeout",
+    "ToolArgumentsError",
+    "ToolError",
+    "ToolTimeout",
+    "TransitionError",
+    "TransitionRejected",
+    "UnknownLoopError",
+    "UnknownProvider",
+    "UnknownTool",
+)
+
+
+class AgentFSMError(Exception):
+    """Base class for every error agentfsm raises."""
+
+
+class ConfigurationError(AgentFSMError):
+    """The developer's mistake: an invalid table, option, tool or handler."""
+
+
+class NoRuntimeError(AgentFSMError):
+    """`agentfsm.run_loop()` was called outside `async with Runtime()`."""
+
+
+class UnknownLoopError(AgentFSMError, KeyError):
+    """No loop with that id is known to the runtime."""
+
+    def __init__(self, loop_id: str) -> None:
+        super().__init__(f"no loop {loop_id!r} in this runtime")
+        self.loop_id = loop_id
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class LoopStateError(AgentFSMError):
+    """The call does not fit the loop's current status."""
+
+
+class TransitionError(AgentFSMError):
+    """A transition could not be taken."""
+
+    def __init__(
+        self, message: str, *, loop_id: str, source: LoopState, trigger: Trigger
+    ) -> None:
+        super().__init__(message)
+        self.loop_id = loop_id
+        self.source = source
+        self.trigger = trigger
+
+
+class TransitionRejected(TransitionError):
+    """An interception `Rewrite` named an edge or a payload the machine does not allow."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        loop_id: str,
+        source: LoopState,
+        trigger: Trigger,
+        dest: LoopState,
+    ) -> None:
+        super().__init__(message, loop_id=loop_id, source=source, trigger=trigger)
+        self.dest = dest
+
+
+class LoopAborted(AgentFSMError):
+    """An interception handler returned `Abort(reason)`."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class ToolError(AgentFSMError):
+    """A tool call failed; inside a loop it becomes an error output."""
+
+    def __init__(self, message: str, *, tool: str) -> None:
+        super().__init__(message)
+        self.tool = tool
+
+
+class UnknownTool(ToolError):
+    """The model asked for a tool that the request does not offer."""
+
+
+class ToolArgumentsError(ToolError):
+    """The arguments of a tool call did not validate."""
+
+
+class ToolTimeout(ToolError):
+    """A tool call ran past its timeout."""
+
+
+class ProviderError(AgentFSMError):
+    """The model provider failed.
+
+    Attributes:
+        retryable: whether retrying the same request may succeed (rate limits,
+            timeouts, 5xx).
+    """
+
+    def __init__(self, message: str, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+class UnknownProvider(ProviderError):
+    """No provider is registered for the prefix of a `provider:model` string."""
+
+
+class ProviderTimeout(ProviderError):
+    """The provider did not answer in time."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=True)
+
+
+class BusClosed(AgentFSMError):
+    """The bus was closed (the runtime exited)."""
+
+
+class BusFull(AgentFSMError):
+    """`publish_nowait()` would have to wait for a backpressure subscriber."""

@@ -1,0 +1,181 @@
+"""Interception: a handler sees every transition before it is taken.
+
+Before each transition the loop builds a `PendingTransition` and awaits the
+handler (a sync or async callable, or a list of them run in order, each seeing
+the previous one's rewrite). A handler returns a decision:
+
+- `Proceed()` or `None`: take the transition as it is.
+- `Rewrite(dest=..., payload=...)`: take another edge leaving the same source,
+  and/or act on another payload. An edge the machine does not have fails the
+  loop with `TransitionRejected`.
+- `Pause(reason)`: park the loop with the transition pending; no task stays
+  busy. `Runtime.resume(loop_id, decision)` continues it.
+- `Abort(reason)`: end the loop with outcome `aborted`.
+
+The payload is what the transition will act on:
+
+| trigger | payload |
+|---|---|
+| start | the `UserMessage` (or `None` to continue the context as it is) |
+| infer, infer_streaming | the `InferenceInput` of the next request |
+| call_tools | a `ToolBatch`: the calls, with denials and changed arguments |
+| answer, finish | the `ModelMessageItem` |
+| steer, follow_up | the queued `UserMessage`s |
+| stop | `None` |
+
+`abort`, `fail` and `cancel` are published but never intercepted.
+
+Example:
+    ```python
+    def no_deletes(pending: PendingTransition) -> Decision | None:
+        if isinstance(pending.payload, ToolBatch):
+            batch = pending.payload
+            for call in batch.calls:
+                if call.name == "delete_file":
+                    batch = batch.deny(call.call_id, "deleting files is not allowed")
+            return Rewrite(payload=batch)
+        return None
+    ```
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Annotated, Any, Literal, TypeAlias
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic_core import to_json
+
+from .messages import FunctionCallItem, ModelMessageItem, TokenUsage, UserMessage
+from .providers import InferenceInput
+from .states import LoopState, Trigger
+
+__all__ = (
+    "Abort",
+    "Decision",
+    "InterceptionHandler",
+    "Pause",
+    "PendingTransition",
+    "Proceed",
+    "Rewrite",
+    "ToolBatch",
+    "TransitionPayload",
+)
+
+
+class ToolBatch(BaseModel):
+    """The function calls a `call_tools` transition will run.
+
+    Handlers deny calls or change their arguments by returning a rewritten batch.
+    A denied call does not run; the model sees an error output with the reason.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["tool_batch"] = "tool_batch"
+    calls: tuple[FunctionCallItem, ...]
+    """The calls, in the model's order."""
+    denied: dict[str, str] = Field(default_factory=dict)
+    """`call_id -> reason` for each denied call."""
+
+    def deny(self, call_id: str, reason: str) -> ToolBatch:
+        """This batch with one more call denied."""
+        self._check(call_id)
+        return self.model_copy(update={"denied": {**self.denied, call_id: reason}})
+
+    def with_arguments(self, call_id: str, arguments: Mapping[str, Any] | str) -> ToolBatch:
+        """This batch with the arguments of one call replaced."""
+        self._check(call_id)
+        text = arguments if isinstance(arguments, str) else to_json(arguments).decode()
+        calls = tuple(
+            c.model_copy(update={"arguments": text}) if c.call_id == call_id else c
+            for c in self.calls
+        )
+        return self.model_copy(update={"calls": calls})
+
+    def _check(self, call_id: str) -> None:
+        if all(c.call_id != call_id for c in self.calls):
+            known = ", ".join(c.call_id for c in self.calls)
+            raise KeyError(f"no call {call_id!r} in this batch (calls: {known})")
+
+
+TransitionPayload: TypeAlias = (
+    UserMessage
+    | tuple[UserMessage, ...]
+    | InferenceInput
+    | ToolBatch
+    | ModelMessageItem
+    | None
+)
+"""What a transition acts on (see the module docstring)."""
+
+
+class PendingTransition(BaseModel):
+    """A transition about to be taken, as a handler sees it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    loop_id: str
+    agent_id: str
+    seq: int
+    """The sequence number the transition's event will carry."""
+    source: LoopState
+    trigger: Trigger
+    dest: LoopState
+    payload: TransitionPayload = None
+    """What the transition acts on; see `TransitionPayload`."""
+    model_requests: int = 0
+    """Model requests the loop has made so far."""
+    tool_calls: int = 0
+    """Tool calls the loop has run so far."""
+    usage: TokenUsage = Field(default_factory=TokenUsage)
+    """Tokens the loop has used so far."""
+
+
+class Proceed(BaseModel):
+    """Take the transition as it is (returning `None` means the same)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["proceed"] = "proceed"
+
+
+class Rewrite(BaseModel):
+    """Take another edge from the same source, and/or act on another payload."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    kind: Literal["rewrite"] = "rewrite"
+    dest: LoopState | None = None
+    """The new destination (`None` keeps it); must be an edge leaving the source."""
+    payload: TransitionPayload = None
+    """The new payload (`None` keeps it, or derives it when the edge changes)."""
+
+
+class Pause(BaseModel):
+    """Park the loop with the transition pending until `Runtime.resume`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["pause"] = "pause"
+    reason: str
+
+
+class Abort(BaseModel):
+    """End the loop now with outcome `aborted`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["abort"] = "abort"
+    reason: str
+
+
+Decision: TypeAlias = Annotated[
+    Proceed | Rewrite | Pause | Abort, Field(discriminator="kind")
+]
+"""What an interception handler (or `Runtime.resume`) decides."""
+
+InterceptionHandler: TypeAlias = Callable[
+    [PendingTransition], Decision | None | Awaitable[Decision | None]
+]
+"""A sync or async callable deciding about one pending transition."""

@@ -1,0 +1,177 @@
+"""Context items and the model context they live in.
+
+Items are frozen pydantic models with a literal `type` discriminator; a
+`ModelContext` holds the instructions and the items, in order. The context is
+the one mutable thing: loops append to it, and appending is safe when several
+loops share one context (each append is a single list operation between
+checkpoints).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Annotated, Any, Literal, TypeAlias
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic_core import from_json
+
+__all__ = (
+    "ContextItem",
+    "ContextItemAdapter",
+    "FunctionCallItem",
+    "FunctionCallOutputItem",
+    "ModelContext",
+    "ModelMessageItem",
+    "OutputItem",
+    "ReasoningItem",
+    "TokenUsage",
+    "UserMessage",
+)
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class UserMessage(BaseModel):
+    """A message from the user (or from whoever drives the loop)."""
+
+    model_config = _FROZEN
+
+    type: Literal["user_message"] = "user_message"
+    content: str
+    """The text of the message."""
+
+
+class ModelMessageItem(BaseModel):
+    """A message the model wrote: its answer, or text beside tool calls."""
+
+    model_config = _FROZEN
+
+    type: Literal["model_message"] = "model_message"
+    content: str
+    """The text of the message."""
+    refusal: str | None = None
+    """The model's refusal, when it declined to answer."""
+
+
+class ReasoningItem(BaseModel):
+    """The model's reasoning (or a summary of it), as the provider returned it."""
+
+    model_config = _FROZEN
+
+    type: Literal["reasoning"] = "reasoning"
+    content: str
+    """Reasoning text, or a summary when the provider only returns one."""
+    encrypted_content: str | None = None
+    """Opaque reasoning state some providers want sent back unchanged."""
+
+
+class FunctionCallItem(BaseModel):
+    """The model asked to call a tool."""
+
+    model_config = _FROZEN
+
+    type: Literal["function_call"] = "function_call"
+    call_id: str
+    """Identifies the call; its output carries the same id."""
+    name: str
+    """The tool's name."""
+    arguments: str
+    """The arguments as the model wrote them: a JSON object, as text."""
+
+    def parsed_arguments(self) -> Any:
+        """The arguments decoded from JSON (raises `ValueError` when they are not JSON)."""
+        return from_json(self.arguments)
+
+
+class FunctionCallOutputItem(BaseModel):
+    """The output of a tool call, written to the context after the call."""
+
+    model_config = _FROZEN
+
+    type: Literal["function_call_output"] = "function_call_output"
+    call_id: str
+    """The `call_id` of the `FunctionCallItem` this answers."""
+    output: str
+    """What the tool returned, as text (JSON for non-string results), or the error."""
+    is_error: bool = False
+    """Whether the call failed (unknown tool, bad arguments, raised, timed out, denied)."""
+
+    @classmethod
+    def error(cls, call_id: str, message: str) -> FunctionCallOutputItem:
+        """An error output for a call."""
+        return cls(call_id=call_id, output=message, is_error=True)
+
+
+ContextItem: TypeAlias = Annotated[
+    UserMessage
+    | ModelMessageItem
+    | ReasoningItem
+    | FunctionCallItem
+    | FunctionCallOutputItem,
+    Field(discriminator="type"),
+]
+"""Anything a context can hold."""
+
+OutputItem: TypeAlias = Annotated[
+    FunctionCallItem | ReasoningItem | ModelMessageItem, Field(discriminator="type")
+]
+"""Anything a model's output can hold."""
+
+ContextItemAdapter: TypeAdapter[ContextItem] = TypeAdapter(ContextItem)
+"""(De)serializes one context item."""
+
+
+class ModelContext(BaseModel):
+    """The instructions and the conversation a loop sends to the model.
+
+    Several loops may share one context; each appends its items as it goes.
+
+    Example:
+        ```python
+        context = ModelContext(instructions="Be brief.")
+        context.append(UserMessage(content="hi"))
+        ```
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    instructions: str | None = None
+    """The system prompt."""
+    items: list[ContextItem] = Field(default_factory=list)
+    """The conversation, oldest first."""
+
+    def append(self, item: ContextItem) -> None:
+        """Append one item."""
+        self.items.append(item)
+
+    def extend(self, items: Iterable[ContextItem]) -> None:
+        """Append several items at once (they stay together even when loops share the context)."""
+        self.items.extend(items)
+
+
+class TokenUsage(BaseModel):
+    """Tokens counted by the provider for one request, or summed over a loop."""
+
+    model_config = _FROZEN
+
+    input_tokens: int = 0
+    """Tokens in the request."""
+    output_tokens: int = 0
+    """Tokens the model generated, reasoning included."""
+    reasoning_tokens: int = 0
+    """Of the output tokens, those spent on reasoning."""
+    cached_input_tokens: int = 0
+    """Of the input tokens, those served from the provider's cache."""
+
+    @property
+    def total_tokens(self) -> int:
+        """Input plus output tokens."""
+        return self.input_tokens + self.output_tokens
+
+    def __add__(self, other: TokenUsage) -> TokenUsage:
+        return TokenUsage.model_construct(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            reasoning_tokens=self.reasoning_tokens + other.reasoning_tokens,
+            cached_input_tokens=self.cached_input_tokens + other.cached_input_tokens,
+        )

@@ -1,0 +1,252 @@
+"""Inference input and output, the provider protocol and the provider registry.
+
+A provider has two calls: `complete` an `InferenceInput` into an
+`InferenceOutput`, or `stream` it as typed deltas (`TextDelta`,
+`ReasoningDelta`, `ToolCallDelta`) ending with `OutputCompleted`, the same
+output the non-streaming call returns. Models are named `provider:model`
+(`openai:gpt-4.1-mini`, `scripted:demo`); the registry maps the prefix to a
+provider.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Annotated, Any, Literal, Protocol, TypeAlias, runtime_checkable
+
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    InstanceOf,
+    JsonValue,
+    PlainSerializer,
+)
+
+from ..exceptions import ConfigurationError, UnknownProvider
+from ..messages import (
+    FunctionCallItem,
+    ModelContext,
+    ModelMessageItem,
+    OutputItem,
+    TokenUsage,
+)
+from ..tools import Tool
+
+__all__ = (
+    "InferenceInput",
+    "InferenceOutput",
+    "OutputCompleted",
+    "Provider",
+    "ProviderRegistry",
+    "ReasoningDelta",
+    "StreamEvent",
+    "StreamingDelta",
+    "TextDelta",
+    "ToolCallDelta",
+    "split_model",
+)
+
+
+def _tool_definition(tool: Tool) -> dict[str, Any]:
+    return tool.definition.model_dump()
+
+
+ToolField: TypeAlias = Annotated[
+    InstanceOf[Tool], PlainSerializer(_tool_definition, return_type=dict[str, Any])
+]
+
+
+class InferenceInput(BaseModel):
+    """Everything one model request needs: the model, its settings, tools and context.
+
+    Example:
+        ```python
+        InferenceInput(model="openai:gpt-4.1-mini", context=ModelContext(), tools=[add])
+        ```
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    model: str
+    """`provider:model`, resolved by the runtime's provider registry."""
+    context: ModelContext
+    """The instructions and the conversation; the loop appends to it."""
+    max_output_tokens: int | None = Field(default=None, gt=0)
+    """Upper bound on generated tokens."""
+    reasoning_effort: str | None = None
+    """Provider-specific reasoning effort (`low`, `medium`, `high`, ...)."""
+    tools: tuple[ToolField, ...] = ()
+    """Tools the model may call."""
+    tool_choice: str | None = None
+    """`auto`, `required`, `none`, or the name of one tool to force."""
+    streaming: bool = False
+    """Take the `inference_streaming` path and publish each chunk."""
+    structured_output: InstanceOf[type[BaseModel]] | dict[str, Any] | None = None
+    """A pydantic model or JSON schema the answer must follow."""
+
+    def tool_named(self, name: str) -> Tool | None:
+        """The tool offered under `name`, if any."""
+        for candidate in self.tools:
+            if candidate.name == name:
+                return candidate
+        return None
+
+
+class InferenceOutput(BaseModel):
+    """What one model request returned."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    items: tuple[OutputItem, ...] = ()
+    """Reasoning, messages and function calls, in the order the model produced them."""
+    token_usage: TokenUsage | None = None
+    """Tokens the provider counted, when it reports them."""
+    raw_response: JsonValue = Field(
+        default=None, validation_alias=AliasChoices("raw_response", "rowResponse")
+    )
+    """The provider's response as JSON data (seed 001 spells it `rowResponse`)."""
+    finish_reason: str | None = None
+    """Why generation stopped (`stop`, `tool_calls`, `length`, ...), when known."""
+
+    @property
+    def function_calls(self) -> tuple[FunctionCallItem, ...]:
+        """The function calls in the output, in order."""
+        return tuple(i for i in self.items if isinstance(i, FunctionCallItem))
+
+    @property
+    def message(self) -> ModelMessageItem | None:
+        """The last message in the output, if any."""
+        for item in reversed(self.items):
+            if isinstance(item, ModelMessageItem):
+                return item
+        return None
+
+
+class TextDelta(BaseModel):
+    """A chunk of the model's message text."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["text"] = "text"
+    text: str
+
+
+class ReasoningDelta(BaseModel):
+    """A chunk of the model's reasoning."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["reasoning"] = "reasoning"
+    text: str
+
+
+class ToolCallDelta(BaseModel):
+    """A chunk of a function call: its id and name when first seen, then argument text."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["tool_call"] = "tool_call"
+    index: int
+    """Which call of the output this chunk belongs to."""
+    call_id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+    """Argument text to append."""
+
+
+class OutputCompleted(BaseModel):
+    """The end of a stream: the completed output."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["completed"] = "completed"
+    output: InferenceOutput
+
+
+StreamingDelta: TypeAlias = Annotated[
+    TextDelta | ReasoningDelta | ToolCallDelta, Field(discriminator="kind")
+]
+"""A chunk published as `inference.stream`."""
+
+StreamEvent: TypeAlias = TextDelta | ReasoningDelta | ToolCallDelta | OutputCompleted
+"""What a provider's stream yields; the last one is `OutputCompleted`."""
+
+
+@runtime_checkable
+class Provider(Protocol):
+    """Turns an `InferenceInput` into an `InferenceOutput`, whole or streamed."""
+
+    async def complete(self, request: InferenceInput, /) -> InferenceOutput:
+        """Make the request and wait for the whole response."""
+        ...
+
+    def stream(
+        self, request: InferenceInput, /
+    ) -> AbstractAsyncContextManager[AsyncIterator[StreamEvent]]:
+        """Make the request streaming; the stream closes when the context exits."""
+        ...
+
+
+def split_model(model: str) -> tuple[str, str]:
+    """Split `provider:model` into its two parts.
+
+    Raises:
+        ConfigurationError: the string has no `provider:` prefix.
+    """
+    prefix, sep, name = model.partition(":")
+    if not sep or not prefix:
+        raise ConfigurationError(
+            f"model {model!r} must be named 'provider:model' (e.g. 'openai:gpt-4.1-mini')"
+        )
+    return prefix, name
+
+
+class ProviderRegistry:
+    """Maps the `provider` prefix of model names to providers."""
+
+    __slots__ = ("_cache", "_providers")
+
+    def __init__(self, providers: Mapping[str, Provider] | None = None) -> None:
+        self._providers: dict[str, Provider] = {}
+        self._cache: dict[str, Provider] = {}
+        for prefix, provider in (providers or {}).items():
+            self.register(prefix, provider)
+
+    def register(self, prefix: str, provider: Provider) -> None:
+        """Serve models named `prefix:...` with `provider` (replacing any earlier one)."""
+        if not prefix or ":" in prefix:
+            raise ConfigurationError(f"invalid provider prefix {prefix!r}")
+        if not isinstance(provider, Provider):
+            raise ConfigurationError(
+                f"provider for {prefix!r} must have complete() and stream(), "
+                f"got {type(provider).__name__}"
+            )
+        self._providers[prefix] = provider
+        self._cache.clear()
+
+    @property
+    def prefixes(self) -> Sequence[str]:
+        """The registered prefixes, sorted."""
+        return sorted(self._providers)
+
+    def resolve(self, model: str) -> Provider:
+        """The provider serving `model`.
+
+        Raises:
+            UnknownProvider: no provider is registered for its prefix.
+        """
+        provider = self._cache.get(model)
+        if provider is None:
+            prefix, _ = split_model(model)
+            try:
+                provider = self._providers[prefix]
+            except KeyError:
+                known = ", ".join(self.prefixes) or "none"
+                raise UnknownProvider(
+                    f"no provider for {model!r}: prefix {prefix!r} is not registered "
+                    f"(registered: {known})"
+                ) from None
+            self._cache[model] = provider
+        return provider

@@ -1,0 +1,116 @@
+"""What the runtime tells about a loop: its view while it runs, its result when done."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import NamedTuple, final
+
+from pydantic import BaseModel, ConfigDict
+
+from .exceptions import AgentFSMError, LoopAborted
+from .interception import PendingTransition
+from .messages import ModelMessageItem, TokenUsage
+from .states import LoopState, Outcome, Trigger
+
+__all__ = ("ErrorInfo", "LoopFailedError", "LoopResult", "LoopStatus", "LoopView", "PathStep")
+
+
+class LoopStatus(StrEnum):
+    """Whether a loop is running, parked or finished."""
+
+    running = "running"
+    paused = "paused"
+    done = "done"
+
+
+class PathStep(NamedTuple):
+    """One transition a loop took."""
+
+    source: LoopState
+    trigger: Trigger
+    dest: LoopState
+    rewritten_from: LoopState | None = None
+    """The destination before a handler rewrote it, if one did."""
+
+
+class ErrorInfo(BaseModel):
+    """The error a loop failed with."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: str
+    """The class name of the error."""
+    message: str
+
+
+class LoopFailedError(AgentFSMError):
+    """Raised by `LoopResult.raise_for_outcome()` for a failed loop."""
+
+    def __init__(self, loop_id: str, error: ErrorInfo) -> None:
+        super().__init__(f"loop {loop_id} failed: {error.type}: {error.message}")
+        self.loop_id = loop_id
+        self.error = error
+
+
+@final
+class LoopResult(BaseModel):
+    """How a loop ended: outcome, answer, totals and the path it took."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    loop_id: str
+    agent_id: str
+    outcome: Outcome
+    reason: str | None = None
+    """Why it stopped, aborted, failed or was cancelled."""
+    answer: ModelMessageItem | None = None
+    """The published answer (outcome `answered`)."""
+    error: ErrorInfo | None = None
+    """The error (outcome `failed`)."""
+    usage: TokenUsage
+    model_requests: int
+    tool_calls: int
+    path: tuple[PathStep, ...]
+    started_at: datetime
+    ended_at: datetime
+
+    @property
+    def states(self) -> tuple[LoopState, ...]:
+        """The states visited, `idle` first and last."""
+        return (LoopState.idle, *(step.dest for step in self.path))
+
+    def raise_for_outcome(self) -> LoopResult:
+        """Return self if the loop answered or stopped; raise for the other outcomes.
+
+        Raises:
+            LoopFailedError: the loop failed.
+            LoopAborted: a handler aborted it.
+            anyio.get_cancelled_exc_class() is never raised here; a cancelled
+            loop raises `LoopAborted` with reason `cancelled`.
+        """
+        if self.outcome is Outcome.failed and self.error is not None:
+            raise LoopFailedError(self.loop_id, self.error)
+        if self.outcome in (Outcome.aborted, Outcome.cancelled):
+            raise LoopAborted(self.reason or self.outcome.value)
+        return self
+
+
+@final
+class LoopView(BaseModel):
+    """A snapshot of one loop, as `Runtime.get` returns it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    loop_id: str
+    agent_id: str
+    state: LoopState
+    status: LoopStatus
+    path: tuple[PathStep, ...]
+    pending: PendingTransition | None = None
+    """The transition a paused loop waits on."""
+    pause_reason: str | None = None
+    outcome: Outcome | None = None
+    usage: TokenUsage
+    model_requests: int
+    tool_calls: int

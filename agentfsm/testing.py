@@ -1,0 +1,213 @@
+"""Helpers for testing code built on agentfsm (and agentfsm itself).
+
+- `ScriptedProvider`: answers each loop from a script of outputs, one per model
+  request, with a separate cursor per loop.
+- `text`, `calls`, `call`, `reasoning`: build scripted outputs.
+- `EventRecorder`: records what the bus published.
+- `RecordingHandler`: an interception handler that records what it saw.
+- `assert_path`: check the states a loop went through.
+
+Example:
+    ```python
+    provider = ScriptedProvider([calls(call("add", a=1, b=2)), text("3")])
+    async with Runtime(providers={"scripted": provider}) as runtime:
+        recorder = EventRecorder(runtime.bus)
+        loop_id = runtime.run_loop("agent", "1+2?", InferenceInput(
+            model="scripted:demo", context=ModelContext(), tools=[add]))
+        result = await runtime.wait(loop_id)
+    assert_path(result, "idle context_update inference function_call inference model_message idle")
+    ```
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+from pydantic_core import to_json
+
+from ._bus import EventBus, Subscription
+from ._loop import current_loop_id
+from .events import AgentEvent
+from .exceptions import ProviderError
+from .interception import Decision, PendingTransition
+from .messages import FunctionCallItem, ModelMessageItem, ReasoningItem, TokenUsage
+from .providers import InferenceInput, InferenceOutput, StreamEvent
+from .providers.function import output_deltas
+from .results import LoopResult, LoopView
+from .states import LoopState
+
+__all__ = (
+    "EventRecorder",
+    "RecordingHandler",
+    "ScriptedProvider",
+    "assert_path",
+    "call",
+    "calls",
+    "reasoning",
+    "text",
+)
+
+_call_ids = itertools.count(1)
+
+
+def call(name: str, /, call_id: str | None = None, **arguments: Any) -> FunctionCallItem:
+    """A function call item (`call_id` defaults to a fresh `call_<n>`)."""
+    return FunctionCallItem(
+        call_id=call_id or f"call_{next(_call_ids)}",
+        name=name,
+        arguments=to_json(arguments).decode(),
+    )
+
+
+def calls(
+    *items: FunctionCallItem, usage: TokenUsage | None = None, text: str | None = None
+) -> InferenceOutput:
+    """An output asking for these function calls (optionally with text before them)."""
+    prefix = [ModelMessageItem(content=text)] if text is not None else []
+    return InferenceOutput(items=(*prefix, *items), token_usage=usage, finish_reason="tool_calls")
+
+
+def text(content: str, *, usage: TokenUsage | None = None) -> InferenceOutput:
+    """An output answering with `content`."""
+    return InferenceOutput(
+        items=(ModelMessageItem(content=content),), token_usage=usage, finish_reason="stop"
+    )
+
+
+def reasoning(thought: str, output: InferenceOutput) -> InferenceOutput:
+    """`output` with a reasoning item in front."""
+    return output.model_copy(update={"items": (ReasoningItem(content=thought), *output.items)})
+
+
+ScriptStep = InferenceOutput | BaseException | Callable[[InferenceInput], InferenceOutput]
+"""An output, an error to raise, or a function of the request."""
+
+
+class ScriptedProvider:
+    """A provider that plays a script: the n-th request of a loop gets the n-th step.
+
+    Each loop has its own cursor, so any number of loops can run the same script
+    at once. A step may be an `InferenceOutput`, an exception to raise, or a
+    function of the request. Running past the end raises `ProviderError`.
+    `requests` records every request, in arrival order.
+    """
+
+    __slots__ = ("_cursors", "requests", "script")
+
+    def __init__(self, script: Sequence[ScriptStep]) -> None:
+        self.script = tuple(script)
+        self._cursors: dict[str | None, int] = {}
+        self.requests: list[InferenceInput] = []
+
+    def _step(self, request: InferenceInput) -> InferenceOutput:
+        self.requests.append(request)
+        key = current_loop_id()
+        index = self._cursors.get(key, 0)
+        if index >= len(self.script):
+            self._cursors.pop(key, None)
+            raise ProviderError(
+                f"the script has {len(self.script)} steps and request {index + 1} "
+                f"of loop {key} asked for another"
+            )
+        if index + 1 == len(self.script):
+            self._cursors.pop(key, None)  # forget finished loops
+        else:
+            self._cursors[key] = index + 1
+        step = self.script[index]
+        if isinstance(step, BaseException):
+            raise step
+        if isinstance(step, InferenceOutput):
+            return step
+        return step(request)
+
+    async def complete(self, request: InferenceInput, /) -> InferenceOutput:
+        """The next step of this loop's script."""
+        return self._step(request)
+
+    @asynccontextmanager
+    async def stream(
+        self, request: InferenceInput, /
+    ) -> AsyncIterator[AsyncIterator[StreamEvent]]:
+        """The next step as deltas, ending with the same output `complete` returns."""
+        yield _iterate(output_deltas(self._step(request)))
+
+
+async def _iterate(items: Iterable[StreamEvent]) -> AsyncIterator[StreamEvent]:
+    for item in items:
+        yield item
+
+
+class EventRecorder:
+    """Records the events a bus publishes (subscribed with an unbounded-enough buffer).
+
+    `events` returns everything recorded so far; no task is needed.
+    """
+
+    def __init__(
+        self,
+        bus: EventBus,
+        types: str | Sequence[str] = "*",
+        *,
+        loop_id: str | None = None,
+    ) -> None:
+        self._subscription: Subscription = bus.subscribe(types, loop_id=loop_id, buffer=10**9)
+        self._events: list[AgentEvent] = []
+
+    @property
+    def events(self) -> list[AgentEvent]:
+        """Every event recorded so far, in publication order."""
+        sub = self._subscription
+        while sub.statistics().buffered:
+            self._events.append(sub.receive_nowait())
+        return self._events
+
+    def of_loop(self, loop_id: str) -> list[AgentEvent]:
+        """The events of one loop."""
+        return [e for e in self.events if e.loop_id == loop_id]
+
+    def types(self, loop_id: str | None = None) -> list[str]:
+        """The event types, in order (of one loop, or all)."""
+        events = self.events if loop_id is None else self.of_loop(loop_id)
+        return [e.type for e in events]
+
+    def close(self) -> None:
+        """Stop recording."""
+        self.events  # noqa: B018 - drain what is buffered before unsubscribing
+        self._subscription.close()
+
+
+class RecordingHandler:
+    """An interception handler that records each pending transition.
+
+    It proceeds, unless built with a `decide` function whose decision it returns.
+    """
+
+    def __init__(
+        self, decide: Callable[[PendingTransition], Decision | None] | None = None
+    ) -> None:
+        self.seen: list[PendingTransition] = []
+        self._decide = decide
+
+    def __call__(self, pending: PendingTransition) -> Decision | None:
+        self.seen.append(pending)
+        if self._decide is None:
+            return None
+        decision = self._decide(pending)
+        assert not inspect.isawaitable(decision), "decide must be synchronous"
+        return decision
+
+    @property
+    def triggers(self) -> list[str]:
+        """The triggers seen, in order."""
+        return [p.trigger.value for p in self.seen]
+
+
+def assert_path(loop: LoopResult | LoopView, states: str | Sequence[str | LoopState]) -> None:
+    """Assert the states a loop visited, `idle` first (a space-separated string or a list)."""
+    expected = states.split() if isinstance(states, str) else [str(s) for s in states]
+    actual = [LoopState.idle.value, *(step.dest.value for step in loop.path)]
+    assert actual == expected, f"loop {loop.loop_id} took {' -> '.join(actual)}"
