@@ -138,4 +138,8 @@ def draw_mermaid(title: str = "agentfsm loop") -> str:
         show_state_attributes=False,
     )
     graph = model.get_graph()  # type: ignore[attr-defined]
-    return str(graph.draw(None))
+    text = str(graph.draw(None))
+    # transitions 0.9.3 writes the title as bare front matter; mermaid reads `title:`.
+    text = text.replace(f"---\n{title}\n---", f"---\ntitle: {title}\n---", 1)
+    return "\n".join(line.rstrip() for line in text.splitlines()) + "\n"
+
