@@ -13,7 +13,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
     parser = argparse.ArgumentParser(prog="agentfsm", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    diagram = commands.add_parser("diagram", help="print the loop machine as a mermaid diagram")
+    diagram = commands.add_parser(
+        "diagram", help="print the loop machine as a mermaid diagram"
+    )
     diagram.add_argument(
         "--markdown", action="store_true", help="wrap it in a markdown page"
     )

@@ -208,7 +208,9 @@ class Loop:
                     await self._drive()
                 self._scope = None
             if self._cancel_requested and self.status is not LoopStatus.done:
-                self._end(_T.cancel, Outcome.cancelled, self._cancel_reason or "cancelled")
+                self._end(
+                    _T.cancel, Outcome.cancelled, self._cancel_reason or "cancelled"
+                )
         except anyio.get_cancelled_exc_class():
             # The runtime is closing: end the loop as cancelled, then let it go on.
             with anyio.CancelScope(shield=True):
@@ -217,7 +219,7 @@ class Loop:
             raise
         except LoopAborted as exc:
             self._end(_T.abort, Outcome.aborted, exc.reason)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any error fails the loop, never the runtime
             self._log.warning(
                 "loop_failed", state=self.state, error=f"{type(exc).__name__}: {exc}"
             )
@@ -305,7 +307,11 @@ class Loop:
     # ------------------------------------------------------------------ interception
 
     def _pending(
-        self, source: LoopState, trigger: Trigger, dest: LoopState, payload: TransitionPayload
+        self,
+        source: LoopState,
+        trigger: Trigger,
+        dest: LoopState,
+        payload: TransitionPayload,
     ) -> PendingTransition:
         return PendingTransition(
             loop_id=self.loop_id,
@@ -334,7 +340,11 @@ class Loop:
         if self._resume is not None:
             resumed, start, original = self._resume
             self._resume = None
-        stop = len(self._handlers) if resumed is None else max(len(self._handlers), start + 1)
+        stop = (
+            len(self._handlers)
+            if resumed is None
+            else max(len(self._handlers), start + 1)
+        )
         for index in range(start, stop):
             if resumed is not None:
                 decision: Decision | None = resumed
@@ -348,17 +358,33 @@ class Loop:
                 case None | Proceed():
                     self._decided(source, trigger, dest, handler_index, "proceed")
                 case Rewrite():
-                    trigger, dest, payload = self._rewrite(source, trigger, dest, payload, decision)
+                    trigger, dest, payload = self._rewrite(
+                        source, trigger, dest, payload, decision
+                    )
                     self._decided(
-                        source, trigger, dest, handler_index, "rewrite",
-                        new_dest=dest, payload=_event_payload(payload),
+                        source,
+                        trigger,
+                        dest,
+                        handler_index,
+                        "rewrite",
+                        new_dest=dest,
+                        payload=_event_payload(payload),
                     )
                 case Pause(reason=reason):
-                    self._decided(source, trigger, dest, handler_index, "pause", reason=reason)
-                    self._park(self._pending(source, trigger, dest, payload), index, reason, original)
+                    self._decided(
+                        source, trigger, dest, handler_index, "pause", reason=reason
+                    )
+                    self._park(
+                        self._pending(source, trigger, dest, payload),
+                        index,
+                        reason,
+                        original,
+                    )
                     return None
                 case Abort(reason=reason):
-                    self._decided(source, trigger, dest, handler_index, "abort", reason=reason)
+                    self._decided(
+                        source, trigger, dest, handler_index, "abort", reason=reason
+                    )
                     raise LoopAborted(reason)
                 case _:
                     raise TypeError(
@@ -378,12 +404,20 @@ class Loop:
     ) -> None:
         self._log.info(
             "transition_intercepted",
-            source=source, trigger=trigger, dest=dest, decision=decision, handler=handler,
+            source=source,
+            trigger=trigger,
+            dest=dest,
+            decision=decision,
+            handler=handler,
             **{k: v for k, v in fields.items() if k == "reason" or k == "new_dest"},
         )
         self._emit(
             ev.TransitionIntercepted,
-            source=source, trigger=trigger, dest=dest, decision=decision, handler=handler,
+            source=source,
+            trigger=trigger,
+            dest=dest,
+            decision=decision,
+            handler=handler,
             **fields,
         )
 
@@ -416,7 +450,10 @@ class Loop:
             raise TransitionRejected(
                 f"illegal rewrite of {source} --{trigger}--> {dest}: there is no edge from "
                 f"{source} to {new_dest} (legal destinations: {legal})",
-                loop_id=self.loop_id, source=source, trigger=trigger, dest=new_dest,
+                loop_id=self.loop_id,
+                source=source,
+                trigger=trigger,
+                dest=new_dest,
             )
         new_payload = rewrite.payload
         if new_payload is None and new_trigger is trigger:
@@ -427,18 +464,25 @@ class Loop:
         if problem is not None:
             raise TransitionRejected(
                 f"illegal rewrite of {source} --{trigger}--> {dest}: {problem}",
-                loop_id=self.loop_id, source=source, trigger=trigger, dest=new_dest,
+                loop_id=self.loop_id,
+                source=source,
+                trigger=trigger,
+                dest=new_dest,
             )
         return new_trigger, new_dest, new_payload
 
-    def _derived_payload(self, trigger: Trigger, payload: TransitionPayload) -> TransitionPayload:
+    def _derived_payload(
+        self, trigger: Trigger, payload: TransitionPayload
+    ) -> TransitionPayload:
         """The payload a changed edge acts on when the rewrite did not give one."""
         if trigger in _REQUEST_TRIGGERS:
             return payload if isinstance(payload, InferenceInput) else self.input
         if trigger in _ANSWER_TRIGGERS:
             message = self._output.message if self._output is not None else None
             return message or ModelMessageItem(content="")
-        return None  # steer / follow_up with nothing queued, stop; call_tools is rejected
+        return (
+            None  # steer / follow_up with nothing queued, stop; call_tools is rejected
+        )
 
     # ------------------------------------------------------------------ states
 
@@ -466,7 +510,11 @@ class Loop:
             async for delta in stream:
                 if isinstance(delta, OutputCompleted):
                     output = delta.output
-                    break
+                    continue  # read to the end, so the provider's iterator finishes cleanly
+                if output is not None:
+                    raise ProviderError(
+                        f"the stream from {request.model!r} sent a chunk after its output"
+                    )
                 self._emit(ev.InferenceStream, index=index, delta=delta)
                 index += 1
                 if self._outbox:
@@ -514,10 +562,13 @@ class Loop:
             for position, call in enumerate(batch.calls):
                 if results[position] is None:
                     out = FunctionCallOutputItem.error(
-                        call.call_id, "the tool call did not run: the loop was interrupted"
+                        call.call_id,
+                        "the tool call did not run: the loop was interrupted",
                     )
                     results[position] = out
-                    self._emit(ev.FunctionCallCompleted, call=call, output=out, duration=0.0)
+                    self._emit(
+                        ev.FunctionCallCompleted, call=call, output=out, duration=0.0
+                    )
             items.extend(batch.calls)
             items.extend(r for r in results if r is not None)
             self.input.context.extend(items)
@@ -533,7 +584,9 @@ class Loop:
         started = time.perf_counter()
         tool = tools.get(call.name)
         if denial is not None:
-            out = FunctionCallOutputItem.error(call.call_id, f"the call was denied: {denial}")
+            out = FunctionCallOutputItem.error(
+                call.call_id, f"the call was denied: {denial}"
+            )
         elif tool is None:
             offered = ", ".join(sorted(tools)) or "none"
             out = FunctionCallOutputItem.error(
@@ -548,12 +601,18 @@ class Loop:
                 )
             except ToolError as exc:
                 out = FunctionCallOutputItem.error(call.call_id, str(exc))
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - a raising tool becomes an error output
                 out = FunctionCallOutputItem.error(
-                    call.call_id, f"tool {call.name!r} raised {type(exc).__name__}: {exc}"
+                    call.call_id,
+                    f"tool {call.name!r} raised {type(exc).__name__}: {exc}",
                 )
         if out.is_error:
-            self._log.info("tool_call_error", call_id=call.call_id, tool=call.name, error=out.output)
+            self._log.info(
+                "tool_call_error",
+                call_id=call.call_id,
+                tool=call.name,
+                error=out.output,
+            )
         self._emit(
             ev.FunctionCallCompleted,
             call=call,
@@ -563,12 +622,18 @@ class Loop:
         return out
 
     async def _model_message(self, payload: TransitionPayload) -> None:
-        message = payload if isinstance(payload, ModelMessageItem) else ModelMessageItem(content="")
+        message = (
+            payload
+            if isinstance(payload, ModelMessageItem)
+            else ModelMessageItem(content="")
+        )
         output, self._output = self._output, None
         items: list[ContextItem] = []
         if output is not None:
             items.extend(
-                i for i in output.items if not isinstance(i, FunctionCallItem | ModelMessageItem)
+                i
+                for i in output.items
+                if not isinstance(i, FunctionCallItem | ModelMessageItem)
             )
         items.append(message)
         self.input.context.extend(items)
@@ -589,7 +654,9 @@ class Loop:
             return
         if error is not None:
             self.error = ErrorInfo(type=type(error).__name__, message=str(error))
-            self._emit(ev.LoopFailed, error_type=self.error.type, message=self.error.message)
+            self._emit(
+                ev.LoopFailed, error_type=self.error.type, message=self.error.message
+            )
         if self.state is not _S.idle:
             self._commit(self.state, trigger, _S.idle)
         self._finish(outcome, reason)
@@ -618,7 +685,8 @@ class Loop:
 
     def result(self) -> LoopResult:
         """The loop's result (only once it is done)."""
-        assert self.outcome is not None and self.ended_at is not None
+        assert self.outcome is not None
+        assert self.ended_at is not None
         return LoopResult(
             loop_id=self.loop_id,
             agent_id=self.agent_id,
@@ -669,8 +737,13 @@ def _as_request(payload: TransitionPayload) -> InferenceInput:
 def _payload_problem(trigger: Trigger, payload: TransitionPayload) -> str | None:
     """Why `payload` cannot go with `trigger`, or None when it can."""
     if trigger in _MESSAGE_TRIGGERS:
-        ok = payload is None or isinstance(payload, UserMessage) or (
-            isinstance(payload, tuple) and all(isinstance(m, UserMessage) for m in payload)
+        ok = (
+            payload is None
+            or isinstance(payload, UserMessage)
+            or (
+                isinstance(payload, tuple)
+                and all(isinstance(m, UserMessage) for m in payload)
+            )
         )
         expected = "a UserMessage, a tuple of them, or None"
     elif trigger in _REQUEST_TRIGGERS:
@@ -709,4 +782,3 @@ _STATES: Final[dict[LoopState, _StateFn]] = {
     _S.function_call: Loop._function_call,
     _S.model_message: Loop._model_message,
 }
-

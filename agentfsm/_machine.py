@@ -56,7 +56,9 @@ def compile_table(
     return MappingProxyType(table)
 
 
-def _closure(start: LoopState, edges: Mapping[LoopState, set[LoopState]]) -> set[LoopState]:
+def _closure(
+    start: LoopState, edges: Mapping[LoopState, set[LoopState]]
+) -> set[LoopState]:
     seen = {start}
     todo = [start]
     while todo:
@@ -142,4 +144,3 @@ def draw_mermaid(title: str = "agentfsm loop") -> str:
     # transitions 0.9.3 writes the title as bare front matter; mermaid reads `title:`.
     text = text.replace(f"---\n{title}\n---", f"---\ntitle: {title}\n---", 1)
     return "\n".join(line.rstrip() for line in text.splitlines()) + "\n"
-

@@ -36,7 +36,13 @@ from .messages import UserMessage
 from .providers import InferenceInput, Provider, ProviderRegistry
 from .results import LoopResult, LoopStatus, LoopView
 
-__all__ = ("DEFAULT_MAX_TURNS", "MAX_TURNS_CAP", "Runtime", "current_runtime", "run_loop")
+__all__ = (
+    "DEFAULT_MAX_TURNS",
+    "MAX_TURNS_CAP",
+    "Runtime",
+    "current_runtime",
+    "run_loop",
+)
 
 DEFAULT_MAX_TURNS: Final = 50
 """Model requests a loop may make unless `run_loop(max_turns=...)` says otherwise."""
@@ -80,7 +86,9 @@ class Runtime:
         if keep_finished < 0:
             raise ConfigurationError(f"keep_finished must be >= 0, got {keep_finished}")
         self.providers = (
-            providers if isinstance(providers, ProviderRegistry) else ProviderRegistry(providers)
+            providers
+            if isinstance(providers, ProviderRegistry)
+            else ProviderRegistry(providers)
         )
         self.bus = EventBus()
         self._loops: dict[str, Loop] = {}
@@ -115,6 +123,12 @@ class Runtime:
                 self._closing = True
                 self._cancel_paused_if_idle()
             return await self._tg.__aexit__(exc_type, exc, tb)
+        except BaseExceptionGroup as group:
+            # Loops never raise into the group, so a group holding only the
+            # caller's own exception is unwrapped: the caller sees what it raised.
+            if exc is not None and group.exceptions == (exc,):
+                return None
+            raise
         finally:
             self._closed = True
             self._tg = None
@@ -139,7 +153,9 @@ class Runtime:
         if self._closing and self._tasks == 0:
             for loop in list(self._loops.values()):
                 if loop.status is LoopStatus.paused:
-                    self.cancel(loop.loop_id, "the runtime closed while the loop was paused")
+                    self.cancel(
+                        loop.loop_id, "the runtime closed while the loop was paused"
+                    )
 
     # ------------------------------------------------------------------ loops
 
@@ -178,10 +194,14 @@ class Runtime:
                 f"inference_input must be an InferenceInput, got {type(inference_input).__name__}"
             )
         if not 1 <= max_turns <= MAX_TURNS_CAP:
-            raise ConfigurationError(f"max_turns must be in 1..{MAX_TURNS_CAP}, got {max_turns}")
+            raise ConfigurationError(
+                f"max_turns must be in 1..{MAX_TURNS_CAP}, got {max_turns}"
+            )
         user_message = _user_message(message, inference_input)
         handlers = _handlers(interception_handler)
-        self.providers.resolve(inference_input.model)  # an unknown provider fails here, loudly
+        self.providers.resolve(
+            inference_input.model
+        )  # an unknown provider fails here, loudly
         loop_id = uuid7()
         loop = Loop(
             self, loop_id, agent_id, user_message, inference_input, handlers, max_turns
@@ -231,7 +251,9 @@ class Runtime:
 
     def loops(self, *, status: LoopStatus | None = None) -> list[str]:
         """Ids of the loops the runtime knows, oldest first (optionally of one status)."""
-        return [i for i, lp in self._loops.items() if status is None or lp.status is status]
+        return [
+            i for i, lp in self._loops.items() if status is None or lp.status is status
+        ]
 
     def _loop_done(self, loop: Loop) -> None:
         self._finished.append(loop.loop_id)
@@ -243,7 +265,9 @@ def run_loop(
     agent_id: str,
     message: UserMessage | str | None,
     inference_input: InferenceInput,
-    interception_handler: InterceptionHandler | Sequence[InterceptionHandler] | None = None,
+    interception_handler: InterceptionHandler
+    | Sequence[InterceptionHandler]
+    | None = None,
     *,
     max_turns: int = DEFAULT_MAX_TURNS,
 ) -> str:
@@ -270,7 +294,9 @@ def _user_message(
         )
     items = inference_input.context.items
     if not items:
-        raise ConfigurationError("message=None continues the context, but the context is empty")
+        raise ConfigurationError(
+            "message=None continues the context, but the context is empty"
+        )
     last = items[-1]
     if last.type not in ("user_message", "function_call_output"):
         raise ConfigurationError(

@@ -77,7 +77,11 @@ class RequestSummary(BaseModel):
 
 
 EventPayload: TypeAlias = (
-    UserMessage | tuple[UserMessage, ...] | ToolBatch | ModelMessageItem | RequestSummary
+    UserMessage
+    | tuple[UserMessage, ...]
+    | ToolBatch
+    | ModelMessageItem
+    | RequestSummary
 )
 """A transition payload as events record it."""
 

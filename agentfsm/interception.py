@@ -83,7 +83,9 @@ class ToolBatch(BaseModel):
         self._check(call_id)
         return self.model_copy(update={"denied": {**self.denied, call_id: reason}})
 
-    def with_arguments(self, call_id: str, arguments: Mapping[str, Any] | str) -> ToolBatch:
+    def with_arguments(
+        self, call_id: str, arguments: Mapping[str, Any] | str
+    ) -> ToolBatch:
         """This batch with the arguments of one call replaced."""
         self._check(call_id)
         text = arguments if isinstance(arguments, str) else to_json(arguments).decode()
@@ -160,6 +162,12 @@ class Pause(BaseModel):
     kind: Literal["pause"] = "pause"
     reason: str
 
+    def __init__(self, reason: str | None = None, /, **data: Any) -> None:
+        """`Pause("why")` or `Pause(reason="why")`."""
+        if reason is not None:
+            data["reason"] = reason
+        super().__init__(**data)
+
 
 class Abort(BaseModel):
     """End the loop now with outcome `aborted`."""
@@ -169,6 +177,12 @@ class Abort(BaseModel):
     kind: Literal["abort"] = "abort"
     reason: str
 
+    def __init__(self, reason: str | None = None, /, **data: Any) -> None:
+        """`Abort("why")` or `Abort(reason="why")`."""
+        if reason is not None:
+            data["reason"] = reason
+        super().__init__(**data)
+
 
 Decision: TypeAlias = Annotated[
     Proceed | Rewrite | Pause | Abort, Field(discriminator="kind")
@@ -176,6 +190,6 @@ Decision: TypeAlias = Annotated[
 """What an interception handler (or `Runtime.resume`) decides."""
 
 InterceptionHandler: TypeAlias = Callable[
-    [PendingTransition], Decision | None | Awaitable[Decision | None]
+    [PendingTransition], Awaitable[Decision | None] | Decision | None
 ]
 """A sync or async callable deciding about one pending transition."""

@@ -13,7 +13,14 @@ from .interception import PendingTransition
 from .messages import ModelMessageItem, TokenUsage
 from .states import LoopState, Outcome, Trigger
 
-__all__ = ("ErrorInfo", "LoopFailedError", "LoopResult", "LoopStatus", "LoopView", "PathStep")
+__all__ = (
+    "ErrorInfo",
+    "LoopFailedError",
+    "LoopResult",
+    "LoopStatus",
+    "LoopView",
+    "PathStep",
+)
 
 
 class LoopStatus(StrEnum):

@@ -76,7 +76,7 @@ class TransitionSpec(TypedDict):
 
 _S = LoopState
 _T = Trigger
-_ACTIVE = [s for s in LoopState if s is not LoopState.idle]
+_ACTIVE: list[LoopState] = [s for s in LoopState if s is not LoopState.idle]
 
 TRANSITIONS: Final[tuple[TransitionSpec, ...]] = (
     {"trigger": _T.start, "source": _S.idle, "dest": _S.context_update},

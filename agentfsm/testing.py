@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -54,7 +54,9 @@ __all__ = (
 _call_ids = itertools.count(1)
 
 
-def call(name: str, /, call_id: str | None = None, **arguments: Any) -> FunctionCallItem:
+def call(
+    name: str, /, call_id: str | None = None, **arguments: Any
+) -> FunctionCallItem:
     """A function call item (`call_id` defaults to a fresh `call_<n>`)."""
     return FunctionCallItem(
         call_id=call_id or f"call_{next(_call_ids)}",
@@ -68,22 +70,30 @@ def calls(
 ) -> InferenceOutput:
     """An output asking for these function calls (optionally with text before them)."""
     prefix = [ModelMessageItem(content=text)] if text is not None else []
-    return InferenceOutput(items=(*prefix, *items), token_usage=usage, finish_reason="tool_calls")
+    return InferenceOutput(
+        items=(*prefix, *items), token_usage=usage, finish_reason="tool_calls"
+    )
 
 
 def text(content: str, *, usage: TokenUsage | None = None) -> InferenceOutput:
     """An output answering with `content`."""
     return InferenceOutput(
-        items=(ModelMessageItem(content=content),), token_usage=usage, finish_reason="stop"
+        items=(ModelMessageItem(content=content),),
+        token_usage=usage,
+        finish_reason="stop",
     )
 
 
 def reasoning(thought: str, output: InferenceOutput) -> InferenceOutput:
     """`output` with a reasoning item in front."""
-    return output.model_copy(update={"items": (ReasoningItem(content=thought), *output.items)})
+    return output.model_copy(
+        update={"items": (ReasoningItem(content=thought), *output.items)}
+    )
 
 
-ScriptStep = InferenceOutput | BaseException | Callable[[InferenceInput], InferenceOutput]
+ScriptStep = (
+    InferenceOutput | BaseException | Callable[[InferenceInput], InferenceOutput]
+)
 """An output, an error to raise, or a function of the request."""
 
 
@@ -133,10 +143,14 @@ class ScriptedProvider:
         self, request: InferenceInput, /
     ) -> AsyncIterator[AsyncIterator[StreamEvent]]:
         """The next step as deltas, ending with the same output `complete` returns."""
-        yield _iterate(output_deltas(self._step(request)))
+        events = _iterate(output_deltas(self._step(request)))
+        try:
+            yield events
+        finally:
+            await events.aclose()
 
 
-async def _iterate(items: Iterable[StreamEvent]) -> AsyncIterator[StreamEvent]:
+async def _iterate(items: Iterable[StreamEvent]) -> AsyncGenerator[StreamEvent, None]:
     for item in items:
         yield item
 
@@ -154,7 +168,9 @@ class EventRecorder:
         *,
         loop_id: str | None = None,
     ) -> None:
-        self._subscription: Subscription = bus.subscribe(types, loop_id=loop_id, buffer=10**9)
+        self._subscription: Subscription = bus.subscribe(
+            types, loop_id=loop_id, buffer=10**9
+        )
         self._events: list[AgentEvent] = []
 
     @property
@@ -206,7 +222,9 @@ class RecordingHandler:
         return [p.trigger.value for p in self.seen]
 
 
-def assert_path(loop: LoopResult | LoopView, states: str | Sequence[str | LoopState]) -> None:
+def assert_path(
+    loop: LoopResult | LoopView, states: str | Sequence[str | LoopState]
+) -> None:
     """Assert the states a loop visited, `idle` first (a space-separated string or a list)."""
     expected = states.split() if isinstance(states, str) else [str(s) for s in states]
     actual = [LoopState.idle.value, *(step.dest.value for step in loop.path)]

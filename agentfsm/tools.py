@@ -176,7 +176,7 @@ class Tool:
 
     async def _call(self, kwargs: dict[str, Any]) -> Any:
         if self._is_async:
-            return await cast(Callable[..., Awaitable[Any]], self.function)(**kwargs)
+            return await cast("Callable[..., Awaitable[Any]]", self.function)(**kwargs)
         if self.run_in_thread:
             return await anyio.to_thread.run_sync(
                 partial(self.function, **kwargs), abandon_on_cancel=True
@@ -194,11 +194,15 @@ def _arguments_model(function: ToolFunction, name: str) -> type[BaseModel]:
     try:
         hints = get_type_hints(function)
     except NameError as exc:
-        raise ConfigurationError(f"tool {name!r}: cannot resolve annotation: {exc}") from exc
+        raise ConfigurationError(
+            f"tool {name!r}: cannot resolve annotation: {exc}"
+        ) from exc
     fields: dict[str, Any] = {}
     for param in inspect.signature(function).parameters.values():
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            raise ConfigurationError(f"tool {name!r}: *args and **kwargs are not supported")
+            raise ConfigurationError(
+                f"tool {name!r}: *args and **kwargs are not supported"
+            )
         if param.kind is param.POSITIONAL_ONLY:
             raise ConfigurationError(
                 f"tool {name!r}: positional-only parameter {param.name!r} is not supported"
@@ -206,7 +210,7 @@ def _arguments_model(function: ToolFunction, name: str) -> type[BaseModel]:
         annotation = hints.get(param.name, Any)
         default = ... if param.default is param.empty else param.default
         fields[param.name] = (annotation, default)
-    return create_model(  # type: ignore[call-overload,no-any-return]
+    return create_model(
         f"{name}_arguments",
         __config__=ConfigDict(extra="forbid"),
         **fields,

@@ -7,7 +7,9 @@ import structlog
 from structlog.typing import EventDict
 
 
-@pytest.fixture(params=[pytest.param("asyncio", id="asyncio"), pytest.param("trio", id="trio")])
+@pytest.fixture(
+    params=[pytest.param("asyncio", id="asyncio"), pytest.param("trio", id="trio")]
+)
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     """Every async test runs on asyncio and on trio (pinned, so trio is never skipped)."""
     return str(request.param)

@@ -15,6 +15,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import Annotated, Any, Literal, Protocol, TypeAlias, runtime_checkable
 
 from pydantic import (
+    AfterValidator,
     AliasChoices,
     BaseModel,
     ConfigDict,
@@ -24,15 +25,15 @@ from pydantic import (
     PlainSerializer,
 )
 
-from ..exceptions import ConfigurationError, UnknownProvider
-from ..messages import (
+from agentfsm.exceptions import ConfigurationError, UnknownProvider
+from agentfsm.messages import (
     FunctionCallItem,
     ModelContext,
     ModelMessageItem,
     OutputItem,
     TokenUsage,
 )
-from ..tools import Tool
+from agentfsm.tools import Tool
 
 __all__ = (
     "InferenceInput",
@@ -77,8 +78,8 @@ class InferenceInput(BaseModel):
     """Upper bound on generated tokens."""
     reasoning_effort: str | None = None
     """Provider-specific reasoning effort (`low`, `medium`, `high`, ...)."""
-    tools: tuple[ToolField, ...] = ()
-    """Tools the model may call."""
+    tools: Annotated[Sequence[ToolField], AfterValidator(tuple)] = ()
+    """Tools the model may call (kept as a tuple)."""
     tool_choice: str | None = None
     """`auto`, `required`, `none`, or the name of one tool to force."""
     streaming: bool = False

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import TypeAlias, cast
+from typing import TypeAlias
 
-from ..messages import FunctionCallItem, ModelMessageItem, ReasoningItem
-from . import (
+from agentfsm.messages import FunctionCallItem, ModelMessageItem, ReasoningItem
+from agentfsm.providers import (
     InferenceInput,
     InferenceOutput,
     OutputCompleted,
@@ -49,7 +49,9 @@ def output_deltas(output: InferenceOutput, *, chunk: int = 8) -> list[StreamEven
         elif isinstance(item, ModelMessageItem):
             deltas.extend(TextDelta(text=t) for t in _WORDS.findall(item.content))
         elif isinstance(item, FunctionCallItem):
-            deltas.append(ToolCallDelta(index=call_index, call_id=item.call_id, name=item.name))
+            deltas.append(
+                ToolCallDelta(index=call_index, call_id=item.call_id, name=item.name)
+            )
             args = item.arguments
             deltas.extend(
                 ToolCallDelta(index=call_index, arguments=args[i : i + chunk])
@@ -87,11 +89,13 @@ class FunctionProvider:
         """Answer with the handler's output."""
         result = self._handler(request)
         if inspect.isawaitable(result):
-            result = await result
-        return cast(InferenceOutput, result)
+            return await result
+        return result
 
     @asynccontextmanager
-    async def stream(self, request: InferenceInput, /) -> AsyncIterator[AsyncIterator[StreamEvent]]:
+    async def stream(
+        self, request: InferenceInput, /
+    ) -> AsyncIterator[AsyncIterator[StreamEvent]]:
         """Stream the handler's output as deltas (or the stream handler's events)."""
         if self._stream_handler is not None:
             events = self._stream_handler(request)
@@ -103,9 +107,13 @@ class FunctionProvider:
                     await aclose()
             return
         output = await self.complete(request)
-        yield _replay(output_deltas(output))
+        replay = _replay(output_deltas(output))
+        try:
+            yield replay
+        finally:
+            await replay.aclose()
 
 
-async def _replay(deltas: list[StreamEvent]) -> AsyncIterator[StreamEvent]:
+async def _replay(deltas: list[StreamEvent]) -> AsyncGenerator[StreamEvent, None]:
     for delta in deltas:
         yield delta
