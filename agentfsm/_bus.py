@@ -19,7 +19,6 @@ from types import TracebackType
 from typing import NamedTuple, Self
 
 import anyio
-import anyio.lowlevel
 
 from .events import EVENT_TYPES, AgentEvent
 from .exceptions import BusClosed, BusFull, ConfigurationError
@@ -146,7 +145,8 @@ class Subscription:
                 waiter = self._waiter = anyio.Event()
                 await waiter.wait()
             else:
-                await anyio.lowlevel.checkpoint_if_cancelled()
+                # No checkpoint when an event is ready: a consumer drains its
+                # buffer in one go, and publishers cannot add to it meanwhile.
                 return event
 
     def __aiter__(self) -> Self:
@@ -280,14 +280,20 @@ class EventBus:
 
     def wants(self, event_type: str, loop_id: str) -> bool:
         """Whether any subscriber would receive an event of this type and loop."""
-        return bool(self._route(event_type)) or loop_id in self._by_loop
+        return bool(self.targets(event_type, loop_id))
 
-    def _targets(self, event: AgentEvent) -> list[Subscription]:
-        targets = list(self._route(event.type))
-        for sub in self._by_loop.get(event.loop_id, ()):
-            if sub.matches(event.type):
-                targets.append(sub)
-        return targets
+    def targets(self, event_type: str, loop_id: str) -> Sequence[Subscription]:
+        """The subscriptions an event of this type and loop goes to (often none)."""
+        route = self._routes.get(event_type)
+        if route is None:
+            route = self._route(event_type)
+        own = self._by_loop.get(loop_id)
+        if own is None:
+            return route
+        return [*route, *(sub for sub in own if sub.matches(event_type))]
+
+    def _targets(self, event: AgentEvent) -> Sequence[Subscription]:
+        return self.targets(event.type, event.loop_id)
 
     def publish_nowait(self, event: AgentEvent) -> None:
         """Deliver an event to every matching subscriber without waiting.
@@ -310,9 +316,17 @@ class EventBus:
                 await sub._wait_for_space()
         self._deliver(event, targets)
 
+    def deliver_nowait(
+        self, event: AgentEvent, targets: Iterable[Subscription]
+    ) -> None:
+        """Deliver an event to `targets` (from `targets()`), when no one asked for backpressure."""
+        self._deliver(event, targets)
+
     def _deliver(self, event: AgentEvent, targets: Iterable[Subscription]) -> None:
         self.published += 1
         for sub in targets:
+            if sub._closed:
+                continue  # closed while a publisher waited for room in it
             if sub._offer(event):
                 self.delivered += 1
             else:

@@ -21,6 +21,7 @@ import anyio
 import structlog
 
 from . import events as ev
+from ._fast import trusted
 from ._logging import logger
 from ._machine import ALLOWED, TABLE
 from .exceptions import (
@@ -166,21 +167,20 @@ class Loop:
     def _emit(self, cls: type[ev.AgentEvent], /, **fields: Any) -> None:
         self.seq += 1
         bus = self._runtime.bus
-        event_type: str = cls.model_fields["type"].default
-        if not bus.wants(event_type, self.loop_id):
+        targets = bus.targets(cls._defaults["type"], self.loop_id)
+        if not targets:
             return
-        event = cls(
-            event_id=f"{self.loop_id}:{self.seq}",
-            loop_id=self.loop_id,
-            agent_id=self.agent_id,
-            seq=self.seq,
-            state=self.state,
-            **fields,
-        )
+        fields["event_id"] = f"{self.loop_id}:{self.seq}"
+        fields["loop_id"] = self.loop_id
+        fields["agent_id"] = self.agent_id
+        fields["seq"] = self.seq
+        fields["state"] = self.state
+        fields["ts"] = datetime.now(UTC)
+        event = cls._trusted(fields)
         if bus.backpressure:
             self._outbox.append(event)
         else:
-            bus.publish_nowait(event)
+            bus.deliver_nowait(event, targets)
 
     async def _flush(self) -> None:
         outbox, self._outbox = self._outbox, []
@@ -191,14 +191,12 @@ class Loop:
 
     async def run(self) -> None:
         """The loop's task: drive until idle or paused; never raises but cancellation."""
-        token = _current_loop.set(self.loop_id)
-        try:
-            with structlog.contextvars.bound_contextvars(
-                loop_id=self.loop_id, agent_id=self.agent_id
-            ):
-                await self._run()
-        finally:
-            _current_loop.reset(token)
+        # Each task runs in its own copy of the context, so binding needs no reset.
+        _current_loop.set(self.loop_id)
+        structlog.contextvars.bind_contextvars(
+            loop_id=self.loop_id, agent_id=self.agent_id
+        )
+        await self._run()
 
     async def _run(self) -> None:
         try:
@@ -687,20 +685,21 @@ class Loop:
         """The loop's result (only once it is done)."""
         assert self.outcome is not None
         assert self.ended_at is not None
-        return LoopResult(
-            loop_id=self.loop_id,
-            agent_id=self.agent_id,
-            outcome=self.outcome,
-            reason=self.reason,
-            answer=self.answer,
-            error=self.error,
-            usage=self.usage,
-            model_requests=self.model_requests,
-            tool_calls=self.tool_calls,
-            path=tuple(self.path),
-            started_at=self.started_at,
-            ended_at=self.ended_at,
-        )
+        values = {
+            "loop_id": self.loop_id,
+            "agent_id": self.agent_id,
+            "outcome": self.outcome,
+            "reason": self.reason,
+            "answer": self.answer,
+            "error": self.error,
+            "usage": self.usage,
+            "model_requests": self.model_requests,
+            "tool_calls": self.tool_calls,
+            "path": tuple(self.path),
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+        }
+        return trusted(LoopResult, values, set(values))
 
     def view(self) -> LoopView:
         """A snapshot of the loop."""

@@ -23,10 +23,11 @@ reads any of them back from JSON.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Literal, TypeAlias, final
+from typing import Annotated, Any, ClassVar, Literal, Self, TypeAlias, final
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter
 
+from . import _fast
 from .interception import ToolBatch
 from .messages import (
     FunctionCallItem,
@@ -41,6 +42,7 @@ from .states import LoopState, Outcome, Trigger
 __all__ = (
     "AgentEvent",
     "AgentEventAdapter",
+    "EVENT_TYPES",
     "EventPayload",
     "FunctionCallCompleted",
     "FunctionCallProgress",
@@ -101,6 +103,20 @@ class _Event(BaseModel):
     """When the event was published (UTC)."""
     state: LoopState
     """The loop's state when the event was published."""
+
+    _defaults: ClassVar[dict[str, Any]] = {}
+    _fields_set: ClassVar[set[str]] = set()
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        cls._defaults = _fast.defaults(cls)
+        cls._fields_set = set(cls.model_fields)
+
+    @classmethod
+    def _trusted(cls, fields: dict[str, Any]) -> Self:
+        """Build an event from envelope and fields the loop made (see `agentfsm._fast`)."""
+        return _fast.trusted(cls, {**cls._defaults, **fields}, cls._fields_set)
 
 
 @final

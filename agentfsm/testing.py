@@ -43,6 +43,7 @@ from .states import LoopState
 __all__ = (
     "EventRecorder",
     "RecordingHandler",
+    "ScriptStep",
     "ScriptedProvider",
     "assert_path",
     "call",

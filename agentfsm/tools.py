@@ -25,7 +25,8 @@ from typing import Any, Final, TypeAlias, cast, get_type_hints, overload
 
 import anyio
 import anyio.to_thread
-from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic.fields import FieldInfo
 from pydantic_core import to_json
 
 from .exceptions import ConfigurationError, ToolArgumentsError, ToolError, ToolTimeout
@@ -154,7 +155,10 @@ class Tool:
                 f"{format_validation_error(exc)}",
                 tool=self.name,
             ) from exc
-        return {name: getattr(model, name) for name in type(model).model_fields}
+        return {
+            field.alias or name: getattr(model, name)
+            for name, field in type(model).model_fields.items()
+        }
 
     async def invoke(self, arguments: str | Mapping[str, Any]) -> str:
         """Validate the arguments, run the function and return its output as text.
@@ -165,13 +169,19 @@ class Tool:
             Exception: whatever the function raised.
         """
         kwargs = self.validate_arguments(arguments)
-        try:
-            with anyio.fail_after(self.timeout):
+        if self.timeout is None:
+            result = await self._call(kwargs)
+        else:
+            # A bare CancelScope is what fail_after builds, without its generator.
+            with anyio.CancelScope(
+                deadline=anyio.current_time() + self.timeout
+            ) as scope:
                 result = await self._call(kwargs)
-        except TimeoutError as exc:
-            raise ToolTimeout(
-                f"tool {self.name!r} timed out after {self.timeout:g}s", tool=self.name
-            ) from exc
+            if scope.cancelled_caught:
+                raise ToolTimeout(
+                    f"tool {self.name!r} timed out after {self.timeout:g}s",
+                    tool=self.name,
+                )
         return result if isinstance(result, str) else to_json(result).decode()
 
     async def _call(self, kwargs: dict[str, Any]) -> Any:
@@ -209,7 +219,12 @@ def _arguments_model(function: ToolFunction, name: str) -> type[BaseModel]:
             )
         annotation = hints.get(param.name, Any)
         default = ... if param.default is param.empty else param.default
-        fields[param.name] = (annotation, default)
+        # Fields get neutral names and the parameter as alias, so a parameter may be
+        # called `schema`, `json` or `model_config` without clashing with BaseModel.
+        info = Field(default, alias=param.name)
+        if isinstance(default, FieldInfo):  # `n: int = Field(1, ge=1)`
+            info = FieldInfo.merge_field_infos(default, Field(alias=param.name))
+        fields[f"p{len(fields)}"] = (annotation, info)
     return create_model(
         f"{name}_arguments",
         __config__=ConfigDict(extra="forbid"),

@@ -54,7 +54,7 @@ def _tool_definition(tool: Tool) -> dict[str, Any]:
     return tool.definition.model_dump()
 
 
-ToolField: TypeAlias = Annotated[
+_ToolField: TypeAlias = Annotated[
     InstanceOf[Tool], PlainSerializer(_tool_definition, return_type=dict[str, Any])
 ]
 
@@ -78,7 +78,7 @@ class InferenceInput(BaseModel):
     """Upper bound on generated tokens."""
     reasoning_effort: str | None = None
     """Provider-specific reasoning effort (`low`, `medium`, `high`, ...)."""
-    tools: Annotated[Sequence[ToolField], AfterValidator(tuple)] = ()
+    tools: Annotated[Sequence[_ToolField], AfterValidator(tuple)] = ()
     """Tools the model may call (kept as a tuple)."""
     tool_choice: str | None = None
     """`auto`, `required`, `none`, or the name of one tool to force."""

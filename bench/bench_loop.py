@@ -1,0 +1,277 @@
+"""Overhead of one agentfsm loop against a bare asyncio loop doing the same work.
+
+The workload: one user message; the model asks for `add(a, b)` three times (one
+call per model turn), then answers "10"; the tool returns a + b. That is 4 model
+calls and 3 tool calls per run, with a zero-latency scripted model, so what is
+measured is the runtime's own overhead.
+
+- agentfsm: `Runtime.run_loop` + `Runtime.wait`, a `ScriptedProvider`, an async
+  `@agentfsm.tool`, and one bus subscriber draining every event.
+- bare: the same turns by hand on plain asyncio (a list of dict messages, an
+  async scripted "model", `json.loads` of the arguments, `await add(...)`).
+
+Printed: CPU µs per run (median of REPEATS x RUNS sequential runs, after a
+warm-up), the ratio agentfsm / bare, and the traced memory per loop with
+CONCURRENT loops in flight at once. The last line is machine-readable:
+`ratio_vs_floor=<x> kb_per_concurrent_loop=<y>`. See bench/README.md.
+
+Run with `make bench` (or `.venv/bin/python bench/bench_loop.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import logging
+import statistics
+import sys
+import time
+import tracemalloc
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, TypeAlias
+
+import anyio
+import anyio.lowlevel
+import structlog
+
+import agentfsm
+from agentfsm import InferenceInput, InferenceOutput, ModelContext
+from agentfsm.testing import ScriptedProvider, call, calls, text
+
+# agentfsm logs every transition at debug level; an unconfigured structlog prints it all.
+structlog.configure(
+    wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING)
+)
+
+RUNS: Final = 2_000
+"""Sequential runs per timed repetition."""
+REPEATS: Final = 7
+"""Timed repetitions; the median is reported."""
+WARMUP_RUNS: Final = 500
+CONCURRENT: Final = 2_000
+"""Loops in flight at once for the memory measurement."""
+
+PROMPT: Final = "what is 1+2+3+4?"
+ANSWER: Final = "10"
+TOOL_CALLS: Final = 3
+MODEL_CALLS: Final = 4
+EVENTS_PER_RUN: Final = 23
+"""loop.started, 10 loop.transition, 4 inference.completed, 3 function_call.started,
+3 function_call.completed, model.answer, loop.idle."""
+
+
+# ---------------------------------------------------------------------- agentfsm
+
+
+@agentfsm.tool
+async def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+def scripted_provider() -> ScriptedProvider:
+    return ScriptedProvider(
+        [
+            calls(call("add", a=1, b=2)),
+            calls(call("add", a=3, b=3)),
+            calls(call("add", a=6, b=4)),
+            text(ANSWER),
+        ]
+    )
+
+
+class CheckpointProvider:
+    """A `ScriptedProvider` that yields to the event loop once per model call.
+
+    Used only for the memory measurement: without a checkpoint an agentfsm loop
+    never yields (zero-latency model, async tool), so each loop would run to
+    its end before the next one starts and nothing would be in flight together.
+    """
+
+    def __init__(self, inner: ScriptedProvider) -> None:
+        self.inner = inner
+
+    async def complete(self, request: InferenceInput, /) -> InferenceOutput:
+        await anyio.lowlevel.checkpoint()
+        return await self.inner.complete(request)
+
+    def stream(self, request: InferenceInput, /) -> Any:
+        return self.inner.stream(request)
+
+
+def inference_input() -> InferenceInput:
+    # A fresh context per loop: the loop appends to it.
+    return InferenceInput(model="scripted:bench", context=ModelContext(), tools=[add])
+
+
+def check(result: agentfsm.LoopResult) -> None:
+    assert result.outcome is agentfsm.Outcome.answered, result
+    assert result.answer is not None
+    assert result.answer.content == ANSWER, result.answer
+    assert result.tool_calls == TOOL_CALLS, result.tool_calls
+    assert result.model_requests == MODEL_CALLS, result.model_requests
+
+
+async def drain(subscription: agentfsm.Subscription, counter: list[int]) -> None:
+    async for _event in subscription:
+        counter[0] += 1
+
+
+async def agentfsm_runs(runs: int) -> float:
+    """CPU seconds for `runs` sequential loops (runtime setup and teardown excluded)."""
+    provider = scripted_provider()
+    seen = [0]
+    runtime = agentfsm.Runtime(providers={"scripted": provider})
+    async with anyio.create_task_group() as tg, runtime:
+        tg.start_soon(drain, runtime.bus.subscribe("*"), seen)
+        start = time.process_time()
+        for _ in range(runs):
+            loop_id = runtime.run_loop("agent", PROMPT, inference_input())
+            check(await runtime.wait(loop_id))
+        elapsed = time.process_time() - start
+        stats = runtime.bus.statistics()
+    assert seen[0] == stats.published == runs * EVENTS_PER_RUN, (seen[0], stats)
+    assert stats.dropped == 0, stats
+    assert len(provider.requests) == runs * MODEL_CALLS
+    return elapsed
+
+
+async def agentfsm_concurrent(loops: int) -> int:
+    """Traced peak bytes above the baseline with `loops` agentfsm loops in flight."""
+    provider = CheckpointProvider(scripted_provider())
+    seen = [0]
+    runtime = agentfsm.Runtime(providers={"scripted": provider})
+    async with anyio.create_task_group() as tg, runtime:
+        tg.start_soon(drain, runtime.bus.subscribe("*"), seen)
+        await anyio.lowlevel.checkpoint()  # let the drain task reach its first wait
+        gc.collect()
+        tracemalloc.start()
+        tracemalloc.reset_peak()
+        baseline, _ = tracemalloc.get_traced_memory()
+        ids = [
+            runtime.run_loop("agent", PROMPT, inference_input()) for _ in range(loops)
+        ]
+        for loop_id in ids:
+            check(await runtime.wait(loop_id))
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        stats = runtime.bus.statistics()
+    assert seen[0] == stats.published == loops * EVENTS_PER_RUN, (seen[0], stats)
+    assert stats.dropped == 0, stats
+    return peak - baseline
+
+
+# ---------------------------------------------------------------------- bare floor
+
+Message: TypeAlias = dict[str, Any]
+
+BARE_SCRIPT: Final[tuple[Message, ...]] = (
+    {"tool_calls": [{"id": "call_1", "name": "add", "arguments": '{"a":1,"b":2}'}]},
+    {"tool_calls": [{"id": "call_2", "name": "add", "arguments": '{"a":3,"b":3}'}]},
+    {"tool_calls": [{"id": "call_3", "name": "add", "arguments": '{"a":6,"b":4}'}]},
+    {"content": ANSWER},
+)
+
+Model: TypeAlias = Callable[[list[Message], int], Awaitable[Message]]
+
+
+async def bare_model(messages: list[Message], turn: int) -> Message:
+    return BARE_SCRIPT[turn]
+
+
+async def bare_model_checkpoint(messages: list[Message], turn: int) -> Message:
+    await asyncio.sleep(0)
+    return BARE_SCRIPT[turn]
+
+
+async def bare_add(a: int, b: int) -> int:
+    return a + b
+
+
+BARE_TOOLS: Final[dict[str, Callable[..., Awaitable[Any]]]] = {"add": bare_add}
+
+
+async def bare_loop(prompt: str, model: Model) -> tuple[str, int]:
+    """The floor: the same turns by hand; returns (answer, tool calls)."""
+    messages: list[Message] = [{"role": "user", "content": prompt}]
+    tool_calls = 0
+    turn = 0
+    while True:
+        reply = await model(messages, turn)
+        turn += 1
+        messages.append({"role": "assistant", **reply})
+        requested = reply.get("tool_calls")
+        if not requested:
+            return reply["content"], tool_calls
+        for tc in requested:
+            output = await BARE_TOOLS[tc["name"]](**json.loads(tc["arguments"]))
+            tool_calls += 1
+            messages.append(
+                {"role": "tool", "tool_call_id": tc["id"], "content": str(output)}
+            )
+
+
+async def bare_runs(runs: int) -> float:
+    start = time.process_time()
+    for _ in range(runs):
+        answer, tool_calls = await bare_loop(PROMPT, bare_model)
+        assert answer == ANSWER, answer
+        assert tool_calls == TOOL_CALLS, tool_calls
+    return time.process_time() - start
+
+
+async def bare_concurrent(loops: int) -> int:
+    results: list[tuple[str, int]] = []
+
+    async def one() -> None:
+        results.append(await bare_loop(PROMPT, bare_model_checkpoint))
+
+    gc.collect()
+    tracemalloc.start()
+    tracemalloc.reset_peak()
+    baseline, _ = tracemalloc.get_traced_memory()
+    async with asyncio.TaskGroup() as tg:
+        for _ in range(loops):
+            tg.create_task(one())
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert results == [(ANSWER, TOOL_CALLS)] * loops
+    return peak - baseline
+
+
+# ---------------------------------------------------------------------- main
+
+
+async def timed(fn: Callable[[int], Awaitable[float]]) -> float:
+    """Median µs per run over REPEATS x RUNS, after a warm-up."""
+    await fn(WARMUP_RUNS)
+    samples = []
+    for _ in range(REPEATS):
+        gc.collect()
+        samples.append(await fn(RUNS) / RUNS * 1e6)
+    return statistics.median(samples)
+
+
+async def main() -> None:
+    print(f"python {sys.version.split()[0]}, asyncio, agentfsm {agentfsm.__version__}")
+    print(f"workload: {MODEL_CALLS} model calls + {TOOL_CALLS} tool calls per run")
+    print(f"cpu: median of {REPEATS} x {RUNS:,} sequential runs (process_time)")
+
+    bare_us = await timed(bare_runs)
+    fsm_us = await timed(agentfsm_runs)
+    ratio = fsm_us / bare_us
+    print(f"  bare asyncio  {bare_us:8.1f} µs/run")
+    print(f"  agentfsm      {fsm_us:8.1f} µs/run   ({ratio:.1f}x the floor)")
+
+    print(f"memory: traced peak - baseline, {CONCURRENT:,} loops in flight at once")
+    bare_kb = await bare_concurrent(CONCURRENT) / CONCURRENT / 1024
+    fsm_kb = await agentfsm_concurrent(CONCURRENT) / CONCURRENT / 1024
+    print(f"  bare asyncio  {bare_kb:8.1f} KB/loop")
+    print(f"  agentfsm      {fsm_kb:8.1f} KB/loop")
+
+    print(f"ratio_vs_floor={ratio:.1f} kb_per_concurrent_loop={fsm_kb:.1f}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

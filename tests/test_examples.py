@@ -1,0 +1,65 @@
+"""Every `examples/*.py` runs to completion as a script and prints what it shows."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
+
+KEY_LINES: dict[str, tuple[str, ...]] = {
+    "approve_tools": (
+        "delete_file -> error: the call was denied: delete_file is not allowed here",
+        "loop paused in inference, before call_tools -> function_call: needs approval",
+        "ran: read_file(notes.txt), delete_file(notes.txt)",
+    ),
+    "demo": (
+        "answer (streamed): Lisbon is at 18 C today",
+        (
+            "path: idle -> context_update -> inference_streaming -> function_call"
+            " -> inference_streaming -> model_message -> idle"
+        ),
+        "tokens: 149 in + 40 out = 189 total",
+    ),
+    "situation_processor": (
+        "answer from billing-agent: Status: paid in full on the 3rd.",
+        "all 3 agents answered",
+    ),
+    "swap_model": (
+        "big   served request 1 (big:large)",
+        "cheap served request 2 (cheap:mini)",
+        "cheap served request 3 (cheap:mini)",
+    ),
+}
+"""Text each example must print (each within one line); a new example adds its own."""
+
+
+def test_examples_found() -> None:
+    """The glob finds the examples (a wrong path would make the test below vacuous)."""
+    assert {path.stem for path in EXAMPLES} >= set(KEY_LINES)
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[path.stem for path in EXAMPLES])
+def test_example_runs(path: Path) -> None:
+    """The example exits 0, writes nothing to stderr and prints its key lines."""
+    proc = subprocess.run(
+        [sys.executable, str(path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=50,
+        check=False,
+    )
+    assert proc.returncode == 0, f"{path.name} failed:\n{proc.stdout}\n{proc.stderr}"
+    assert proc.stderr == ""
+    expected = KEY_LINES.get(path.stem)
+    assert expected, f"add the key lines of examples/{path.name} to KEY_LINES"
+    lines = proc.stdout.splitlines()
+    for key in expected:
+        assert any(key in line for line in lines), (
+            f"{path.name} did not print {key!r}; it printed:\n{proc.stdout}"
+        )

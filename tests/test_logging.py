@@ -1,0 +1,138 @@
+"""Logs are bound to the loop and agent; the library never configures structlog."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import anyio
+import structlog
+from structlog.typing import EventDict
+
+from agentfsm import PendingTransition, Runtime, Tool
+from agentfsm.exceptions import ProviderError
+from agentfsm.testing import ScriptedProvider, call, calls, text
+from tests.helpers import request
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def proceed(pending: PendingTransition) -> None:
+    """An interception handler that lets everything through (and so gets logged)."""
+
+
+async def test_every_line_carries_loop_and_agent(log_output: list[EventDict]) -> None:
+    """Each log line of concurrent loops names its own loop_id and that loop's agent_id."""
+    provider = ScriptedProvider(
+        [calls(call("add", a=1, b=2), call("add", a=1, b="x"), call("nope")), text("3")]
+    )
+    with anyio.fail_after(10):
+        async with Runtime(providers={"scripted": provider}) as runtime:
+            agents = {
+                runtime.run_loop(f"agent-{n}", "1+2?", request(), proceed): f"agent-{n}"
+                for n in range(4)
+            }
+            for loop_id in agents:
+                await runtime.wait(loop_id)
+    assert log_output
+    events = {line["event"] for line in log_output}
+    assert {"transition", "transition_intercepted", "tool_call_error", "loop_idle"} <= (
+        events
+    )
+    for line in log_output:
+        assert line["loop_id"] in agents, line
+        assert line["agent_id"] == agents[line["loop_id"]], line
+    assert {line["loop_id"] for line in log_output} == set(agents)
+
+
+async def test_failing_loop_logs_warning(log_output: list[EventDict]) -> None:
+    """A loop that fails logs a warning naming the loop, the state and the error."""
+    provider = ScriptedProvider([ProviderError("model is down")])
+    with anyio.fail_after(10):
+        async with Runtime(providers={"scripted": provider}) as runtime:
+            loop_id = runtime.run_loop("agent-1", "hi", request())
+            result = await runtime.wait(loop_id)
+    assert result.outcome == "failed"
+    warnings = [line for line in log_output if line["log_level"] == "warning"]
+    assert len(warnings) == 1
+    warning = warnings[0]
+    assert warning["event"] == "loop_failed"
+    assert warning["loop_id"] == loop_id
+    assert warning["agent_id"] == "agent-1"
+    assert warning["state"] == "inference"
+    assert warning["error"] == "ProviderError: model is down"
+
+
+async def test_answered_loop_logs_no_warning(log_output: list[EventDict]) -> None:
+    """A loop that answers logs nothing above info and ends with `loop_idle`."""
+    with anyio.fail_after(10):
+        async with Runtime(
+            providers={"scripted": ScriptedProvider([text("hi")])}
+        ) as rt:
+            loop_id = rt.run_loop("agent-1", "hi", request())
+            await rt.wait(loop_id)
+    assert {line["log_level"] for line in log_output} <= {"debug", "info"}
+    last = log_output[-1]
+    assert (last["event"], last["loop_id"], last["outcome"]) == (
+        "loop_idle",
+        loop_id,
+        "answered",
+    )
+
+
+async def test_context_bound_for_code_in_the_loop() -> None:
+    """Tools (sync in a thread, and async) see loop_id/agent_id in structlog contextvars."""
+    seen: list[dict[str, Any]] = []
+
+    def sync_probe() -> str:
+        seen.append(structlog.contextvars.get_contextvars())
+        return "ok"
+
+    async def async_probe() -> str:
+        seen.append(structlog.contextvars.get_contextvars())
+        return "ok"
+
+    tools = (Tool.from_function(sync_probe), Tool.from_function(async_probe))
+    provider = ScriptedProvider(
+        [calls(call("sync_probe"), call("async_probe")), text("")]
+    )
+    with anyio.fail_after(10):
+        async with Runtime(providers={"scripted": provider}) as runtime:
+            loop_id = runtime.run_loop("agent-7", "go", request(*tools))
+            await runtime.wait(loop_id)
+    expected = {"loop_id": loop_id, "agent_id": "agent-7"}
+    assert [{k: s.get(k) for k in expected} for s in seen] == [expected, expected]
+    assert "loop_id" not in structlog.contextvars.get_contextvars()
+
+
+def test_library_never_configures_structlog() -> None:
+    """Importing agentfsm and running a loop leaves structlog unconfigured."""
+    script = textwrap.dedent(
+        """
+        import anyio, structlog
+        import agentfsm
+        from agentfsm.testing import ScriptedProvider, text
+        from tests.helpers import request
+
+        async def main():
+            provider = ScriptedProvider([text("hi")])
+            async with agentfsm.Runtime(providers={"scripted": provider}) as runtime:
+                return await runtime.wait(runtime.run_loop("a", "hi", request()))
+
+        before = structlog.is_configured()
+        result = anyio.run(main)
+        print("configured:", before, structlog.is_configured(), result.outcome)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+        timeout=30,
+    )
+    assert done.stdout.splitlines()[-1] == "configured: False False answered"

@@ -1,0 +1,90 @@
+"""Every name in `__all__` exists, and public modules export what they define."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+from types import ModuleType
+
+import pytest
+
+import agentfsm
+
+PUBLIC_MODULES = (
+    "agentfsm.events",
+    "agentfsm.interception",
+    "agentfsm.tools",
+    "agentfsm.providers",
+    "agentfsm.providers.function",
+    "agentfsm.exceptions",
+    "agentfsm.testing",
+    "agentfsm.states",
+    "agentfsm.messages",
+    "agentfsm.results",
+    "agentfsm.diagrams",
+)
+
+
+def public_module(name: str) -> ModuleType:
+    return importlib.import_module(name)
+
+
+def test_package_all_names_exist() -> None:
+    """Every name in `agentfsm.__all__` is an attribute of the package."""
+    missing = [name for name in agentfsm.__all__ if not hasattr(agentfsm, name)]
+    assert missing == []
+
+
+def test_package_all_is_unique_tuple() -> None:
+    """`agentfsm.__all__` is a tuple without duplicates."""
+    assert isinstance(agentfsm.__all__, tuple)
+    assert len(set(agentfsm.__all__)) == len(agentfsm.__all__)
+
+
+def test_package_reexports_are_the_originals() -> None:
+    """Names re-exported by the package are the objects of their public modules."""
+    for name in agentfsm.__all__:
+        obj = getattr(agentfsm, name)
+        module = getattr(obj, "__module__", None)
+        if module in PUBLIC_MODULES:
+            assert getattr(public_module(module), name) is obj, name
+
+
+def test_package_exports_core_errors() -> None:
+    """The package exports the base error and every error a caller catches first."""
+    from agentfsm import exceptions
+
+    for name in ("AgentFSMError", "ConfigurationError", "ToolError", "ProviderError"):
+        assert getattr(agentfsm, name) is getattr(exceptions, name)
+
+
+@pytest.mark.parametrize("name", PUBLIC_MODULES)
+def test_module_all(name: str) -> None:
+    """The module's `__all__` is a tuple of unique names that all exist."""
+    module = public_module(name)
+    exported = module.__all__
+    assert isinstance(exported, tuple)
+    assert len(set(exported)) == len(exported)
+    assert [n for n in exported if not hasattr(module, n)] == []
+
+
+def defined_names(module: ModuleType) -> set[str]:
+    """Public names a module's own top-level statements bind (not imports)."""
+    tree = ast.parse(inspect.getsource(module))
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return {n for n in names if not n.startswith("_")}
+
+
+@pytest.mark.parametrize("name", PUBLIC_MODULES)
+def test_module_exports_what_it_defines(name: str) -> None:
+    """Each public class, function and constant a module defines is in its `__all__`."""
+    module = public_module(name)
+    assert defined_names(module) - set(module.__all__) == set()

@@ -1,0 +1,410 @@
+"""Tools from typed functions: schema, validation, threads, timeouts, results."""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import pytest
+from pydantic import BaseModel, Field
+
+from agentfsm.exceptions import (
+    ConfigurationError,
+    ToolArgumentsError,
+    ToolError,
+    ToolTimeout,
+)
+from agentfsm.tools import DEFAULT_TOOL_TIMEOUT, Tool, tool
+
+
+class Point(BaseModel):
+    """A point on the plane."""
+
+    x: int
+    y: int = 0
+
+
+@tool
+def scale(point: Point, factor: float = 2.0, label: str | None = None) -> Point:
+    """Scale a point.
+
+    The label is ignored.
+    """
+    return Point(x=int(point.x * factor), y=int(point.y * factor))
+
+
+@tool
+async def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+def _undocumented(count: int = 3, names: list[str] = ["a"]) -> list[str]:  # noqa: B006
+    return names * count
+
+
+class TestSchema:
+    def test_parameters_from_signature(self) -> None:
+        """Each parameter becomes a typed property; those without default are required."""
+        params = add.definition.parameters
+        assert params["type"] == "object"
+        assert params["properties"] == {
+            "a": {"title": "A", "type": "integer"},
+            "b": {"title": "B", "type": "integer"},
+        }
+        assert params["required"] == ["a", "b"]
+        assert params["additionalProperties"] is False
+        assert "title" not in params
+
+    def test_name_and_description_from_function(self) -> None:
+        """The tool is named after the function; its dedented docstring describes it."""
+        assert add.name == "add"
+        assert add.definition.name == "add"
+        assert add.definition.description == "Add two integers."
+        assert scale.definition.description == "Scale a point.\n\nThe label is ignored."
+
+    def test_no_docstring(self) -> None:
+        """A function without a docstring gets an empty description."""
+        assert Tool.from_function(_undocumented).definition.description == ""
+
+    def test_defaults(self) -> None:
+        """Defaults appear in the schema and the parameters with defaults are optional."""
+        params = Tool.from_function(_undocumented).definition.parameters
+        assert params["properties"]["count"] == {
+            "default": 3,
+            "title": "Count",
+            "type": "integer",
+        }
+        assert params["properties"]["names"]["default"] == ["a"]
+        assert params["properties"]["names"]["items"] == {"type": "string"}
+        assert "required" not in params
+
+    def test_pydantic_model_parameter(self) -> None:
+        """A pydantic model parameter is a `$ref` to its schema in `$defs`."""
+        params = scale.definition.parameters
+        assert params["properties"]["point"] == {"$ref": "#/$defs/Point"}
+        point = params["$defs"]["Point"]
+        assert point["properties"]["x"]["type"] == "integer"
+        assert point["properties"]["y"]["default"] == 0
+        assert point["required"] == ["x"]
+        assert params["required"] == ["point"]
+        assert params["properties"]["factor"]["default"] == 2.0
+        assert params["properties"]["label"]["anyOf"] == [
+            {"type": "string"},
+            {"type": "null"},
+        ]
+
+    def test_field_constraints(self) -> None:
+        """`Annotated[..., Field(...)]` constraints and descriptions reach the schema."""
+        params = Tool.from_function(_bounded).definition.parameters
+        assert params["properties"]["n"]["minimum"] == 1
+        assert params["properties"]["n"]["description"] == "How many."
+
+    def test_overrides(self) -> None:
+        """`name=` and `description=` replace the function's name and docstring."""
+        t = Tool.from_function(add.function, name="plus", description="Sum.")
+        assert (t.name, t.definition.name, t.definition.description) == (
+            "plus",
+            "plus",
+            "Sum.",
+        )
+
+    def test_decorator_with_options(self) -> None:
+        """`@tool(...)` with options builds a tool with those options."""
+
+        def f(x: int) -> int:
+            return x
+
+        t = tool(name="ident", timeout=5, run_in_thread=False)(f)
+        assert isinstance(t, Tool)
+        assert (t.name, t.timeout, t.run_in_thread) == ("ident", 5, False)
+        assert add.timeout == DEFAULT_TOOL_TIMEOUT
+
+    def test_parameter_named_like_a_basemodel_attribute(self) -> None:
+        """A parameter named `schema` or `json` builds a tool without warnings."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            t = Tool.from_function(_query)
+        assert set(t.definition.parameters["properties"]) == {"sql", "schema", "json"}
+        assert t.validate_arguments({"sql": "s", "schema": "x", "json": True}) == {
+            "sql": "s",
+            "schema": "x",
+            "json": True,
+        }
+
+
+def _bounded(n: int = Field(default=1, ge=1, description="How many.")) -> int:
+    return n
+
+
+def _query(sql: str, schema: str = "public", json: bool = False) -> str:
+    return f"{schema}.{sql}"
+
+
+class TestValidation:
+    def test_valid_arguments(self) -> None:
+        """Valid JSON text is decoded into typed values, defaults filled in."""
+        assert scale.validate_arguments('{"point": {"x": 2}}') == {
+            "point": Point(x=2, y=0),
+            "factor": 2.0,
+            "label": None,
+        }
+
+    def test_mapping_arguments(self) -> None:
+        """Already-decoded arguments validate too (with lax coercion of `"3"`)."""
+        assert add.validate_arguments({"a": 1, "b": "3"}) == {"a": 1, "b": 3}
+
+    def test_empty_text_means_no_arguments(self) -> None:
+        """An empty argument string is an empty object."""
+        assert Tool.from_function(_undocumented).validate_arguments("") == {
+            "count": 3,
+            "names": ["a"],
+        }
+
+    @pytest.mark.parametrize(
+        ("arguments", "expected"),
+        [
+            pytest.param('{"a": 1}', "b: Field required", id="missing"),
+            pytest.param(
+                '{"a": 1, "b": "two"}',
+                "b: Input should be a valid integer",
+                id="wrong-type",
+            ),
+            pytest.param(
+                '{"a": 1, "b": 2, "c": 3}',
+                "c: Extra inputs are not permitted",
+                id="extra",
+            ),
+            pytest.param('{"a": 1,', "arguments: Invalid JSON", id="bad-json"),
+            pytest.param(
+                "[1, 2]", "arguments: Input should be an object", id="not-object"
+            ),
+        ],
+    )
+    def test_error_names_field_and_reason(self, arguments: str, expected: str) -> None:
+        """A validation error names the tool, the field and why it is wrong."""
+        with pytest.raises(ToolArgumentsError) as info:
+            add.validate_arguments(arguments)
+        message = str(info.value)
+        assert message.startswith("invalid arguments for tool 'add': ")
+        assert expected in message
+        assert info.value.tool == "add"
+
+    def test_nested_field_path(self) -> None:
+        """An error inside a model parameter names the dotted path and the bad value."""
+        with pytest.raises(ToolArgumentsError, match=r"point\.x: .*valid integer.*'a'"):
+            scale.validate_arguments('{"point": {"x": "a"}}')
+
+    def test_every_problem_reported(self) -> None:
+        """All invalid fields are reported, not just the first."""
+        with pytest.raises(ToolArgumentsError) as info:
+            add.validate_arguments('{"a": "x", "b": "y"}')
+        assert "a: " in str(info.value)
+        assert "b: " in str(info.value)
+
+    async def test_invoke_validates_before_running(self) -> None:
+        """`invoke` raises `ToolArgumentsError` and does not call the function."""
+        ran: list[int] = []
+
+        def record(n: int) -> int:
+            ran.append(n)
+            return n
+
+        with pytest.raises(ToolArgumentsError, match="n: "):
+            await Tool.from_function(record).invoke('{"n": "many"}')
+        assert ran == []
+
+
+class TestRunning:
+    async def test_sync_tool_runs_in_worker_thread(self) -> None:
+        """A sync tool runs in a worker thread, not the event loop's thread."""
+        seen: list[int] = []
+
+        def where() -> str:
+            seen.append(threading.get_ident())
+            return "ok"
+
+        assert await Tool.from_function(where).invoke("{}") == "ok"
+        assert seen
+        assert seen[0] != threading.get_ident()
+
+    async def test_sync_tool_inline_when_asked(self) -> None:
+        """`run_in_thread=False` runs a sync tool on the event loop's thread."""
+        seen: list[int] = []
+
+        def where() -> str:
+            seen.append(threading.get_ident())
+            return "ok"
+
+        assert await Tool.from_function(where, run_in_thread=False).invoke("{}") == "ok"
+        assert seen == [threading.get_ident()]
+
+    async def test_async_tool_awaited(self) -> None:
+        """An async tool is awaited on the event loop and its result returned."""
+        seen: list[int] = []
+
+        async def slow_add(a: int, b: int) -> int:
+            await anyio.lowlevel.checkpoint()
+            seen.append(threading.get_ident())
+            return a + b
+
+        assert await Tool.from_function(slow_add).invoke('{"a": 2, "b": 3}') == "5"
+        assert seen == [threading.get_ident()]
+
+    async def test_inline_sync_returning_awaitable(self) -> None:
+        """An inline sync function that returns an awaitable is a `ToolError`."""
+
+        async def inner() -> int:
+            return 1
+
+        def sneaky() -> Any:
+            return inner()
+
+        t = Tool.from_function(sneaky, run_in_thread=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # the unawaited coroutine
+            with pytest.raises(ToolError, match="returned an awaitable"):
+                await t.invoke("{}")
+
+    async def test_exception_propagates(self) -> None:
+        """Whatever the function raises comes out of `invoke` unchanged."""
+
+        def broken() -> str:
+            raise ValueError("no")
+
+        with pytest.raises(ValueError, match="no"):
+            await Tool.from_function(broken).invoke("{}")
+
+    async def test_own_timeout_error_is_not_tool_timeout(self) -> None:
+        """A `TimeoutError` raised by the tool itself is not reported as `ToolTimeout`."""
+
+        def connect() -> str:
+            raise TimeoutError("connection timed out")
+
+        with pytest.raises(TimeoutError, match="connection timed out") as info:
+            await Tool.from_function(connect).invoke("{}")
+        assert not isinstance(info.value, ToolTimeout)
+
+
+class TestTimeout:
+    async def test_async_tool_timeout(self) -> None:
+        """An async tool running past its timeout raises `ToolTimeout`."""
+
+        @tool(timeout=0.05)
+        async def hang() -> str:
+            await anyio.sleep_forever()
+            return "never"
+
+        with anyio.fail_after(5):
+            with pytest.raises(
+                ToolTimeout, match=r"tool 'hang' timed out after 0\.05s"
+            ) as info:
+                await hang.invoke("{}")
+        assert info.value.tool == "hang"
+
+    async def test_sync_tool_timeout(self) -> None:
+        """A sync tool in a thread running past its timeout raises `ToolTimeout` at once."""
+        release = threading.Event()
+        finished = threading.Event()
+
+        @tool(timeout=0.05)
+        def block() -> str:
+            release.wait(10)
+            finished.set()
+            return "late"
+
+        try:
+            with anyio.fail_after(5):
+                with pytest.raises(ToolTimeout, match=r"timed out after 0\.05s"):
+                    await block.invoke("{}")
+            assert not finished.is_set()  # the thread was abandoned, not waited for
+        finally:
+            release.set()
+
+    async def test_no_timeout(self) -> None:
+        """`timeout=None` means no limit."""
+
+        @tool(timeout=None)
+        async def quick() -> str:
+            return "done"
+
+        assert quick.timeout is None
+        assert await quick.invoke("{}") == "done"
+
+
+class TestResults:
+    @pytest.mark.parametrize(
+        ("value", "expected"),
+        [
+            pytest.param("plain text", "plain text", id="str-unchanged"),
+            pytest.param('"quoted"', '"quoted"', id="str-not-reencoded"),
+            pytest.param(3, "3", id="int"),
+            pytest.param(1.5, "1.5", id="float"),
+            pytest.param(None, "null", id="none"),
+            pytest.param(True, "true", id="bool"),
+            pytest.param({"a": [1, "b"]}, '{"a":[1,"b"]}', id="dict"),
+            pytest.param([1, 2], "[1,2]", id="list"),
+            pytest.param(Point(x=1, y=2), '{"x":1,"y":2}', id="model"),
+        ],
+    )
+    async def test_result_as_text(self, value: object, expected: str) -> None:
+        """Strings are returned as they are; anything else is JSON-encoded."""
+
+        async def give() -> object:
+            return value
+
+        assert await Tool.from_function(give).invoke("{}") == expected
+
+    async def test_model_argument_result(self) -> None:
+        """A model argument arrives as a model instance and the model result is JSON."""
+        assert await scale.invoke('{"point": {"x": 1, "y": 2}, "factor": 3}') == (
+            '{"x":3,"y":6}'
+        )
+
+
+class TestConfiguration:
+    def test_var_positional(self) -> None:
+        """`*args` cannot be described to the model."""
+
+        def f(*args: int) -> int:
+            return sum(args)
+
+        with pytest.raises(ConfigurationError, match=r"\*args and \*\*kwargs"):
+            Tool.from_function(f)
+
+    def test_var_keyword(self) -> None:
+        """`**kwargs` cannot be described to the model."""
+
+        def f(**kwargs: int) -> int:
+            return len(kwargs)
+
+        with pytest.raises(ConfigurationError, match=r"\*args and \*\*kwargs"):
+            tool(f)
+
+    def test_positional_only(self) -> None:
+        """Positional-only parameters cannot be passed by name."""
+
+        def f(x: int, /) -> int:
+            return x
+
+        with pytest.raises(ConfigurationError, match="positional-only parameter 'x'"):
+            Tool.from_function(f)
+
+    @pytest.mark.parametrize("timeout", [0, -1.0], ids=["zero", "negative"])
+    def test_bad_timeout(self, timeout: float) -> None:
+        """A timeout must be positive."""
+        with pytest.raises(ConfigurationError, match="timeout must be positive"):
+            Tool.from_function(_undocumented, timeout=timeout)
+
+    def test_unresolvable_annotation(self) -> None:
+        """An annotation that names nothing is a `ConfigurationError`."""
+
+        def f(x: int) -> int:
+            return x
+
+        f.__annotations__["x"] = "Nowhere"
+        with pytest.raises(ConfigurationError, match="cannot resolve annotation"):
+            Tool.from_function(f)
