@@ -7,8 +7,6 @@ from ._bus import EventBus as EventBus
 from ._bus import Subscription as Subscription
 from ._bus import SubscriptionStatistics as SubscriptionStatistics
 from ._loop import current_loop_id as current_loop_id
-from ._runtime import DEFAULT_MAX_TURNS as DEFAULT_MAX_TURNS
-from ._runtime import MAX_TURNS_CAP as MAX_TURNS_CAP
 from ._runtime import Runtime as Runtime
 from ._runtime import current_runtime as current_runtime
 from ._runtime import run_loop as run_loop
@@ -36,10 +34,18 @@ from .messages import ModelMessageItem as ModelMessageItem
 from .messages import ReasoningItem as ReasoningItem
 from .messages import TokenUsage as TokenUsage
 from .messages import UserMessage as UserMessage
+from .options import DEFAULT_MAX_TURNS as DEFAULT_MAX_TURNS
+from .options import MAX_TURNS_CAP as MAX_TURNS_CAP
+from .options import LoopOptions as LoopOptions
+from .options import TurnSnapshot as TurnSnapshot
+from .options import after_turns as after_turns
+from .options import tool_called as tool_called
 from .providers import InferenceInput as InferenceInput
 from .providers import InferenceOutput as InferenceOutput
+from .providers import ModelRequest as ModelRequest
 from .providers import Provider as Provider
 from .providers import ProviderRegistry as ProviderRegistry
+from .providers import RequestMetadata as RequestMetadata
 from .providers.function import FunctionProvider as FunctionProvider
 from .results import LoopResult as LoopResult
 from .results import LoopStatus as LoopStatus
@@ -49,6 +55,9 @@ from .states import LoopState as LoopState
 from .states import Outcome as Outcome
 from .states import Trigger as Trigger
 from .tools import Tool as Tool
+from .tools import ToolCall as ToolCall
+from .tools import ToolResult as ToolResult
+from .tools import report_progress as report_progress
 from .tools import tool as tool
 
 __version__ = "0.1.0"
@@ -65,6 +74,10 @@ __all__ = (
     "LoopView",
     "LoopStatus",
     "PathStep",
+    "LoopOptions",
+    "TurnSnapshot",
+    "after_turns",
+    "tool_called",
     # machine
     "LoopState",
     "Trigger",
@@ -94,6 +107,11 @@ __all__ = (
     "FunctionProvider",
     "Tool",
     "tool",
+    "ToolCall",
+    "ToolResult",
+    "report_progress",
+    "ModelRequest",
+    "RequestMetadata",
     # events and bus
     "AgentEvent",
     "AgentEventAdapter",

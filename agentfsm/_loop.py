@@ -6,12 +6,14 @@ A loop is a small record plus a pending transition (`_next`). Its task runs
 coroutine, which leaves the next pending transition behind. A paused loop's
 task simply returns: nothing waits on its behalf, and `Runtime.resume` starts
 a new task that picks up at the same pending transition.
+
+Tool batches run in `_batch`, model requests in `_request`.
 """
 
 from __future__ import annotations
 
 import inspect
-import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from datetime import UTC, datetime
@@ -19,15 +21,20 @@ from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 import anyio
 import structlog
+from pydantic import BaseModel, ValidationError
+from pydantic_core import from_json
 
+from . import _fast
 from . import events as ev
-from ._fast import trusted
+from ._batch import INTERRUPTED, chain_tool_wrappers, run_batch
+from ._batch import Outcome as CallOutcome
 from ._logging import logger
 from ._machine import ALLOWED, TABLE
+from ._request import ContextScan, chain_model_wrappers, normalized, request_model
 from .exceptions import (
     LoopAborted,
-    ProviderError,
-    ToolError,
+    LoopTimeout,
+    StructuredOutputError,
     TransitionRejected,
 )
 from .interception import (
@@ -49,9 +56,11 @@ from .messages import (
     TokenUsage,
     UserMessage,
 )
-from .providers import InferenceInput, InferenceOutput, OutputCompleted
+from .options import LoopOptions, QueueMode, TurnSnapshot
+from .providers import InferenceInput, InferenceOutput, ModelRequest, RequestMetadata
 from .results import ErrorInfo, LoopResult, LoopStatus, LoopView, PathStep
 from .states import LoopState, Outcome, Trigger
+from .tools import format_validation_error
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
@@ -69,6 +78,8 @@ def current_loop_id() -> str | None:
 _S = LoopState
 _T = Trigger
 _NO_USAGE: Final = TokenUsage()
+_BATCH_FIELDS: Final = {"kind", "calls", "denied", "awaiting_approval"}
+_REQUEST_FIELDS: Final = {"input", "metadata", "streaming", "loop_id", "agent_id"}
 
 _Step: TypeAlias = tuple[Trigger, TransitionPayload]
 
@@ -83,9 +94,15 @@ class Loop:
     __slots__ = (
         "_cancel_reason",
         "_cancel_requested",
+        "_deadline_at",
         "_done",
+        "_follow_ups",
+        "_gated",
         "_handlers",
+        "_last_tools",
         "_log",
+        "_metadata",
+        "_model_chain",
         "_next",
         "_outbox",
         "_output",
@@ -93,17 +110,23 @@ class Loop:
         "_request",
         "_resume",
         "_runtime",
+        "_scan",
         "_scope",
+        "_steering",
         "_stop_reason",
+        "_structured_failures",
+        "_tool_chain",
+        "_truncated",
         "agent_id",
         "answer",
         "ended_at",
         "error",
         "input",
         "loop_id",
-        "max_turns",
         "model_requests",
+        "options",
         "outcome",
+        "parsed",
         "path",
         "reason",
         "seq",
@@ -122,14 +145,23 @@ class Loop:
         message: UserMessage | None,
         inference_input: InferenceInput,
         handlers: Sequence[InterceptionHandler],
-        max_turns: int,
+        options: LoopOptions,
     ) -> None:
         self._runtime = runtime
         self.loop_id = loop_id
         self.agent_id = agent_id
         self.input = inference_input
-        self.max_turns = max_turns
+        self.options = options
+        self._gated = any(t.needs_approval for t in inference_input.tools)
+        if self._gated:
+            handlers = (self._approval_gate, *handlers)
         self._handlers = tuple(handlers)
+        self._tool_chain = chain_tool_wrappers(options.tool_wrappers)
+        self._model_chain = (
+            chain_model_wrappers(options.model_wrappers, self._request_model)
+            if options.model_wrappers
+            else None
+        )
         self._log = logger.bind(loop_id=loop_id, agent_id=agent_id)
         self.state = _S.idle
         self.status = LoopStatus.running
@@ -141,13 +173,22 @@ class Loop:
         self.outcome: Outcome | None = None
         self.reason: str | None = None
         self.answer: ModelMessageItem | None = None
+        self.parsed: Any = None
         self.error: ErrorInfo | None = None
         self.started_at = datetime.now(UTC)
         self.ended_at: datetime | None = None
         self._next: _Step = (_T.start, message)
         self._output: InferenceOutput | None = None
         self._request: InferenceInput = inference_input
+        self._metadata: RequestMetadata | None = None
+        self._scan = ContextScan()
+        self._steering: deque[UserMessage] = deque()
+        self._follow_ups: deque[UserMessage] = deque()
+        self._last_tools: list[str] = []
+        self._truncated = False
+        self._structured_failures = 0
         self._stop_reason: str | None = None
+        self._deadline_at: float | None = None
         self._paused: tuple[PendingTransition, int, str, LoopState] | None = None
         self._resume: tuple[Decision, int, LoopState] | None = None
         self._scope: anyio.CancelScope | None = None
@@ -201,10 +242,15 @@ class Loop:
     async def _run(self) -> None:
         try:
             if not self._cancel_requested:
-                with anyio.CancelScope() as scope:
+                deadline = self._deadline()
+                with anyio.CancelScope(deadline=deadline) as scope:
                     self._scope = scope
                     await self._drive()
                 self._scope = None
+                if scope.cancelled_caught and not self._cancel_requested:
+                    raise LoopTimeout(
+                        f"the loop ran past its deadline of {self.options.deadline:g}s"
+                    )
             if self._cancel_requested and self.status is not LoopStatus.done:
                 self._end(
                     _T.cancel, Outcome.cancelled, self._cancel_reason or "cancelled"
@@ -225,6 +271,14 @@ class Loop:
         if self._outbox:
             with anyio.CancelScope(shield=True):
                 await self._flush()
+
+    def _deadline(self) -> float:
+        """The absolute deadline of the loop (pauses count: it is set on the first run)."""
+        if self.options.deadline is None:
+            return float("inf")
+        if self._deadline_at is None:
+            self._deadline_at = anyio.current_time() + self.options.deadline
+        return self._deadline_at
 
     def cancel(self, reason: str | None) -> bool:
         """Ask the loop to cancel; returns whether a task must be started to finish it."""
@@ -273,9 +327,11 @@ class Loop:
                 dest = new_dest
             self._commit(source, trigger, dest, original)
             if dest is _S.idle:
-                if trigger is _T.finish:
-                    if isinstance(payload, ModelMessageItem):
-                        self.answer = payload
+                # A handler may rewrite the final answer at `finish`.
+                answered = trigger is _T.finish and self.answer is not None
+                if answered and isinstance(payload, ModelMessageItem):
+                    self.answer = payload
+                if trigger is _T.finish and self._stop_reason is None:
                     self._finish(Outcome.answered, None)
                 else:
                     self._finish(Outcome.stopped, self._stop_reason or "intercepted")
@@ -322,6 +378,31 @@ class Loop:
             model_requests=self.model_requests,
             tool_calls=self.tool_calls,
             usage=self.usage,
+            metadata=self._metadata if trigger in _REQUEST_TRIGGERS else None,
+        )
+
+    def _approval_gate(self, pending: PendingTransition) -> Decision | None:
+        """Pause a batch holding calls that need approval (runs as the first handler).
+
+        The batch lists them in `awaiting_approval`; resuming approves every one
+        the resuming decision did not deny.
+        """
+        batch = pending.payload
+        if pending.trigger is not _T.call_tools or not isinstance(batch, ToolBatch):
+            return None
+        waiting = [c for c in batch.calls if c.call_id in batch.awaiting_approval]
+        if not waiting:
+            return None
+        names = ", ".join(sorted({c.name for c in waiting}))
+        return Pause(f"approval required: {names}")
+
+    def _awaiting_approval(self, calls: Sequence[FunctionCallItem]) -> tuple[str, ...]:
+        tools = {t.name: t for t in self._request.tools}
+        return tuple(
+            c.call_id
+            for c in calls
+            if (tool := tools.get(c.name)) is not None
+            and tool.requires_approval(c.arguments)
         )
 
     async def _intercept(
@@ -482,53 +563,64 @@ class Loop:
             None  # steer / follow_up with nothing queued, stop; call_tools is rejected
         )
 
+    # ------------------------------------------------------------------ queues
+
+    def queue(self, message: UserMessage, *, follow_up: bool) -> None:
+        """Queue a steering or follow-up message for this loop."""
+        (self._follow_ups if follow_up else self._steering).append(message)
+
+    @staticmethod
+    def _drain(queue: deque[UserMessage], mode: QueueMode) -> tuple[UserMessage, ...]:
+        if mode == "one-at-a-time":
+            return (queue.popleft(),) if queue else ()
+        drained = tuple(queue)
+        queue.clear()
+        return drained
+
     # ------------------------------------------------------------------ states
 
     async def _context_update(self, payload: TransitionPayload) -> None:
+        context = self.input.context
         if isinstance(payload, UserMessage):
-            self.input.context.append(payload)
+            context.append(payload)
         elif isinstance(payload, tuple):
-            self.input.context.extend(payload)
+            context.extend(payload)
+        if self.path[-1].trigger is _T.start and self._steering:
+            # Steering is polled before the first request, too.
+            context.extend(self._drain(self._steering, self.options.steering_mode))
         self._next = self._infer_step()
 
     def _infer_step(self) -> _Step:
-        return (_T.infer_streaming if self.input.streaming else _T.infer, self.input)
+        request, self._metadata = normalized(self.input, self._scan)
+        return (_T.infer_streaming if self.input.streaming else _T.infer, request)
 
     async def _inference(self, payload: TransitionPayload) -> None:
-        request = _as_request(payload)
-        output = await self._runtime.providers.resolve(request.model).complete(request)
-        self._completed(request, output)
+        await self._infer(payload, streaming=False)
 
     async def _inference_streaming(self, payload: TransitionPayload) -> None:
-        request = _as_request(payload)
-        provider = self._runtime.providers.resolve(request.model)
-        output: InferenceOutput | None = None
-        index = 0
-        async with provider.stream(request) as stream:
-            async for delta in stream:
-                if isinstance(delta, OutputCompleted):
-                    output = delta.output
-                    continue  # read to the end, so the provider's iterator finishes cleanly
-                if output is not None:
-                    raise ProviderError(
-                        f"the stream from {request.model!r} sent a chunk after its output"
-                    )
-                self._emit(ev.InferenceStream, index=index, delta=delta)
-                index += 1
-                if self._outbox:
-                    await self._flush()
-        if output is None:
-            raise ProviderError(
-                f"the stream from {request.model!r} ended without a completed output"
-            )
-        self._completed(request, output)
+        await self._infer(payload, streaming=True)
+
+    async def _infer(self, payload: TransitionPayload, *, streaming: bool) -> None:
+        assert isinstance(payload, InferenceInput)
+        metadata = self._metadata or RequestMetadata(len(payload.context.items))
+        values = {
+            "input": payload,
+            "metadata": metadata,
+            "streaming": streaming,
+            "loop_id": self.loop_id,
+            "agent_id": self.agent_id,
+        }
+        request = _fast.trusted(ModelRequest, values, _REQUEST_FIELDS)
+        if self._model_chain is None:
+            output = await request_model(self, request)
+        else:
+            output = await self._model_chain(request)
+        self._completed(payload, output)
+
+    def _request_model(self, request: ModelRequest) -> Awaitable[InferenceOutput]:
+        return request_model(self, request)
 
     def _completed(self, request: InferenceInput, output: InferenceOutput) -> None:
-        if not isinstance(output, InferenceOutput):
-            raise ProviderError(
-                f"provider for {request.model!r} returned {type(output).__name__}, "
-                "not an InferenceOutput"
-            )
         self.model_requests += 1
         if output.token_usage is not None:
             self.usage = self.usage + output.token_usage
@@ -537,7 +629,16 @@ class Loop:
         self._emit(ev.InferenceCompleted, model=request.model, output=output)
         calls = output.function_calls
         if calls:
-            self._next = (_T.call_tools, ToolBatch(calls=calls))
+            # A response cut by the token limit may hold truncated arguments.
+            self._truncated = output.finish_reason == "length"
+            waiting = self._awaiting_approval(calls) if self._gated else ()
+            batch = {
+                "kind": "tool_batch",
+                "calls": calls,
+                "denied": {},
+                "awaiting_approval": waiting,
+            }
+            self._next = (_T.call_tools, _fast.trusted(ToolBatch, batch, _BATCH_FIELDS))
         else:
             self._next = (_T.answer, output.message or ModelMessageItem(content=""))
 
@@ -547,77 +648,75 @@ class Loop:
         items: list[ContextItem] = []
         if output is not None:
             items.extend(i for i in output.items if not isinstance(i, FunctionCallItem))
-        results: list[FunctionCallOutputItem | None] = [None] * len(batch.calls)
+        self._last_tools.clear()
+        results: list[CallOutcome | None] = [None] * len(batch.calls)
         try:
             tools = {t.name: t for t in self._request.tools}
-            for position, call in enumerate(batch.calls):
-                results[position] = await self._run_call(
-                    call, batch.denied.get(call.call_id), tools
-                )
+            await run_batch(self, batch, tools, results, truncated=self._truncated)
         finally:
             # Whatever happened, every call gets an output, and calls and outputs
             # enter the context together so loops sharing it never split a pair.
-            for position, call in enumerate(batch.calls):
-                if results[position] is None:
-                    out = FunctionCallOutputItem.error(
-                        call.call_id,
-                        "the tool call did not run: the loop was interrupted",
-                    )
-                    results[position] = out
-                    self._emit(
-                        ev.FunctionCallCompleted, call=call, output=out, duration=0.0
-                    )
+            outputs = [
+                self._settled(call, r)
+                for call, r in zip(batch.calls, results, strict=True)
+            ]
             items.extend(batch.calls)
-            items.extend(r for r in results if r is not None)
+            items.extend(outputs)
             self.input.context.extend(items)
-        if self.model_requests >= self.max_turns:
-            self._stop_reason = "max_turns"
+        await self._finish_turn(output, outputs)
+        terminate = bool(results) and all(r is not None and r[1] for r in results)
+        stop = "terminated" if terminate else self._stop_check()
+        if stop is not None:
+            self._stop_reason = stop
             self._next = (_T.stop, None)
+        elif self._steering:
+            self._next = (
+                _T.steer,
+                self._drain(self._steering, self.options.steering_mode),
+            )
         else:
             self._next = self._infer_step()
 
-    async def _run_call(
-        self, call: FunctionCallItem, denial: str | None, tools: dict[str, Any]
+    def _settled(
+        self, call: FunctionCallItem, result: CallOutcome | None
     ) -> FunctionCallOutputItem:
-        started = time.perf_counter()
-        tool = tools.get(call.name)
-        if denial is not None:
-            out = FunctionCallOutputItem.error(
-                call.call_id, f"the call was denied: {denial}"
-            )
-        elif tool is None:
-            offered = ", ".join(sorted(tools)) or "none"
-            out = FunctionCallOutputItem.error(
-                call.call_id, f"unknown tool {call.name!r} (available tools: {offered})"
-            )
-        else:
-            self._emit(ev.FunctionCallStarted, call=call)
-            self.tool_calls += 1
-            try:
-                out = FunctionCallOutputItem(
-                    call_id=call.call_id, output=await tool.invoke(call.arguments)
-                )
-            except ToolError as exc:
-                out = FunctionCallOutputItem.error(call.call_id, str(exc))
-            except Exception as exc:  # noqa: BLE001 - a raising tool becomes an error output
-                out = FunctionCallOutputItem.error(
-                    call.call_id,
-                    f"tool {call.name!r} raised {type(exc).__name__}: {exc}",
-                )
-        if out.is_error:
-            self._log.info(
-                "tool_call_error",
-                call_id=call.call_id,
-                tool=call.name,
-                error=out.output,
-            )
-        self._emit(
-            ev.FunctionCallCompleted,
-            call=call,
-            output=out,
-            duration=time.perf_counter() - started,
-        )
+        if result is not None:
+            return result[0]
+        out = FunctionCallOutputItem.error(call.call_id, INTERRUPTED)
+        self._emit(ev.FunctionCallCompleted, call=call, output=out, duration=0.0)
         return out
+
+    def _stop_check(self) -> str | None:
+        """Why the loop must stop after this turn (limit or stop condition), or None."""
+        if self.model_requests >= self.options.max_turns:
+            return "max_turns"
+        if self.options.stop_when:
+            view = self.view()
+            for condition in self.options.stop_when:
+                verdict = condition(view)
+                if verdict:
+                    return verdict if isinstance(verdict, str) else "stop_condition"
+        return None
+
+    async def _finish_turn(
+        self,
+        output: InferenceOutput | None,
+        outputs: Sequence[FunctionCallOutputItem],
+    ) -> None:
+        callback = self.options.finish_turn
+        if callback is None or output is None:
+            return
+        snapshot = TurnSnapshot(
+            loop_id=self.loop_id,
+            agent_id=self.agent_id,
+            turn=self.model_requests,
+            output=output,
+            tool_outputs=tuple(outputs),
+            context=tuple(self.input.context.items),
+        )
+        result = callback(snapshot)
+        if inspect.isawaitable(result):
+            await result
 
     async def _model_message(self, payload: TransitionPayload) -> None:
         message = (
@@ -635,9 +734,58 @@ class Loop:
             )
         items.append(message)
         self.input.context.extend(items)
-        self.answer = message
-        self._emit(ev.ModelAnswer, message=message)
-        self._next = (_T.finish, message)
+        schema = self._request.structured_output
+        problem = None if schema is None else self._parse(schema, message)
+        if problem is None:
+            self.answer = message
+            self._emit(ev.ModelAnswer, message=message, parsed=_jsonable(self.parsed))
+        if output is not None:
+            await self._finish_turn(output, ())
+        stop = self._stop_check()
+        if stop is not None:
+            self._stop_reason = stop
+            self._next = (_T.finish, message)
+        elif problem is not None:
+            self._next = (_T.follow_up, UserMessage(content=problem))
+        elif self._steering:
+            self._next = (
+                _T.follow_up,
+                self._drain(self._steering, self.options.steering_mode),
+            )
+        elif self._follow_ups:
+            self._next = (
+                _T.follow_up,
+                self._drain(self._follow_ups, self.options.follow_up_mode),
+            )
+        else:
+            self._next = (_T.finish, message)
+
+    def _parse(
+        self, schema: type[BaseModel] | dict[str, Any], message: ModelMessageItem
+    ) -> str | None:
+        """Validate the answer; return what to tell the model when it is invalid."""
+        try:
+            if isinstance(schema, dict):
+                self.parsed = _validate_json_schema(schema, message.content)
+            else:
+                self.parsed = schema.model_validate_json(message.content)
+        except (ValidationError, ValueError) as exc:
+            error = (
+                format_validation_error(exc)
+                if isinstance(exc, ValidationError)
+                else str(exc)
+            )
+            self._structured_failures += 1
+            if self._structured_failures > self.options.structured_output_retries:
+                raise StructuredOutputError(
+                    f"the answer did not match the structured output after "
+                    f"{self._structured_failures} attempts: {error}"
+                ) from exc
+            return (
+                f"Your answer does not match the required output format: {error}. "
+                "Answer again with only the corrected JSON."
+            )
+        return None
 
     # ------------------------------------------------------------------ endings
 
@@ -691,6 +839,7 @@ class Loop:
             "outcome": self.outcome,
             "reason": self.reason,
             "answer": self.answer,
+            "output": self.parsed,
             "error": self.error,
             "usage": self.usage,
             "model_requests": self.model_requests,
@@ -699,7 +848,7 @@ class Loop:
             "started_at": self.started_at,
             "ended_at": self.ended_at,
         }
-        return trusted(LoopResult, values, set(values))
+        return _fast.trusted(LoopResult, values, set(values))
 
     def view(self) -> LoopView:
         """A snapshot of the loop."""
@@ -716,6 +865,7 @@ class Loop:
             usage=self.usage,
             model_requests=self.model_requests,
             tool_calls=self.tool_calls,
+            last_tools=tuple(self._last_tools),
         )
 
 
@@ -726,11 +876,6 @@ async def _call_handler(
     if inspect.isawaitable(result):
         result = await result
     return result
-
-
-def _as_request(payload: TransitionPayload) -> InferenceInput:
-    assert isinstance(payload, InferenceInput)
-    return payload
 
 
 def _payload_problem(trigger: Trigger, payload: TransitionPayload) -> str | None:
@@ -781,3 +926,27 @@ _STATES: Final[dict[LoopState, _StateFn]] = {
     _S.function_call: Loop._function_call,
     _S.model_message: Loop._model_message,
 }
+
+
+def _validate_json_schema(schema: dict[str, Any], text: str) -> Any:
+    """Parse `text` as JSON and validate it against a JSON schema (needs `jsonschema`)."""
+    import jsonschema  # imported here: only loops with a JSON-schema output need it
+
+    data = from_json(text)
+    errors = sorted(
+        jsonschema.Draft202012Validator(schema).iter_errors(data),
+        key=lambda e: list(e.path),
+    )
+    if errors:
+        raise ValueError(
+            "; ".join(
+                f"{'.'.join(map(str, e.path)) or 'answer'}: {e.message}" for e in errors
+            )
+        )
+    return data
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    return value

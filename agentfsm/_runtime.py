@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from contextvars import ContextVar, Token
 from types import TracebackType
-from typing import Final, Self
+from typing import Self, Unpack
 
 import anyio
 from anyio.abc import TaskGroup
@@ -33,21 +33,15 @@ from .exceptions import (
 )
 from .interception import Decision, InterceptionHandler, Proceed
 from .messages import UserMessage
+from .options import LoopOptions, LoopOptionsDict
 from .providers import InferenceInput, Provider, ProviderRegistry
 from .results import LoopResult, LoopStatus, LoopView
 
 __all__ = (
-    "DEFAULT_MAX_TURNS",
-    "MAX_TURNS_CAP",
     "Runtime",
     "current_runtime",
     "run_loop",
 )
-
-DEFAULT_MAX_TURNS: Final = 50
-"""Model requests a loop may make unless `run_loop(max_turns=...)` says otherwise."""
-MAX_TURNS_CAP: Final = 10_000
-"""The most `max_turns` may be."""
 
 _current: ContextVar[Runtime | None] = ContextVar("agentfsm_runtime", default=None)
 
@@ -167,8 +161,7 @@ class Runtime:
         interception_handler: InterceptionHandler
         | Sequence[InterceptionHandler]
         | None = None,
-        *,
-        max_turns: int = DEFAULT_MAX_TURNS,
+        **options: Unpack[LoopOptionsDict],
     ) -> str:
         """Start a loop in the background and return its `loop_id` at once.
 
@@ -178,8 +171,8 @@ class Runtime:
                 which must then end with a user message or a function output).
             inference_input: model, settings, tools and the context to append to.
             interception_handler: one handler or a list, run before every transition.
-            max_turns: the most model requests the loop may make (at most
-                `MAX_TURNS_CAP`); reaching it ends the loop with outcome `stopped`.
+            **options: see `agentfsm.options.LoopOptions` (`max_turns`, `stop_when`,
+                `tool_execution`, wrappers, queues, timeouts, retries, ...).
 
         Raises:
             ConfigurationError: the input cannot start a loop (the error says why).
@@ -193,18 +186,20 @@ class Runtime:
             raise ConfigurationError(
                 f"inference_input must be an InferenceInput, got {type(inference_input).__name__}"
             )
-        if not 1 <= max_turns <= MAX_TURNS_CAP:
-            raise ConfigurationError(
-                f"max_turns must be in 1..{MAX_TURNS_CAP}, got {max_turns}"
-            )
+        loop_options = LoopOptions.of(options)
         user_message = _user_message(message, inference_input)
         handlers = _handlers(interception_handler)
-        self.providers.resolve(
-            inference_input.model
-        )  # an unknown provider fails here, loudly
+        # An unknown provider fails here, loudly, before the loop exists.
+        self.providers.resolve(inference_input.model)
         loop_id = uuid7()
         loop = Loop(
-            self, loop_id, agent_id, user_message, inference_input, handlers, max_turns
+            self,
+            loop_id,
+            agent_id,
+            user_message,
+            inference_input,
+            handlers,
+            loop_options,
         )
         self._loops[loop_id] = loop
         self._spawn(loop)
@@ -249,6 +244,36 @@ class Runtime:
         loop.resume(decision if decision is not None else Proceed())
         self._spawn(loop)
 
+    def steer(self, loop_id: str, message: UserMessage | str) -> None:
+        """Queue a steering message for a running loop.
+
+        It enters the context after the current tool batch (or before the first
+        request), ahead of the next model request. Steering never cancels a
+        stream and never skips tools.
+
+        Raises:
+            LoopStateError: the loop has ended.
+        """
+        self._queue(loop_id, message, follow_up=False)
+
+    def follow_up(self, loop_id: str, message: UserMessage | str) -> None:
+        """Queue a follow-up: sent after an answer, when no steering is pending.
+
+        Raises:
+            LoopStateError: the loop has ended.
+        """
+        self._queue(loop_id, message, follow_up=True)
+
+    def _queue(
+        self, loop_id: str, message: UserMessage | str, *, follow_up: bool
+    ) -> None:
+        loop = self._loop(loop_id)
+        if loop.status is LoopStatus.done:
+            raise LoopStateError(f"loop {loop_id} has ended; start a new loop instead")
+        if isinstance(message, str):
+            message = UserMessage(content=message)
+        loop.queue(message, follow_up=follow_up)
+
     def loops(self, *, status: LoopStatus | None = None) -> list[str]:
         """Ids of the loops the runtime knows, oldest first (optionally of one status)."""
         return [
@@ -268,8 +293,7 @@ def run_loop(
     interception_handler: InterceptionHandler
     | Sequence[InterceptionHandler]
     | None = None,
-    *,
-    max_turns: int = DEFAULT_MAX_TURNS,
+    **options: Unpack[LoopOptionsDict],
 ) -> str:
     """`Runtime.run_loop` on the runtime of the current context.
 
@@ -277,7 +301,7 @@ def run_loop(
         NoRuntimeError: not inside `async with Runtime()`.
     """
     return current_runtime().run_loop(
-        agent_id, message, inference_input, interception_handler, max_turns=max_turns
+        agent_id, message, inference_input, interception_handler, **options
     )
 
 

@@ -236,6 +236,8 @@ class ModelAnswer(_Event):
 
     type: Literal["model.answer"] = "model.answer"
     message: ModelMessageItem
+    parsed: JsonValue = None
+    """With `structured_output`: the validated answer as JSON data."""
 
 
 @final

@@ -9,6 +9,8 @@ AgentFSMError                  base for everything raised by agentfsm
 ├── TransitionError            carries loop_id, source, trigger
 │   └── TransitionRejected     an interception Rewrite named an illegal edge or payload
 ├── LoopAborted                an interception handler returned Abort(reason)
+├── LoopTimeout                the loop ran past its deadline
+├── StructuredOutputError      the answer kept failing `structured_output`
 ├── ToolError                  carries the tool name
 │   ├── UnknownTool            the model asked for a tool the request does not offer
 │   ├── ToolArgumentsError     the arguments did not validate
@@ -35,9 +37,11 @@ __all__ = (
     "ConfigurationError",
     "LoopAborted",
     "LoopStateError",
+    "LoopTimeout",
     "NoRuntimeError",
     "ProviderError",
     "ProviderTimeout",
+    "StructuredOutputError",
     "ToolArgumentsError",
     "ToolError",
     "ToolTimeout",
@@ -162,3 +166,11 @@ class BusClosed(AgentFSMError):
 
 class BusFull(AgentFSMError):
     """`publish_nowait()` would have to wait for a backpressure subscriber."""
+
+
+class LoopTimeout(AgentFSMError):
+    """The loop ran past its `deadline`."""
+
+
+class StructuredOutputError(AgentFSMError):
+    """The model's answer did not validate against `structured_output`, retries included."""

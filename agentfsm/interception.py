@@ -43,11 +43,11 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Annotated, Any, Literal, TypeAlias
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, InstanceOf
 from pydantic_core import to_json
 
 from .messages import FunctionCallItem, ModelMessageItem, TokenUsage, UserMessage
-from .providers import InferenceInput
+from .providers import InferenceInput, RequestMetadata
 from .states import LoopState, Trigger
 
 __all__ = (
@@ -77,11 +77,21 @@ class ToolBatch(BaseModel):
     """The calls, in the model's order."""
     denied: dict[str, str] = Field(default_factory=dict)
     """`call_id -> reason` for each denied call."""
+    awaiting_approval: tuple[str, ...] = ()
+    """Calls of tools that need approval; set while the loop waits for it.
+    Resuming approves those not denied."""
 
     def deny(self, call_id: str, reason: str) -> ToolBatch:
         """This batch with one more call denied."""
         self._check(call_id)
         return self.model_copy(update={"denied": {**self.denied, call_id: reason}})
+
+    def approve(self, call_id: str) -> ToolBatch:
+        """This batch with one call approved (no longer denied or awaiting approval)."""
+        self._check(call_id)
+        denied = {k: v for k, v in self.denied.items() if k != call_id}
+        waiting = tuple(c for c in self.awaiting_approval if c != call_id)
+        return self.model_copy(update={"denied": denied, "awaiting_approval": waiting})
 
     def with_arguments(
         self, call_id: str, arguments: Mapping[str, Any] | str
@@ -132,6 +142,8 @@ class PendingTransition(BaseModel):
     """Tool calls the loop has run so far."""
     usage: TokenUsage = Field(default_factory=TokenUsage)
     """Tokens the loop has used so far."""
+    metadata: InstanceOf[RequestMetadata] | None = None
+    """For `infer`/`infer_streaming`: where each item of the request came from."""
 
 
 class Proceed(BaseModel):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import NamedTuple, final
+from typing import Any, NamedTuple, final
 
 from pydantic import BaseModel, ConfigDict
 
@@ -73,6 +73,8 @@ class LoopResult(BaseModel):
     """Why it stopped, aborted, failed or was cancelled."""
     answer: ModelMessageItem | None = None
     """The published answer (outcome `answered`)."""
+    output: Any = None
+    """The answer parsed by `structured_output` (a model instance or JSON data)."""
     error: ErrorInfo | None = None
     """The error (outcome `failed`)."""
     usage: TokenUsage
@@ -121,3 +123,5 @@ class LoopView(BaseModel):
     usage: TokenUsage
     model_requests: int
     tool_calls: int
+    last_tools: tuple[str, ...] = ()
+    """Names of the tools that ran in the last tool batch (for stop conditions)."""

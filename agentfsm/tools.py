@@ -20,23 +20,49 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable, Mapping
+from contextvars import ContextVar
 from functools import partial
-from typing import Any, Final, TypeAlias, cast, get_type_hints, overload
+from typing import (
+    Any,
+    Final,
+    Literal,
+    TypeAlias,
+    TypedDict,
+    Unpack,
+    cast,
+    get_type_hints,
+    overload,
+)
 
 import anyio
 import anyio.to_thread
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    InstanceOf,
+    JsonValue,
+    ValidationError,
+    create_model,
+)
 from pydantic.fields import FieldInfo
 from pydantic_core import to_json
 
 from .exceptions import ConfigurationError, ToolArgumentsError, ToolError, ToolTimeout
+from .messages import FunctionCallItem
 
 __all__ = (
     "DEFAULT_TOOL_TIMEOUT",
     "Tool",
+    "ToolCall",
     "ToolDefinition",
     "ToolFunction",
+    "ToolNext",
+    "ToolOptions",
+    "ToolResult",
+    "ToolWrapper",
     "format_validation_error",
+    "report_progress",
     "tool",
 )
 
@@ -70,19 +96,73 @@ def format_validation_error(error: ValidationError) -> str:
     return "; ".join(problems)
 
 
+class ToolResult(BaseModel):
+    """What a tool call produced, as wrappers see and may change it.
+
+    A tool function may return one to set `terminate` or `is_error` itself;
+    any other return value becomes `ToolResult(output=<value as text>)`.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    output: str
+    """The output as text (JSON for non-string values)."""
+    is_error: bool = False
+    """Whether the call failed; the model sees the output as an error."""
+    terminate: bool = False
+    """Ask the loop to stop after this batch (it stops only if every call asks)."""
+
+    @classmethod
+    def of(cls, value: Any) -> ToolResult:
+        """A result holding `value` (text as is, anything else as JSON)."""
+        if isinstance(value, ToolResult):
+            return value
+        return cls(output=value if isinstance(value, str) else to_json(value).decode())
+
+    @classmethod
+    def error(cls, message: str) -> ToolResult:
+        """An error result."""
+        return cls(output=message, is_error=True)
+
+
+class ToolOptions(TypedDict, total=False):
+    """Options of `Tool`, `Tool.from_function` and `@tool`."""
+
+    name: str | None
+    description: str | None
+    timeout: float | None
+    run_in_thread: bool
+    needs_approval: bool | Callable[[dict[str, Any]], bool]
+    execution_mode: Literal["parallel", "sequential"]
+
+
 class Tool:
     """A tool the model can call: a function, its schema and how to run it.
 
     Build one with `@tool` or `Tool.from_function`; `Tool.invoke` validates the
     model's JSON arguments and runs the function.
+
+    Args:
+        function: a typed sync or async function; its docstring is the description.
+        name: the name the model sees (default: the function's name).
+        description: what the model reads about the tool (default: the docstring).
+        timeout: seconds a call may run (`None`: no limit).
+        run_in_thread: run a sync function in a worker thread (turn off only for
+            functions that never block).
+        needs_approval: `True`, or a function of the arguments; a batch with such
+            a call pauses the loop until `Runtime.resume`.
+        execution_mode: `"sequential"` makes any batch containing this tool run
+            one call at a time, even when the loop runs tools in parallel.
     """
 
     __slots__ = (
         "_args_model",
         "_is_async",
         "definition",
+        "execution_mode",
         "function",
         "name",
+        "needs_approval",
         "run_in_thread",
         "timeout",
     )
@@ -95,16 +175,21 @@ class Tool:
         description: str | None = None,
         timeout: float | None = DEFAULT_TOOL_TIMEOUT,
         run_in_thread: bool = True,
+        needs_approval: bool | Callable[[dict[str, Any]], bool] = False,
+        execution_mode: Literal["parallel", "sequential"] = "parallel",
     ) -> None:
         if timeout is not None and timeout <= 0:
             raise ConfigurationError(f"tool timeout must be positive, got {timeout}")
+        if execution_mode not in ("parallel", "sequential"):
+            raise ConfigurationError(
+                f"execution_mode must be 'parallel' or 'sequential', got {execution_mode!r}"
+            )
         self.function = function
         self.name = name or function.__name__
         self.timeout = timeout
-        """Seconds a call may run, or `None` for no limit."""
         self.run_in_thread = run_in_thread
-        """Whether a sync function runs in a worker thread (set `False` only for
-        functions that never block)."""
+        self.needs_approval = needs_approval
+        self.execution_mode = execution_mode
         self._is_async = inspect.iscoroutinefunction(function)
         self._args_model = _arguments_model(function, self.name)
         schema = self._args_model.model_json_schema()
@@ -118,22 +203,22 @@ class Tool:
 
     @classmethod
     def from_function(
-        cls,
-        function: ToolFunction,
-        *,
-        name: str | None = None,
-        description: str | None = None,
-        timeout: float | None = DEFAULT_TOOL_TIMEOUT,
-        run_in_thread: bool = True,
+        cls, function: ToolFunction, **options: Unpack[ToolOptions]
     ) -> Tool:
         """Build a tool from a typed function (its docstring is the description)."""
-        return cls(
-            function,
-            name=name,
-            description=description,
-            timeout=timeout,
-            run_in_thread=run_in_thread,
-        )
+        return cls(function, **options)
+
+    def requires_approval(self, arguments: str | Mapping[str, Any]) -> bool:
+        """Whether a call with these arguments needs approval (invalid ones never do:
+        they fail validation without running)."""
+        rule = self.needs_approval
+        if not callable(rule):
+            return bool(rule)
+        try:
+            kwargs = self.validate_arguments(arguments)
+        except ToolArgumentsError:
+            return False
+        return bool(rule(kwargs))
 
     def __repr__(self) -> str:
         return f"Tool({self.name!r})"
@@ -160,8 +245,8 @@ class Tool:
             for name, field in type(model).model_fields.items()
         }
 
-    async def invoke(self, arguments: str | Mapping[str, Any]) -> str:
-        """Validate the arguments, run the function and return its output as text.
+    async def invoke(self, arguments: str | Mapping[str, Any]) -> ToolResult:
+        """Validate the arguments, run the function and return its result.
 
         Raises:
             ToolArgumentsError: the arguments did not validate.
@@ -170,19 +255,15 @@ class Tool:
         """
         kwargs = self.validate_arguments(arguments)
         if self.timeout is None:
+            return ToolResult.of(await self._call(kwargs))
+        # A bare CancelScope is what fail_after builds, without its generator.
+        with anyio.CancelScope(deadline=anyio.current_time() + self.timeout) as scope:
             result = await self._call(kwargs)
-        else:
-            # A bare CancelScope is what fail_after builds, without its generator.
-            with anyio.CancelScope(
-                deadline=anyio.current_time() + self.timeout
-            ) as scope:
-                result = await self._call(kwargs)
-            if scope.cancelled_caught:
-                raise ToolTimeout(
-                    f"tool {self.name!r} timed out after {self.timeout:g}s",
-                    tool=self.name,
-                )
-        return result if isinstance(result, str) else to_json(result).decode()
+        if scope.cancelled_caught:
+            raise ToolTimeout(
+                f"tool {self.name!r} timed out after {self.timeout:g}s", tool=self.name
+            )
+        return ToolResult.of(result)
 
     async def _call(self, kwargs: dict[str, Any]) -> Any:
         if self._is_async:
@@ -237,33 +318,72 @@ def tool(function: ToolFunction, /) -> Tool: ...
 
 
 @overload
-def tool(
-    *,
-    name: str | None = None,
-    description: str | None = None,
-    timeout: float | None = DEFAULT_TOOL_TIMEOUT,
-    run_in_thread: bool = True,
-) -> Callable[[ToolFunction], Tool]: ...
+def tool(**options: Unpack[ToolOptions]) -> Callable[[ToolFunction], Tool]: ...
 
 
 def tool(
-    function: ToolFunction | None = None,
-    /,
-    *,
-    name: str | None = None,
-    description: str | None = None,
-    timeout: float | None = DEFAULT_TOOL_TIMEOUT,
-    run_in_thread: bool = True,
+    function: ToolFunction | None = None, /, **options: Unpack[ToolOptions]
 ) -> Tool | Callable[[ToolFunction], Tool]:
     """Turn a typed function into a `Tool` (as `@tool` or `@tool(timeout=5)`)."""
 
     def wrap(fn: ToolFunction) -> Tool:
-        return Tool(
-            fn,
-            name=name,
-            description=description,
-            timeout=timeout,
-            run_in_thread=run_in_thread,
-        )
+        return Tool(fn, **options)
 
     return wrap if function is None else wrap(function)
+
+
+# --------------------------------------------------------------------- progress
+
+_progress: ContextVar[Callable[[JsonValue], None] | None] = ContextVar(
+    "agentfsm_tool_progress", default=None
+)
+
+
+def report_progress(progress: JsonValue) -> bool:
+    """Report progress from inside a running tool (sync or async, any thread).
+
+    The loop publishes it as `function_call.progress`. Returns whether it was
+    taken: outside a tool call, or after the call finished, it is dropped.
+    """
+    reporter = _progress.get()
+    if reporter is None:
+        return False
+    reporter(progress)
+    return True
+
+
+# --------------------------------------------------------------------- wrappers
+
+
+class ToolCall(BaseModel):
+    """One tool call as tool wrappers see it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    call: FunctionCallItem
+    """The call as the model (or an interception handler) wrote it."""
+    tool: InstanceOf[Tool] | None
+    """The tool it names, or `None` when the request offers no such tool."""
+    arguments: str
+    """The arguments that will be validated and passed (JSON object text)."""
+    loop_id: str
+    agent_id: str
+
+    def with_arguments(self, arguments: Mapping[str, Any] | str) -> ToolCall:
+        """This call with other arguments."""
+        text = arguments if isinstance(arguments, str) else to_json(arguments).decode()
+        return self.model_copy(update={"arguments": text})
+
+
+ToolNext: TypeAlias = Callable[[ToolCall], Awaitable[ToolResult]]
+"""Runs the rest of the chain (the inner wrappers, then the tool)."""
+
+ToolWrapper: TypeAlias = Callable[[ToolCall, ToolNext], Awaitable[ToolResult]]
+"""`async def wrapper(call, next) -> ToolResult` around each tool call.
+
+Wrappers run in registration order, the first outermost. A wrapper may change
+the arguments (`await next(call.with_arguments(...))`), deny the call (return
+`ToolResult.error("denied: ...")` without calling `next`), answer without
+running the tool, change fields of the result (`result.model_copy(update=...)`),
+time or retry it. A wrapper that raises turns the call into an error output.
+"""

@@ -227,7 +227,7 @@ class TestRunning:
             seen.append(threading.get_ident())
             return "ok"
 
-        assert await Tool.from_function(where).invoke("{}") == "ok"
+        assert (await Tool.from_function(where).invoke("{}")).output == "ok"
         assert seen
         assert seen[0] != threading.get_ident()
 
@@ -239,7 +239,9 @@ class TestRunning:
             seen.append(threading.get_ident())
             return "ok"
 
-        assert await Tool.from_function(where, run_in_thread=False).invoke("{}") == "ok"
+        assert (
+            await Tool.from_function(where, run_in_thread=False).invoke("{}")
+        ).output == "ok"
         assert seen == [threading.get_ident()]
 
     async def test_async_tool_awaited(self) -> None:
@@ -251,7 +253,9 @@ class TestRunning:
             seen.append(threading.get_ident())
             return a + b
 
-        assert await Tool.from_function(slow_add).invoke('{"a": 2, "b": 3}') == "5"
+        assert (
+            await Tool.from_function(slow_add).invoke('{"a": 2, "b": 3}')
+        ).output == "5"
         assert seen == [threading.get_ident()]
 
     async def test_inline_sync_returning_awaitable(self) -> None:
@@ -332,7 +336,7 @@ class TestTimeout:
             return "done"
 
         assert quick.timeout is None
-        assert await quick.invoke("{}") == "done"
+        assert (await quick.invoke("{}")).output == "done"
 
 
 class TestResults:
@@ -356,13 +360,13 @@ class TestResults:
         async def give() -> object:
             return value
 
-        assert await Tool.from_function(give).invoke("{}") == expected
+        assert (await Tool.from_function(give).invoke("{}")).output == expected
 
     async def test_model_argument_result(self) -> None:
         """A model argument arrives as a model instance and the model result is JSON."""
-        assert await scale.invoke('{"point": {"x": 1, "y": 2}, "factor": 3}') == (
-            '{"x":3,"y":6}'
-        )
+        assert (
+            await scale.invoke('{"point": {"x": 1, "y": 2}, "factor": 3}')
+        ).output == ('{"x":3,"y":6}')
 
 
 class TestConfiguration:

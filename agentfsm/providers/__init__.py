@@ -10,9 +10,17 @@ provider.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Annotated, Any, Literal, Protocol, TypeAlias, runtime_checkable
+from typing import (
+    Annotated,
+    Any,
+    Literal,
+    NamedTuple,
+    Protocol,
+    TypeAlias,
+    runtime_checkable,
+)
 
 from pydantic import (
     AfterValidator,
@@ -38,10 +46,15 @@ from agentfsm.tools import Tool
 __all__ = (
     "InferenceInput",
     "InferenceOutput",
+    "ItemSource",
+    "ModelNext",
+    "ModelRequest",
+    "ModelWrapper",
     "OutputCompleted",
     "Provider",
     "ProviderRegistry",
     "ReasoningDelta",
+    "RequestMetadata",
     "StreamEvent",
     "StreamingDelta",
     "TextDelta",
@@ -251,3 +264,88 @@ class ProviderRegistry:
                 ) from None
             self._cache[model] = provider
         return provider
+
+
+# --------------------------------------------------------------------- requests
+
+
+class ItemSource(NamedTuple):
+    """Where one item of a request's context came from."""
+
+    kind: Literal["history", "repair"]
+    """`history`: an item of the loop's context; `repair`: a synthetic output
+    for a function call that had none."""
+    item_index: int
+    """For history, the item's index in the context; for a repair, the index of
+    the function call it answers."""
+    call_id: str | None = None
+    """For a repair, the call it answers."""
+
+
+class RequestMetadata:
+    """What the loop knows about a request: never sent to the provider.
+
+    `sources[i]` tells where `request.context.items[i]` came from; it is built
+    only when asked for, since most requests never need it.
+    """
+
+    __slots__ = ("_sources", "history_count", "repairs")
+
+    def __init__(
+        self, history_count: int, repairs: Sequence[tuple[int, int, str]] = ()
+    ) -> None:
+        self.history_count = history_count
+        """How many items the loop's context held when the request was made."""
+        self.repairs = tuple(repairs)
+        """`(position in the request, index of the call, call_id)` per synthetic output."""
+        self._sources: tuple[ItemSource, ...] | None = None
+
+    @property
+    def sources(self) -> tuple[ItemSource, ...]:
+        """One `ItemSource` per item of the request's context, in order."""
+        if self._sources is None:
+            sources: list[ItemSource] = []
+            history = 0
+            repairs = iter(self.repairs)
+            repair = next(repairs, None)
+            while history < self.history_count or repair is not None:
+                if repair is not None and repair[0] == len(sources):
+                    sources.append(ItemSource("repair", repair[1], repair[2]))
+                    repair = next(repairs, None)
+                else:
+                    sources.append(ItemSource("history", history))
+                    history += 1
+            self._sources = tuple(sources)
+        return self._sources
+
+    def __repr__(self) -> str:
+        return f"RequestMetadata(history_count={self.history_count}, repairs={self.repairs})"
+
+
+class ModelRequest(BaseModel):
+    """One model request as model wrappers see it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    input: InferenceInput
+    """What the provider will be sent."""
+    metadata: InstanceOf[RequestMetadata]
+    """Where each item came from; never sent to the provider."""
+    streaming: bool
+    """Whether the request streams (chunks are published as they come)."""
+    loop_id: str
+    agent_id: str
+
+
+ModelNext: TypeAlias = Callable[[ModelRequest], Awaitable[InferenceOutput]]
+"""Runs the rest of the chain (the inner wrappers, then the provider)."""
+
+ModelWrapper: TypeAlias = Callable[
+    [ModelRequest, ModelNext], Awaitable[InferenceOutput]
+]
+"""`async def wrapper(request, next) -> InferenceOutput` around each model request.
+
+Wrappers run in registration order, the first outermost. A wrapper may change
+the request (`await next(request.model_copy(update={"input": ...}))`), answer
+without calling the provider (a cache), or call `next` again (retry).
+"""

@@ -1,0 +1,198 @@
+"""Running one batch of tool calls: sequential or parallel, wrapped, with progress.
+
+Outputs enter the context in the model's order, whatever order the calls finish
+in; `function_call.completed` is published as each call finishes (completion
+order). A failing call becomes an error output inside its own task, so it never
+cancels its siblings.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Final
+
+import anyio
+import anyio.from_thread
+from pydantic import JsonValue
+
+from . import events as ev
+from .exceptions import ToolError, UnknownTool
+from .interception import ToolBatch
+from .messages import FunctionCallItem, FunctionCallOutputItem
+from .tools import Tool, ToolCall, ToolResult, ToolWrapper, _progress
+
+if TYPE_CHECKING:
+    from ._loop import Loop
+
+__all__ = ("Outcome", "chain_tool_wrappers", "run_batch")
+
+TRUNCATED: Final = (
+    "the call was not run: the response hit the output token limit, "
+    "so its arguments may be truncated"
+)
+INTERRUPTED: Final = "the tool call did not run: the loop was interrupted"
+
+ToolChain = Callable[[ToolCall], Awaitable[ToolResult]]
+Outcome = tuple[FunctionCallOutputItem, bool]
+"""A call's output and whether it asked to terminate the loop."""
+
+
+def chain_tool_wrappers(wrappers: Sequence[ToolWrapper]) -> ToolChain | None:
+    """Compose `(call, next)` wrappers around running the tool, first outermost."""
+    if not wrappers:
+        return None
+    chain: ToolChain = _innermost
+    for wrapper in reversed(wrappers):
+        chain = _bind(wrapper, chain)
+    return chain
+
+
+def _bind(wrapper: ToolWrapper, inner: ToolChain) -> ToolChain:
+    def call(tool_call: ToolCall) -> Awaitable[ToolResult]:
+        return wrapper(tool_call, inner)
+
+    return call
+
+
+async def _innermost(tool_call: ToolCall) -> ToolResult:
+    if tool_call.tool is None:
+        raise UnknownTool(
+            f"unknown tool {tool_call.call.name!r}", tool=tool_call.call.name
+        )
+    return await tool_call.tool.invoke(tool_call.arguments)
+
+
+class _Progress:
+    """Publishes a running call's progress; drops it once the call has finished."""
+
+    __slots__ = ("_call_id", "_loop", "_thread", "done")
+
+    def __init__(self, loop: Loop, call_id: str) -> None:
+        self._loop = loop
+        self._call_id = call_id
+        self._thread = threading.get_ident()
+        self.done = False
+
+    def __call__(self, progress: JsonValue) -> None:
+        if threading.get_ident() != self._thread:
+            anyio.from_thread.run_sync(self, progress)
+        elif not self.done:
+            self._loop._emit(
+                ev.FunctionCallProgress, call_id=self._call_id, progress=progress
+            )
+
+
+async def run_batch(
+    loop: Loop,
+    batch: ToolBatch,
+    tools: Mapping[str, Tool],
+    results: list[Outcome | None],
+    *,
+    truncated: bool,
+) -> None:
+    """Run a batch, filling `results` (one slot per call) as calls end.
+
+    A slot still `None` afterwards is a call that never ended: the caller sees
+    which calls finished even when the batch was interrupted.
+    """
+    options = loop.options
+    parallel = options.tool_execution == "parallel" and len(batch.calls) > 1
+    if parallel:
+        parallel = all(
+            (t := tools.get(c.name)) is None or t.execution_mode == "parallel"
+            for c in batch.calls
+        )
+    if not parallel:
+        for position, call in enumerate(batch.calls):
+            results[position] = await _run_call(loop, batch, call, tools, truncated)
+        return
+
+    limiter = anyio.CapacityLimiter(options.max_tool_concurrency)
+
+    async def run_one(position: int, call: FunctionCallItem) -> None:
+        async with limiter:
+            results[position] = await _run_call(loop, batch, call, tools, truncated)
+
+    async with anyio.create_task_group() as tg:
+        for position, call in enumerate(batch.calls):
+            tg.start_soon(run_one, position, call, name=f"agentfsm-tool-{call.name}")
+
+
+async def _run_call(
+    loop: Loop,
+    batch: ToolBatch,
+    call: FunctionCallItem,
+    tools: Mapping[str, Tool],
+    truncated: bool,
+) -> Outcome:
+    started = time.perf_counter()
+    result = await _result(loop, batch, call, tools, truncated)
+    out = FunctionCallOutputItem(
+        call_id=call.call_id, output=result.output, is_error=result.is_error
+    )
+    if out.is_error:
+        loop._log.info(
+            "tool_call_error", call_id=call.call_id, tool=call.name, error=out.output
+        )
+    loop._emit(
+        ev.FunctionCallCompleted,
+        call=call,
+        output=out,
+        duration=time.perf_counter() - started,
+    )
+    return out, result.terminate
+
+
+async def _result(
+    loop: Loop,
+    batch: ToolBatch,
+    call: FunctionCallItem,
+    tools: Mapping[str, Tool],
+    truncated: bool,
+) -> ToolResult:
+    denial = batch.denied.get(call.call_id)
+    if denial is not None:
+        return ToolResult.error(f"the call was denied: {denial}")
+    if truncated:
+        return ToolResult.error(TRUNCATED)
+    tool = tools.get(call.name)
+    chain = loop._tool_chain
+    if tool is None and chain is None:
+        offered = ", ".join(sorted(tools)) or "none"
+        return ToolResult.error(
+            f"unknown tool {call.name!r} (available tools: {offered})"
+        )
+    loop._emit(ev.FunctionCallStarted, call=call)
+    loop.tool_calls += 1
+    if tool is not None:
+        loop._last_tools.append(tool.name)
+    progress = _Progress(loop, call.call_id)
+    token = _progress.set(progress)
+    try:
+        if chain is None:
+            assert tool is not None
+            return await tool.invoke(call.arguments)
+        tool_call = ToolCall(
+            call=call,
+            tool=tool,
+            arguments=call.arguments,
+            loop_id=loop.loop_id,
+            agent_id=loop.agent_id,
+        )
+        return ToolResult.of(await chain(tool_call))
+    except UnknownTool:
+        offered = ", ".join(sorted(tools)) or "none"
+        return ToolResult.error(
+            f"unknown tool {call.name!r} (available tools: {offered})"
+        )
+    except ToolError as exc:
+        return ToolResult.error(str(exc))
+    except Exception as exc:  # noqa: BLE001 - a raising tool (or wrapper) becomes an error output
+        return ToolResult.error(
+            f"tool {call.name!r} raised {type(exc).__name__}: {exc}"
+        )
+    finally:
+        progress.done = True
+        _progress.reset(token)

@@ -1,0 +1,200 @@
+"""Making one model request: normalize the context, wrap, time out, retry, stream.
+
+Normalization works on a copy: a function call without an output (left by a
+crash or a cancellation upstream) gets a synthetic error output in the request
+only, never in the loop's context. Finding such calls is incremental: each
+request scans only the items appended since the previous one, so a step costs
+the same whatever the context's length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING, Final
+
+import anyio
+
+from . import events as ev
+from .exceptions import ProviderError, ProviderTimeout
+from .messages import ContextItem, FunctionCallItem, FunctionCallOutputItem
+from .providers import (
+    InferenceInput,
+    InferenceOutput,
+    ModelRequest,
+    ModelWrapper,
+    OutputCompleted,
+    Provider,
+    RequestMetadata,
+    StreamEvent,
+)
+
+if TYPE_CHECKING:
+    from ._loop import Loop
+
+__all__ = (
+    "ContextScan",
+    "ModelChain",
+    "chain_model_wrappers",
+    "normalized",
+    "request_model",
+)
+
+REPAIRED: Final = (
+    "no output was recorded for this call (it was interrupted before it finished)"
+)
+_MAX_BACKOFF: Final = 8.0
+
+ModelChain = Callable[[ModelRequest], Awaitable[InferenceOutput]]
+
+
+class ContextScan:
+    """Tracks the function calls of a context that have no output yet."""
+
+    __slots__ = ("_items", "_open", "_scanned")
+
+    def __init__(self) -> None:
+        self._items: list[ContextItem] | None = None
+        self._scanned = 0
+        self._open: dict[str, int] = {}
+
+    def open_calls(self, items: list[ContextItem]) -> dict[str, int]:
+        """`call_id -> index` of the calls without an output in `items`."""
+        if items is not self._items or len(items) < self._scanned:
+            self._items, self._scanned, self._open = items, 0, {}
+        open_calls = self._open
+        for index in range(self._scanned, len(items)):
+            item = items[index]
+            if isinstance(item, FunctionCallItem):
+                open_calls[item.call_id] = index
+            elif isinstance(item, FunctionCallOutputItem):
+                open_calls.pop(item.call_id, None)
+        self._scanned = len(items)
+        return open_calls
+
+
+def normalized(
+    request: InferenceInput, scan: ContextScan
+) -> tuple[InferenceInput, RequestMetadata]:
+    """The request to send (a repaired copy when calls lack outputs) and its metadata."""
+    items = request.context.items
+    open_calls = scan.open_calls(items)
+    if not open_calls:
+        return request, RequestMetadata(len(items))
+    # Each synthetic output goes after the run of calls and outputs holding its
+    # call, so providers that group a turn's calls still see them together.
+    inserts: dict[int, list[tuple[int, str]]] = {}
+    for call_id, index in sorted(open_calls.items(), key=lambda kv: kv[1]):
+        end = index
+        while end + 1 < len(items) and items[end + 1].type in (
+            "function_call",
+            "function_call_output",
+        ):
+            end += 1
+        inserts.setdefault(end, []).append((index, call_id))
+    repaired: list[ContextItem] = []
+    repairs: list[tuple[int, int, str]] = []
+    for index, item in enumerate(items):
+        repaired.append(item)
+        for call_index, call_id in inserts.get(index, ()):
+            repairs.append((len(repaired), call_index, call_id))
+            repaired.append(FunctionCallOutputItem.error(call_id, REPAIRED))
+    context = request.context.model_copy(update={"items": repaired})
+    return request.model_copy(update={"context": context}), RequestMetadata(
+        len(items), repairs
+    )
+
+
+def chain_model_wrappers(
+    wrappers: Sequence[ModelWrapper], innermost: ModelChain
+) -> ModelChain:
+    """Compose `(request, next)` wrappers around the provider call, first outermost."""
+    chain = innermost
+    for wrapper in reversed(wrappers):
+        chain = _bind(wrapper, chain)
+    return chain
+
+
+def _bind(wrapper: ModelWrapper, inner: ModelChain) -> ModelChain:
+    def call(request: ModelRequest) -> Awaitable[InferenceOutput]:
+        return wrapper(request, inner)
+
+    return call
+
+
+async def request_model(loop: Loop, request: ModelRequest) -> InferenceOutput:
+    """The innermost model call: the provider, with timeout and transient retries."""
+    options = loop.options
+    attempt = 0
+    while True:
+        published = loop.seq
+        try:
+            return await _once(loop, request)
+        except ProviderError as exc:
+            chunks_sent = request.streaming and loop.seq != published
+            if not exc.retryable or attempt >= options.max_retries or chunks_sent:
+                raise
+            delay = min(options.retry_backoff * 2**attempt, _MAX_BACKOFF)
+            attempt += 1
+            loop._log.warning(
+                "model_retry",
+                model=request.input.model,
+                attempt=attempt,
+                error=str(exc),
+            )
+            await anyio.sleep(delay)
+
+
+async def _once(loop: Loop, request: ModelRequest) -> InferenceOutput:
+    provider = loop._runtime.providers.resolve(request.input.model)
+    timeout = loop.options.inference_timeout
+    if timeout is None:
+        output = await _call(loop, provider, request)
+    else:
+        with anyio.CancelScope(deadline=anyio.current_time() + timeout) as scope:
+            output = await _call(loop, provider, request)
+        if scope.cancelled_caught:
+            raise ProviderTimeout(
+                f"the request to {request.input.model!r} timed out after {timeout:g}s"
+            )
+    if not isinstance(output, InferenceOutput):
+        raise ProviderError(
+            f"provider for {request.input.model!r} returned {type(output).__name__}, "
+            "not an InferenceOutput"
+        )
+    return output
+
+
+async def _call(
+    loop: Loop, provider: Provider, request: ModelRequest
+) -> InferenceOutput:
+    if request.streaming:
+        return await _stream(loop, provider.stream(request.input), request.input.model)
+    return await provider.complete(request.input)
+
+
+async def _stream(
+    loop: Loop,
+    stream: AbstractAsyncContextManager[AsyncIterator[StreamEvent]],
+    model: str,
+) -> InferenceOutput:
+    output: InferenceOutput | None = None
+    index = 0
+    async with stream as deltas:
+        async for delta in deltas:
+            if isinstance(delta, OutputCompleted):
+                output = delta.output
+                continue  # read to the end, so the provider's iterator finishes cleanly
+            if output is not None:
+                raise ProviderError(
+                    f"the stream from {model!r} sent a chunk after its output"
+                )
+            loop._emit(ev.InferenceStream, index=index, delta=delta)
+            index += 1
+            if loop._outbox:
+                await loop._flush()
+    if output is None:
+        raise ProviderError(
+            f"the stream from {model!r} ended without a completed output"
+        )
+    return output
