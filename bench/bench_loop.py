@@ -15,7 +15,8 @@ warm-up), the ratio agentfsm / bare, and the traced memory per loop with
 CONCURRENT loops in flight at once. The last line is machine-readable:
 `ratio_vs_floor=<x> kb_per_concurrent_loop=<y>`. See bench/README.md.
 
-Run with `make bench` (or `.venv/bin/python bench/bench_loop.py`).
+Run with `make bench` (or `.venv/bin/python bench/bench_loop.py`); add `--profile`
+to run only the agentfsm loop for ~20 s, under a profiler.
 """
 
 from __future__ import annotations
@@ -243,14 +244,32 @@ async def bare_concurrent(loops: int) -> int:
 # ---------------------------------------------------------------------- main
 
 
-async def timed(fn: Callable[[int], Awaitable[float]]) -> float:
-    """Median µs per run over REPEATS x RUNS, after a warm-up."""
-    await fn(WARMUP_RUNS)
-    samples = []
+async def timed() -> tuple[float, float]:
+    """Median µs per run (bare, agentfsm) over REPEATS x RUNS, after a warm-up.
+
+    The repetitions alternate between the two, so a change in the machine's
+    speed during the benchmark (shared 2-core VMs drift by +-30%) hits both.
+    """
+    await bare_runs(WARMUP_RUNS)
+    await agentfsm_runs(WARMUP_RUNS)
+    bare: list[float] = []
+    fsm: list[float] = []
     for _ in range(REPEATS):
         gc.collect()
-        samples.append(await fn(RUNS) / RUNS * 1e6)
-    return statistics.median(samples)
+        bare.append(await bare_runs(RUNS) / RUNS * 1e6)
+        gc.collect()
+        fsm.append(await agentfsm_runs(RUNS) / RUNS * 1e6)
+    return statistics.median(bare), statistics.median(fsm)
+
+
+async def profile_target(seconds: float = 20.0) -> None:
+    """Only agentfsm runs, for a profiler: `py-spy record -- ... --profile`."""
+    await agentfsm_runs(WARMUP_RUNS)
+    total = runs = 0.0
+    while total < seconds:
+        total += await agentfsm_runs(RUNS)
+        runs += RUNS
+    print(f"agentfsm {total / runs * 1e6:.1f} µs/run over {runs:,.0f} runs")
 
 
 async def main() -> None:
@@ -258,8 +277,7 @@ async def main() -> None:
     print(f"workload: {MODEL_CALLS} model calls + {TOOL_CALLS} tool calls per run")
     print(f"cpu: median of {REPEATS} x {RUNS:,} sequential runs (process_time)")
 
-    bare_us = await timed(bare_runs)
-    fsm_us = await timed(agentfsm_runs)
+    bare_us, fsm_us = await timed()
     ratio = fsm_us / bare_us
     print(f"  bare asyncio  {bare_us:8.1f} µs/run")
     print(f"  agentfsm      {fsm_us:8.1f} µs/run   ({ratio:.1f}x the floor)")
@@ -274,4 +292,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    asyncio.run(profile_target() if "--profile" in sys.argv[1:] else main())
