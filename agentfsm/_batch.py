@@ -17,6 +17,7 @@ import anyio
 import anyio.from_thread
 from pydantic import JsonValue
 
+from . import _fast
 from . import events as ev
 from .exceptions import ToolError, UnknownTool
 from .interception import ToolBatch
@@ -33,6 +34,7 @@ TRUNCATED: Final = (
     "so its arguments may be truncated"
 )
 INTERRUPTED: Final = "the tool call did not run: the loop was interrupted"
+_OUTPUT_FIELDS: Final = {"type", "call_id", "output", "is_error"}
 
 ToolChain = Callable[[ToolCall], Awaitable[ToolResult]]
 Outcome = tuple[FunctionCallOutputItem, bool]
@@ -129,9 +131,13 @@ async def _run_call(
 ) -> Outcome:
     started = time.perf_counter()
     result = await _result(loop, batch, call, tools, truncated)
-    out = FunctionCallOutputItem(
-        call_id=call.call_id, output=result.output, is_error=result.is_error
-    )
+    values = {
+        "type": "function_call_output",
+        "call_id": call.call_id,
+        "output": result.output,
+        "is_error": result.is_error,
+    }
+    out = _fast.trusted(FunctionCallOutputItem, values, _OUTPUT_FIELDS)
     if out.is_error:
         loop._log.info(
             "tool_call_error", call_id=call.call_id, tool=call.name, error=out.output

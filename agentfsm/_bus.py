@@ -97,17 +97,6 @@ class Subscription:
         """Whether this subscription's type patterns cover `event_type`."""
         return any(fnmatch.fnmatchcase(event_type, p) for p in self.patterns)
 
-    def _offer(self, event: AgentEvent) -> bool:
-        if len(self._buffer) >= self.capacity:
-            return False
-        self._buffer.append(event)
-        self.delivered += 1
-        waiter = self._waiter
-        if waiter is not None:
-            self._waiter = None
-            waiter.set()
-        return True
-
     async def _wait_for_space(self) -> None:
         while len(self._buffer) >= self.capacity and not self._closed:
             if self._space is None:
@@ -323,12 +312,20 @@ class EventBus:
         self._deliver(event, targets)
 
     def _deliver(self, event: AgentEvent, targets: Iterable[Subscription]) -> None:
+        # One flat loop: this runs for every event of every loop.
         self.published += 1
         for sub in targets:
+            buffer = sub._buffer
             if sub._closed:
                 continue  # closed while a publisher waited for room in it
-            if sub._offer(event):
+            if len(buffer) < sub.capacity:
+                buffer.append(event)
+                sub.delivered += 1
                 self.delivered += 1
+                waiter = sub._waiter
+                if waiter is not None:
+                    sub._waiter = None
+                    waiter.set()
             else:
                 sub.dropped += 1
                 self.dropped += 1

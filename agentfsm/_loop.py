@@ -23,6 +23,7 @@ import anyio
 import structlog
 from pydantic import BaseModel, ValidationError
 from pydantic_core import from_json
+from structlog.typing import FilteringBoundLogger
 
 from . import _fast
 from . import events as ev
@@ -63,6 +64,7 @@ from .states import LoopState, Outcome, Trigger
 from .tools import format_validation_error
 
 if TYPE_CHECKING:
+    from ._bus import Subscription
     from ._runtime import Runtime
 
 __all__ = ("Loop", "current_loop_id")
@@ -77,6 +79,8 @@ def current_loop_id() -> str | None:
 
 _S = LoopState
 _T = Trigger
+_new = object.__new__
+_setattr = object.__setattr__
 _NO_USAGE: Final = TokenUsage()
 _BATCH_FIELDS: Final = {"kind", "calls", "denied", "awaiting_approval"}
 _REQUEST_FIELDS: Final = {"input", "metadata", "streaming", "loop_id", "agent_id"}
@@ -92,6 +96,8 @@ class Loop:
     """The state and driver of one loop (internal; users see `LoopView` and `LoopResult`)."""
 
     __slots__ = (
+        "_bound_log",
+        "_bus",
         "_cancel_reason",
         "_cancel_requested",
         "_deadline_at",
@@ -100,7 +106,6 @@ class Loop:
         "_gated",
         "_handlers",
         "_last_tools",
-        "_log",
         "_metadata",
         "_model_chain",
         "_next",
@@ -148,6 +153,7 @@ class Loop:
         options: LoopOptions,
     ) -> None:
         self._runtime = runtime
+        self._bus = runtime.bus
         self.loop_id = loop_id
         self.agent_id = agent_id
         self.input = inference_input
@@ -162,7 +168,7 @@ class Loop:
             if options.model_wrappers
             else None
         )
-        self._log = logger.bind(loop_id=loop_id, agent_id=agent_id)
+        self._bound_log: FilteringBoundLogger | None = None
         self.state = _S.idle
         self.status = LoopStatus.running
         self.seq = 0
@@ -195,7 +201,7 @@ class Loop:
         self._cancel_requested = False
         self._cancel_reason: str | None = None
         self._outbox: list[ev.AgentEvent] = []
-        self._done = anyio.Event()
+        self._done: anyio.Event | None = None  # made when someone waits
         self._emit(
             ev.LoopStarted,
             message=message,
@@ -203,25 +209,44 @@ class Loop:
             streaming=inference_input.streaming,
         )
 
+    @property
+    def _log(self) -> FilteringBoundLogger:
+        """This loop's logger, bound to its ids (bound on first use: most loops
+        log once, when they end)."""
+        if self._bound_log is None:
+            self._bound_log = logger.bind(loop_id=self.loop_id, agent_id=self.agent_id)
+        return self._bound_log
+
     # ------------------------------------------------------------------ events
 
     def _emit(self, cls: type[ev.AgentEvent], /, **fields: Any) -> None:
-        self.seq += 1
-        bus = self._runtime.bus
-        targets = bus.targets(cls._defaults["type"], self.loop_id)
+        # The hot path of every step: a dozen events per step, so this stays flat
+        # (no helper calls until there is a subscriber to deliver to).
+        seq = self.seq = self.seq + 1
+        bus = self._bus
+        event_type = cls._type
+        targets: Sequence[Subscription] | None = bus._routes.get(event_type)
+        if targets is None or bus._by_loop:
+            targets = bus.targets(event_type, self.loop_id)
         if not targets:
             return
-        fields["event_id"] = f"{self.loop_id}:{self.seq}"
-        fields["loop_id"] = self.loop_id
-        fields["agent_id"] = self.agent_id
-        fields["seq"] = self.seq
-        fields["state"] = self.state
-        fields["ts"] = datetime.now(UTC)
-        event = cls._trusted(fields)
+        values = cls._defaults.copy()
+        values.update(fields)
+        values["event_id"] = f"{self.loop_id}:{seq}"
+        values["loop_id"] = self.loop_id
+        values["agent_id"] = self.agent_id
+        values["seq"] = seq
+        values["state"] = self.state
+        values["ts"] = datetime.now(UTC)
+        event = _new(cls)
+        _setattr(event, "__dict__", values)
+        _setattr(event, "__pydantic_fields_set__", cls._fields_set)
+        _setattr(event, "__pydantic_extra__", None)
+        _setattr(event, "__pydantic_private__", None)
         if bus.backpressure:
             self._outbox.append(event)
         else:
-            bus.deliver_nowait(event, targets)
+            bus._deliver(event, targets)
 
     async def _flush(self) -> None:
         outbox, self._outbox = self._outbox, []
@@ -307,6 +332,10 @@ class Loop:
 
     async def wait(self) -> None:
         """Wait until the loop is done."""
+        if self.status is LoopStatus.done:
+            return
+        if self._done is None:
+            self._done = anyio.Event()
         await self._done.wait()
 
     # ------------------------------------------------------------------ driver
@@ -349,7 +378,6 @@ class Loop:
     ) -> None:
         self.path.append(PathStep(source, trigger, dest, rewritten_from))
         self.state = dest
-        self._log.debug("transition", source=source, trigger=trigger, dest=dest)
         self._emit(
             ev.LoopTransition,
             source=source,
@@ -824,7 +852,8 @@ class Loop:
         )
         self._log.info("loop_idle", outcome=outcome, reason=reason)
         self._output = None
-        self._done.set()
+        if self._done is not None:
+            self._done.set()
         self._runtime._loop_done(self)
 
     # ------------------------------------------------------------------ views

@@ -13,6 +13,7 @@ block cancels every loop (each still ends in `idle` with outcome `cancelled`).
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from collections.abc import Mapping, Sequence
 from contextvars import ContextVar, Token
@@ -25,6 +26,7 @@ from anyio.abc import TaskGroup
 from ._bus import EventBus
 from ._ids import uuid7
 from ._loop import Loop
+from .eventlog import EventLogWriter
 from .exceptions import (
     ConfigurationError,
     LoopStateError,
@@ -69,6 +71,8 @@ class Runtime:
             whose model is `prefix:name` is served by that provider.
         keep_finished: how many finished loops are kept for `wait`/`get`
             (oldest forgotten first).
+        event_log: append every event of every loop to this JSON-lines file
+            (see `agentfsm.eventlog`); it is complete once the runtime exited.
     """
 
     def __init__(
@@ -76,6 +80,7 @@ class Runtime:
         *,
         providers: Mapping[str, Provider] | ProviderRegistry | None = None,
         keep_finished: int = 10_000,
+        event_log: str | os.PathLike[str] | None = None,
     ) -> None:
         if keep_finished < 0:
             raise ConfigurationError(f"keep_finished must be >= 0, got {keep_finished}")
@@ -93,10 +98,17 @@ class Runtime:
         self._closed = False
         self._closing = False
         self._tasks = 0
+        self._event_log_path = event_log
+        self._event_log: EventLogWriter | None = None
 
     async def __aenter__(self) -> Self:
         if self._tg is not None or self._closed:
             raise LoopStateError("a Runtime can be entered only once")
+        if self._event_log_path is not None:
+            # Entered before the loops' task group and left after it (see
+            # EventLogWriter): the writer outlives every loop, cancelled ones too.
+            writer = EventLogWriter(self.bus, self._event_log_path)
+            self._event_log = await writer.__aenter__()
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
@@ -130,6 +142,10 @@ class Runtime:
             if self._token is not None:
                 _current.reset(self._token)
                 self._token = None
+            if self._event_log is not None:
+                # Every loop has ended: write what is buffered, close the file.
+                writer, self._event_log = self._event_log, None
+                await writer.aclose()
 
     def _spawn(self, loop: Loop) -> None:
         assert self._tg is not None

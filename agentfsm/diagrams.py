@@ -1,17 +1,62 @@
-"""Diagrams of the loop machine, drawn by transitions from the same declaration the loop runs.
+"""Diagrams of the loop machine, and of the path one loop took through it.
 
-`python -m agentfsm diagram` prints `render_mermaid()`; `diagrams/agent_loop.md`
-holds it, and a test keeps the two equal.
+- `render_mermaid()`: the machine, drawn by transitions' mermaid engine from
+  the declaration the loop runs. `diagrams/agent_loop.md` holds it.
+- `render_dot()`: the machine as graphviz DOT text; `render_svg()` and
+  `render_png()` run graphviz's `dot` program on it (`diagrams/agent_loop.svg`).
+- A loop's path: `render_path_mermaid(loop)`, `render_dot(loop)`,
+  `render_svg(loop)` and `render_png(loop)` draw the machine with the states the
+  loop visited and the one it is in highlighted, each edge it took labelled
+  with the steps that took it (`infer (#2, #4)`), rewritten transitions marked
+  with the destination they were rewritten from, and, for a paused loop, the
+  transition it waits on and why.
+
+A loop is given as a `LoopPath`, a `LoopView` (`runtime.get(loop_id)`), a
+`LoopResult` (`await runtime.wait(loop_id)`), or rebuilt from events
+(`LoopPath.from_events(read_events("events.jsonl"), loop_id)`):
+
+```python
+view = runtime.get(loop_id)
+print(render_path_mermaid(view))
+Path("loop.svg").write_text(render_svg(view))  # needs graphviz's `dot`
+```
+
+Every function but `render_svg`/`render_png` is pure and needs nothing beyond
+the library: the same input always gives the same text.
 """
 
 from __future__ import annotations
 
-from ._machine import draw_mermaid
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from typing import Literal, NamedTuple
 
-__all__ = ("render_markdown", "render_mermaid")
+from ._machine import TABLE, draw_mermaid
+from ._paths import LoopPath
+from .exceptions import GraphvizError
+from .results import LoopResult, LoopStatus, LoopView
+from .states import ERROR_TRIGGERS, LoopState, Trigger
+
+__all__ = (
+    "LoopPath",
+    "dot_digest",
+    "render_dot",
+    "render_markdown",
+    "render_mermaid",
+    "render_path_mermaid",
+    "render_png",
+    "render_svg",
+    "run_graphviz",
+)
+
+_MACHINE_TITLE = "agentfsm loop"
 
 
-def render_mermaid(title: str = "agentfsm loop") -> str:
+def render_mermaid(title: str = _MACHINE_TITLE) -> str:
     """The machine as a mermaid `stateDiagram-v2` (drawn by transitions' mermaid engine)."""
     return draw_mermaid(title)
 
@@ -24,3 +69,325 @@ def render_markdown() -> str:
         "`tests/test_diagrams.py` keeps it current.\n\n"
         f"```mermaid\n{render_mermaid().rstrip()}\n```\n"
     )
+
+
+# ---------------------------------------------------------------------- edges
+
+_EdgeKind = Literal["plain", "taken", "rewritten", "pending"]
+
+
+class _Edge(NamedTuple):
+    source: LoopState
+    dest: LoopState
+    label: str
+    kind: _EdgeKind
+
+
+def _groups() -> Iterator[tuple[LoopState, LoopState, list[Trigger]]]:
+    """`(source, dest, triggers)` per pair, sources in state order, in table order."""
+    for source in LoopState:
+        by_dest: dict[LoopState, list[Trigger]] = {}
+        for (src, trigger), dest in TABLE.items():
+            if src is source:
+                by_dest.setdefault(dest, []).append(trigger)
+        for dest, triggers in by_dest.items():
+            yield source, dest, triggers
+
+
+def _marks(path: LoopPath | None) -> dict[tuple[LoopState, Trigger], list[str]]:
+    """For each edge the loop took (or waits on), its marks: `#2`, `#4 rewritten`..."""
+    marks: dict[tuple[LoopState, Trigger], list[str]] = {}
+    if path is None:
+        return marks
+    for index, step in enumerate(path.steps):
+        mark = f"#{index + 1}"
+        if step.rewritten_from is not None:
+            mark += f" rewritten from {step.rewritten_from}"
+        elif index in path.rewritten:
+            mark += " rewritten"
+        marks.setdefault((step.source, step.trigger), []).append(mark)
+    if path.pending is not None and path.status is LoopStatus.paused:
+        marks.setdefault((path.pending.source, path.pending.trigger), []).append(
+            "pending"
+        )
+    return marks
+
+
+def _edges(path: LoopPath | None) -> list[_Edge]:
+    """Every edge of the machine; those the loop took get their own labelled line.
+
+    Edges the loop did not take are grouped per `(source, dest)` pair, as in
+    `render_mermaid()` (`stop | abort | fail | cancel`).
+    """
+    marks = _marks(path)
+    edges: list[_Edge] = []
+    for source, dest, triggers in _groups():
+        plain: list[str] = []
+        for trigger in triggers:
+            mine = marks.get((source, trigger))
+            if not mine:
+                plain.append(trigger)
+                continue
+            kind: _EdgeKind = (
+                "pending"
+                if "pending" in mine
+                else "rewritten"
+                if any(" rewritten" in m for m in mine)
+                else "taken"
+            )
+            edges.append(_Edge(source, dest, f"{trigger} ({', '.join(mine)})", kind))
+        if plain:
+            edges.append(_Edge(source, dest, " | ".join(plain), "plain"))
+    return edges
+
+
+def _state_class(state: LoopState, path: LoopPath | None) -> str | None:
+    if path is None:
+        return None
+    if state is path.state:
+        return "paused" if path.status is LoopStatus.paused else "current"
+    return "visited" if state in path.visited else None
+
+
+def _pause_note(path: LoopPath | None) -> str | None:
+    if path is None or path.status is not LoopStatus.paused or path.pending is None:
+        return None
+    p = path.pending
+    note = f"paused before {p.trigger} to {p.dest}"
+    return f"{note}: {path.pause_reason}" if path.pause_reason else note
+
+
+# ---------------------------------------------------------------------- mermaid
+
+# Path diagrams are drawn here from `TABLE` rather than by replaying the path
+# onto a throwaway transitions `GraphMachine` (STYLE.md F): transitions' styles
+# know only the current state and the last transition, not how often and in
+# which order each edge was taken or that a handler rewrote it, and its graphviz
+# engine needs the `graphviz` Python package. `TABLE` is compiled from the same
+# declaration, so the diagrams cannot drift from the machine, and the text is
+# deterministic, which lets tests compare it literally.
+
+_MERMAID_CLASSES = (
+    "  classDef visited fill:azure,color:black,stroke:blue",
+    "  classDef current fill:darksalmon,color:black,stroke:red,stroke-width:2px",
+    "  classDef paused fill:gold,color:black,stroke:darkorange,stroke-width:2px",
+)
+
+
+def render_path_mermaid(
+    loop: LoopPath | LoopView | LoopResult, *, title: str | None = None
+) -> str:
+    """One loop's path as a mermaid `stateDiagram-v2` over the whole machine.
+
+    Visited states get the class `visited`, the current one `current` (or
+    `paused`); each edge the loop took is labelled with its steps, e.g.
+    `infer (#2, #4 rewritten from inference_streaming)`; a paused loop has a
+    note saying which transition it waits on and why.
+
+    Args:
+        loop: the loop (a `LoopView`, `LoopResult` or `LoopPath`).
+        title: the diagram's title (default: `LoopPath.title`).
+    """
+    path = LoopPath.of(loop)
+    lines = [
+        "---",
+        f"title: {json.dumps(title or path.title, ensure_ascii=False)}",
+        "---",
+        "stateDiagram-v2",
+        "  direction LR",
+        *_MERMAID_CLASSES,
+        "",
+    ]
+    for state in LoopState:
+        lines.append(f'  state "{state}" as {state}')
+    for state in LoopState:
+        css = _state_class(state, path)
+        if css is not None:
+            lines.append(f"  class {state} {css}")
+    lines.append("")
+    lines.extend(f"  {e.source} --> {e.dest}: {e.label}" for e in _edges(path))
+    note = _pause_note(path)
+    if note is not None:
+        lines.extend(
+            (
+                f"  note right of {path.state}",
+                f"    {_mermaid_text(note)}",
+                "  end note",
+            )
+        )
+    lines.append("  [*] --> idle")
+    return "\n".join(lines) + "\n"
+
+
+def _mermaid_text(text: str) -> str:
+    """Free text made safe inside a mermaid note: one line, entity-coded specials."""
+    text = " ".join(text.split())
+    return re.sub(r"[#;<>]", lambda m: f"#{ord(m.group())};", text)
+
+
+# ---------------------------------------------------------------------- graphviz
+
+_DOT_GRAPH = (
+    ", rankdir=TB, ranksep=0.8, nodesep=0.8, labelloc=t,"
+    ' fontname="Helvetica", fontsize=14'
+)
+_DOT_DEFAULTS = (
+    (
+        '  node [shape=box, style="rounded,filled", fillcolor=white, color=gray30,'
+        ' fontname="Helvetica", fontsize=12];'
+    ),
+    '  edge [color=gray55, fontcolor=gray35, fontname="Helvetica", fontsize=10];',
+    "",
+    '  __start__ [shape=point, width=0.12, color=black, fillcolor=black, label=""];',
+)
+_DOT_NOTE = ", shape=note, style=filled, fillcolor=lightyellow, color=darkorange"
+_DOT_NOTE_EDGE = "style=dotted, arrowhead=none, color=darkorange, constraint=false"
+_DOT_STATE: dict[str | None, str] = {
+    None: "",
+    "visited": ", fillcolor=azure, color=blue",
+    "current": ", fillcolor=darksalmon, color=red, penwidth=2",
+    "paused": ", fillcolor=gold, color=darkorange, penwidth=2",
+}
+_DOT_EDGE: dict[_EdgeKind, str] = {
+    "plain": "",
+    "taken": ", color=blue, fontcolor=blue, penwidth=2",
+    "rewritten": ", color=darkorange, fontcolor=darkorange, penwidth=2",
+    "pending": ", color=darkorange, fontcolor=darkorange, penwidth=2, style=dashed",
+}
+
+
+def _depths() -> dict[LoopState, int]:
+    """Each state's distance from `idle` along the normal edges (for the layout)."""
+    depth = {LoopState.idle: 0}
+    todo = [LoopState.idle]
+    while todo:
+        source = todo.pop(0)
+        for (src, trigger), dest in TABLE.items():
+            if src is source and trigger not in ERROR_TRIGGERS and dest not in depth:
+                depth[dest] = depth[source] + 1
+                todo.append(dest)
+    return depth
+
+
+_DEPTH = _depths()
+"""Edges back towards `idle` (`constraint=false`) do not shape graphviz's layout,
+so the states line up left to right in the order a loop meets them."""
+
+
+def render_dot(
+    loop: LoopPath | LoopView | LoopResult | None = None, *, title: str | None = None
+) -> str:
+    """The machine, or one loop's path over it, as graphviz DOT text.
+
+    Highlighting as in `render_path_mermaid`: visited states blue, the current
+    one red (gold when paused), taken edges blue, rewritten ones orange, the
+    pending one dashed, with a note saying why the loop waits.
+
+    Args:
+        loop: the loop to draw, or `None` for the machine alone.
+        title: the graph's label (default: `agentfsm loop` or `LoopPath.title`).
+    """
+    path = None if loop is None else LoopPath.of(loop)
+    label = title or (path.title if path is not None else _MACHINE_TITLE)
+    lines = [
+        "digraph agentfsm {",
+        f"  graph [label={_dot_str(label)}{_DOT_GRAPH}];",
+        *_DOT_DEFAULTS,
+    ]
+    for state in LoopState:
+        style = _DOT_STATE[_state_class(state, path)]
+        lines.append(f"  {state} [label={_dot_str(state)}{style}];")
+    lines.extend(("", "  __start__ -> idle;"))
+    for e in _edges(path):
+        back = ", constraint=false" if _DEPTH[e.dest] <= _DEPTH[e.source] else ""
+        style = _DOT_EDGE[e.kind]
+        lines.append(
+            f"  {e.source} -> {e.dest} [label={_dot_str(e.label)}{style}{back}];"
+        )
+    note = _pause_note(path)
+    if path is not None and note is not None:
+        lines.append("")
+        lines.append(f"  __paused__ [label={_dot_str(note)}{_DOT_NOTE}];")
+        lines.append(f"  __paused__ -> {path.state} [{_DOT_NOTE_EDGE}];")
+        lines.append(f"  {{rank=same; __paused__; {path.state}}}")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _dot_str(text: str) -> str:
+    """A DOT quoted string; backslashes are escaped so `\\N`, `\\G`... stay literal."""
+    text = text.replace("\\", "\\\\").replace('"', '\\"')
+    return '"' + text.replace("\r\n", "\\n").replace("\n", "\\n") + '"'
+
+
+def render_svg(
+    loop: LoopPath | LoopView | LoopResult | None = None, *, title: str | None = None
+) -> str:
+    """`render_dot(loop)` drawn as SVG by graphviz's `dot` program.
+
+    The SVG carries a comment with the SHA-256 of the DOT text it was drawn from
+    (`<!-- agentfsm DOT sha256:... -->`), so a committed SVG can be checked
+    against the current machine without comparing layouts, which differ between
+    graphviz versions and fonts.
+
+    It runs a subprocess: from async code, call it in a worker thread
+    (`await anyio.to_thread.run_sync(render_svg, view)`).
+
+    Raises:
+        GraphvizError: `dot` is not installed, or failed.
+    """
+    dot = render_dot(loop, title=title)
+    svg = run_graphviz(dot, "svg").decode("utf-8")
+    start = svg.find("<svg")
+    if start < 0:
+        raise GraphvizError(f"dot -Tsvg wrote no <svg> element: {svg[:200]!r}")
+    return f"{svg[:start]}<!-- agentfsm DOT sha256:{dot_digest(dot)} -->\n{svg[start:]}"
+
+
+def render_png(
+    loop: LoopPath | LoopView | LoopResult | None = None, *, title: str | None = None
+) -> bytes:
+    """`render_dot(loop)` drawn as PNG by graphviz's `dot` program.
+
+    Raises:
+        GraphvizError: `dot` is not installed, or failed.
+    """
+    return run_graphviz(render_dot(loop, title=title), "png")
+
+
+def dot_digest(dot: str) -> str:
+    """The SHA-256 (hex) of DOT text, as `render_svg` records it in the SVG."""
+    return hashlib.sha256(dot.encode("utf-8")).hexdigest()
+
+
+def run_graphviz(dot: str, fmt: Literal["svg", "png"]) -> bytes:
+    """Run graphviz's `dot -T<fmt>` on DOT text and return what it wrote.
+
+    Raises:
+        GraphvizError: `dot` is not installed (the message says how to install
+            it), or it failed.
+    """
+    program = shutil.which("dot")
+    if program is None:
+        raise GraphvizError(
+            f"drawing {fmt.upper()} needs graphviz's `dot` program, which is not "
+            "installed (or not on PATH): install graphviz, e.g. "
+            "`apt-get install graphviz` (Debian/Ubuntu) or `brew install graphviz` "
+            "(macOS). Mermaid and DOT text need nothing installed."
+        )
+    try:
+        done = subprocess.run(
+            [program, f"-T{fmt}"],
+            input=dot.encode("utf-8"),
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise GraphvizError(f"running {program} -T{fmt} failed: {exc}") from exc
+    if done.returncode != 0:
+        stderr = done.stderr.decode("utf-8", "replace").strip()
+        raise GraphvizError(
+            f"{program} -T{fmt} exited with {done.returncode}: {stderr}"
+        )
+    return done.stdout

@@ -104,6 +104,7 @@ class _Event(BaseModel):
     state: LoopState
     """The loop's state when the event was published."""
 
+    _type: ClassVar[str] = ""
     _defaults: ClassVar[dict[str, Any]] = {}
     _fields_set: ClassVar[set[str]] = set()
 
@@ -111,6 +112,7 @@ class _Event(BaseModel):
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
         super().__pydantic_init_subclass__(**kwargs)
         cls._defaults = _fast.defaults(cls)
+        cls._type = cls._defaults["type"]
         cls._fields_set = set(cls.model_fields)
 
     @classmethod

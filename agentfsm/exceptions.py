@@ -19,7 +19,9 @@ AgentFSMError                  base for everything raised by agentfsm
 │   ├── UnknownProvider        no provider registered for a `provider:model` prefix
 │   └── ProviderTimeout
 ├── BusFull                    publish_nowait() would have to wait for a backpressure subscriber
-└── BusClosed                  subscribing to a closed bus
+├── BusClosed                  subscribing to a closed bus
+├── EventLogError              an event log could not be written, or holds a line that is no event
+└── GraphvizError              graphviz's `dot` (SVG/PNG diagrams) is not installed or failed
 ```
 
 Errors inside a loop never escape into the runtime's task group: the loop takes
@@ -35,6 +37,8 @@ __all__ = (
     "BusClosed",
     "BusFull",
     "ConfigurationError",
+    "EventLogError",
+    "GraphvizError",
     "LoopAborted",
     "LoopStateError",
     "LoopTimeout",
@@ -142,11 +146,15 @@ class ProviderError(AgentFSMError):
     Attributes:
         retryable: whether retrying the same request may succeed (rate limits,
             timeouts, 5xx).
+        status_code: the HTTP status the provider answered with, when there was one.
     """
 
-    def __init__(self, message: str, *, retryable: bool = False) -> None:
+    def __init__(
+        self, message: str, *, retryable: bool = False, status_code: int | None = None
+    ) -> None:
         super().__init__(message)
         self.retryable = retryable
+        self.status_code = status_code
 
 
 class UnknownProvider(ProviderError):
@@ -174,3 +182,11 @@ class LoopTimeout(AgentFSMError):
 
 class StructuredOutputError(AgentFSMError):
     """The model's answer did not validate against `structured_output`, retries included."""
+
+
+class EventLogError(AgentFSMError):
+    """An event log could not be written, or holds a line that is not an event."""
+
+
+class GraphvizError(AgentFSMError):
+    """Graphviz's `dot` program, which renders SVG and PNG diagrams, is missing or failed."""

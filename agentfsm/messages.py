@@ -15,6 +15,8 @@ from typing import Annotated, Any, Literal, TypeAlias
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from pydantic_core import from_json
 
+from . import _fast
+
 __all__ = (
     "ContextItem",
     "ContextItemAdapter",
@@ -169,9 +171,10 @@ class TokenUsage(BaseModel):
         return self.input_tokens + self.output_tokens
 
     def __add__(self, other: TokenUsage) -> TokenUsage:
-        return TokenUsage.model_construct(
-            input_tokens=self.input_tokens + other.input_tokens,
-            output_tokens=self.output_tokens + other.output_tokens,
-            reasoning_tokens=self.reasoning_tokens + other.reasoning_tokens,
-            cached_input_tokens=self.cached_input_tokens + other.cached_input_tokens,
-        )
+        values = {
+            "input_tokens": self.input_tokens + other.input_tokens,
+            "output_tokens": self.output_tokens + other.output_tokens,
+            "reasoning_tokens": self.reasoning_tokens + other.reasoning_tokens,
+            "cached_input_tokens": self.cached_input_tokens + other.cached_input_tokens,
+        }
+        return _fast.trusted(TokenUsage, values, set(values))

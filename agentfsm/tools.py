@@ -48,6 +48,7 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 from pydantic_core import to_json
 
+from . import _fast
 from .exceptions import ConfigurationError, ToolArgumentsError, ToolError, ToolTimeout
 from .messages import FunctionCallItem
 
@@ -96,6 +97,9 @@ def format_validation_error(error: ValidationError) -> str:
     return "; ".join(problems)
 
 
+_RESULT_FIELDS: Final = {"output"}
+
+
 class ToolResult(BaseModel):
     """What a tool call produced, as wrappers see and may change it.
 
@@ -117,7 +121,10 @@ class ToolResult(BaseModel):
         """A result holding `value` (text as is, anything else as JSON)."""
         if isinstance(value, ToolResult):
             return value
-        return cls(output=value if isinstance(value, str) else to_json(value).decode())
+        text = value if isinstance(value, str) else to_json(value).decode()
+        return _fast.trusted(
+            cls, {"output": text, "is_error": False, "terminate": False}, _RESULT_FIELDS
+        )
 
     @classmethod
     def error(cls, message: str) -> ToolResult:

@@ -25,6 +25,18 @@ KEY_LINES: dict[str, tuple[str, ...]] = {
         ),
         "tokens: 149 in + 40 out = 189 total",
     ),
+    "inspect_rewrite": (
+        "exchange-agent  answered",
+        (
+            "  function_call --> inference_streaming: infer_streaming"
+            " (#4 rewritten from inference)"
+        ),
+        (
+            "#4 function_call --infer_streaming--> inference_streaming"
+            " (rewritten from inference)"
+        ),
+        'convert({"amount":120,"currency":"USD"}) -> 129.60 USD',
+    ),
     "situation_processor": (
         "answer from billing-agent: Status: paid in full on the 3rd.",
         "all 3 agents answered",

@@ -39,9 +39,7 @@ async def test_every_line_carries_loop_and_agent(log_output: list[EventDict]) ->
                 await runtime.wait(loop_id)
     assert log_output
     events = {line["event"] for line in log_output}
-    assert {"transition", "transition_intercepted", "tool_call_error", "loop_idle"} <= (
-        events
-    )
+    assert {"transition_intercepted", "tool_call_error", "loop_idle"} <= (events)
     for line in log_output:
         assert line["loop_id"] in agents, line
         assert line["agent_id"] == agents[line["loop_id"]], line

@@ -17,12 +17,16 @@ PUBLIC_MODULES = (
     "agentfsm.tools",
     "agentfsm.providers",
     "agentfsm.providers.function",
+    "agentfsm.providers.openai",
+    "agentfsm.providers.anthropic",
     "agentfsm.exceptions",
     "agentfsm.testing",
     "agentfsm.states",
     "agentfsm.messages",
     "agentfsm.results",
     "agentfsm.diagrams",
+    "agentfsm.eventlog",
+    "agentfsm.timeline",
 )
 
 

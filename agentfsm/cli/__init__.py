@@ -10,9 +10,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from . import diagram
+from . import diagram, inspect, run
 
-SUBCOMMANDS = (diagram,)
+SUBCOMMANDS = (diagram, run, inspect)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,32 +1,129 @@
-"""`agentfsm diagram`: print the loop machine as a mermaid diagram."""
+"""`agentfsm diagram`: draw the loop machine, or the path one loop took.
+
+```sh
+agentfsm diagram                                  # the machine, mermaid
+agentfsm diagram --format svg -o loop.svg         # the machine, SVG (graphviz)
+agentfsm diagram --events events.jsonl --loop 01a2 --format png -o path.png
+```
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
-from agentfsm.diagrams import render_markdown, render_mermaid
+from agentfsm.diagrams import (
+    LoopPath,
+    render_dot,
+    render_markdown,
+    render_mermaid,
+    render_path_mermaid,
+    render_png,
+    render_svg,
+)
+from agentfsm.eventlog import read_events
+from agentfsm.exceptions import AgentFSMError, EventLogError
+from agentfsm.timeline import find_loop
+
+FORMATS = ("mermaid", "dot", "svg", "png")
 
 
 def add_parser(commands: Any) -> None:
     """Register `diagram` and its arguments."""
     parser: argparse.ArgumentParser = commands.add_parser(
-        "diagram", help="print the loop machine as a mermaid diagram"
+        "diagram",
+        help="draw the loop machine, or one loop's path (mermaid, DOT, SVG, PNG)",
+        description=(
+            "Draw the loop machine, or, with --events, the path one loop took: "
+            "visited states highlighted, each edge it took labelled with the steps "
+            "that took it. SVG and PNG need graphviz's `dot` program."
+        ),
     )
     parser.add_argument(
-        "--markdown", action="store_true", help="wrap it in a markdown page"
+        "--format",
+        choices=FORMATS,
+        default="mermaid",
+        help="mermaid (default) or DOT text, or SVG or PNG drawn by graphviz",
+    )
+    parser.add_argument(
+        "--events", metavar="FILE.jsonl", help="an event log; draw one loop's path"
+    )
+    parser.add_argument(
+        "--loop",
+        metavar="ID",
+        help="the loop to draw (its id or a unique start of it); "
+        "may be left out when the log holds one loop",
+    )
+    parser.add_argument(
+        "--markdown",
+        action="store_true",
+        help="the machine as a markdown page with a mermaid block",
     )
     parser.add_argument("-o", "--output", help="write to this file instead of stdout")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print (or write) the diagram."""
-    text = render_markdown() if args.markdown else render_mermaid()
-    if args.output:
-        with open(args.output, "w", encoding="utf-8") as f:
-            f.write(text)
-    else:
-        sys.stdout.write(text)
+    """Draw and print (or write) the diagram."""
+    problem = _usage_problem(args)
+    if problem is not None:
+        print(f"agentfsm diagram: error: {problem}", file=sys.stderr)
+        return 2
+    try:
+        drawing = _draw(args)
+        if args.output:
+            _write(Path(args.output), drawing)
+        elif isinstance(drawing, bytes):
+            sys.stdout.buffer.write(drawing)
+            sys.stdout.buffer.flush()
+        else:
+            sys.stdout.write(drawing)
+    except (AgentFSMError, OSError) as exc:
+        print(f"agentfsm diagram: error: {exc}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _usage_problem(args: argparse.Namespace) -> str | None:
+    if args.loop is not None and args.events is None:
+        return "--loop needs --events FILE.jsonl (the log to find the loop in)"
+    if args.markdown and (args.format != "mermaid" or args.events is not None):
+        return (
+            "--markdown draws the machine in mermaid; leave out --format and --events"
+        )
+    if args.format == "png" and not args.output and sys.stdout.isatty():
+        return "not writing PNG to a terminal: add -o FILE.png (or redirect stdout)"
+    return None
+
+
+def _draw(args: argparse.Namespace) -> str | bytes:
+    path: LoopPath | None = None
+    if args.events is not None:
+        events = list(read_events(args.events))
+        try:
+            loop_id = find_loop(events, args.loop)
+        except EventLogError as exc:
+            hint = "" if args.loop is not None else " with --loop ID"
+            raise EventLogError(f"{args.events}: {exc}{hint}") from None
+        path = LoopPath.from_events(events, loop_id)
+    match args.format:
+        case "mermaid" if path is None:
+            return render_markdown() if args.markdown else render_mermaid()
+        case "mermaid":
+            assert path is not None
+            return render_path_mermaid(path)
+        case "dot":
+            return render_dot(path)
+        case "svg":
+            return render_svg(path)
+        case _:
+            return render_png(path)
+
+
+def _write(target: Path, drawing: str | bytes) -> None:
+    if isinstance(drawing, bytes):
+        target.write_bytes(drawing)
+    else:
+        target.write_text(drawing, encoding="utf-8")

@@ -6,15 +6,30 @@ A provider has two calls: `complete` an `InferenceInput` into an
 output the non-streaming call returns. Models are named `provider:model`
 (`openai:gpt-4.1-mini`, `scripted:demo`); the registry maps the prefix to a
 provider.
+
+Four prefixes are built in: a registry that has no provider for one of them
+creates a default provider on first use, importing its module only then (so
+`import agentfsm` imports no vendor SDK):
+
+| prefix        | provider                                                   | extra |
+|---------------|------------------------------------------------------------|-------|
+| `openai`      | `agentfsm.providers.openai.OpenAIResponsesProvider`        | `agentfsm[openai]` |
+| `openai-chat` | `agentfsm.providers.openai.OpenAIChatProvider` (any OpenAI-compatible server) | `agentfsm[openai]` |
+| `anthropic`   | `agentfsm.providers.anthropic.AnthropicProvider`           | `agentfsm[anthropic]` |
+| `local`       | `agentfsm.providers.local.LocalProvider`                   | `agentfsm[local]` |
+
+Registering a provider under one of these prefixes replaces the default.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import (
     Annotated,
     Any,
+    Final,
     Literal,
     NamedTuple,
     Protocol,
@@ -217,13 +232,46 @@ def split_model(model: str) -> tuple[str, str]:
     return prefix, name
 
 
-class ProviderRegistry:
-    """Maps the `provider` prefix of model names to providers."""
+_BUILTIN_PROVIDERS: Final[dict[str, tuple[str, str]]] = {
+    "openai": ("agentfsm.providers.openai", "OpenAIResponsesProvider"),
+    "openai-chat": ("agentfsm.providers.openai", "OpenAIChatProvider"),
+    "anthropic": ("agentfsm.providers.anthropic", "AnthropicProvider"),
+    "local": ("agentfsm.providers.local", "LocalProvider"),
+}
+"""`prefix -> (module, class)` of the providers created on first use."""
 
-    __slots__ = ("_cache", "_providers")
+
+def _builtin_provider(prefix: str) -> Provider:
+    """Create the default provider of a built-in prefix (importing its module now)."""
+    module_name, class_name = _BUILTIN_PROVIDERS[prefix]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name != module_name:
+            raise UnknownProvider(f"prefix {prefix!r}: {exc}") from exc
+        raise UnknownProvider(
+            f"prefix {prefix!r} is built in, but {module_name} is not part of this "
+            "agentfsm installation; register a provider for it instead"
+        ) from exc
+    except ImportError as exc:  # the module says which extra to install
+        raise UnknownProvider(f"prefix {prefix!r}: {exc}") from exc
+    provider: Provider = getattr(module, class_name)()
+    return provider
+
+
+class ProviderRegistry:
+    """Maps the `provider` prefix of model names to providers.
+
+    A prefix without a registered provider that is one of the built-in ones
+    (`openai`, `openai-chat`, `anthropic`, `local`) is served by a default
+    provider, created on first use from the environment (e.g. `OPENAI_API_KEY`).
+    """
+
+    __slots__ = ("_builtins", "_cache", "_providers")
 
     def __init__(self, providers: Mapping[str, Provider] | None = None) -> None:
         self._providers: dict[str, Provider] = {}
+        self._builtins: dict[str, Provider] = {}
         self._cache: dict[str, Provider] = {}
         for prefix, provider in (providers or {}).items():
             self.register(prefix, provider)
@@ -249,20 +297,33 @@ class ProviderRegistry:
         """The provider serving `model`.
 
         Raises:
-            UnknownProvider: no provider is registered for its prefix.
+            UnknownProvider: no provider is registered for its prefix and it is
+                not a built-in one, or the built-in one is not installed (the
+                message says which extra to install).
+            ConfigurationError: a built-in provider could not be configured from
+                the environment (e.g. no API key).
         """
         provider = self._cache.get(model)
         if provider is None:
             prefix, _ = split_model(model)
-            try:
-                provider = self._providers[prefix]
-            except KeyError:
+            provider = self._providers.get(prefix)
+            if provider is None:
+                provider = self._builtin(prefix)
+            if provider is None:
                 known = ", ".join(self.prefixes) or "none"
                 raise UnknownProvider(
                     f"no provider for {model!r}: prefix {prefix!r} is not registered "
-                    f"(registered: {known})"
-                ) from None
+                    f"(registered: {known}; built in: {', '.join(_BUILTIN_PROVIDERS)})"
+                )
             self._cache[model] = provider
+        return provider
+
+    def _builtin(self, prefix: str) -> Provider | None:
+        if prefix not in _BUILTIN_PROVIDERS:
+            return None
+        provider = self._builtins.get(prefix)
+        if provider is None:
+            provider = self._builtins[prefix] = _builtin_provider(prefix)
         return provider
 
 

@@ -1,0 +1,94 @@
+"""`agentfsm inspect`: what an event log says about its loops.
+
+```sh
+agentfsm inspect events.jsonl                      # a table of the loops
+agentfsm inspect events.jsonl --loop 01a2          # one loop's timeline
+agentfsm inspect events.jsonl --loop 01a2 --html loop.html
+```
+
+The work is done by `agentfsm.timeline`; this module only parses arguments,
+reads the log and prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from agentfsm.diagrams import render_svg
+from agentfsm.eventlog import read_events
+from agentfsm.events import AgentEvent
+from agentfsm.exceptions import AgentFSMError, EventLogError
+from agentfsm.timeline import (
+    build_timeline,
+    find_loop,
+    format_table,
+    format_timeline,
+    render_html,
+    summarize,
+)
+
+_HTML_WIDTH = 400
+"""Values are cut later on a page than in a terminal."""
+
+
+def add_parser(commands: Any) -> None:
+    """Register `inspect` and its arguments."""
+    parser: argparse.ArgumentParser = commands.add_parser(
+        "inspect",
+        help="show the loops of an event log, or one loop's timeline",
+        description=(
+            "Read an event log (Runtime(event_log=...)) and print a table of its "
+            "loops; with --loop, that loop's timeline; with --html, a page with "
+            "its path diagram (needs graphviz's `dot`) and timeline."
+        ),
+    )
+    parser.add_argument("events", metavar="FILE.jsonl", help="the event log")
+    parser.add_argument(
+        "--loop", metavar="ID", help="a loop's id, or a unique start of it"
+    )
+    parser.add_argument(
+        "--html",
+        metavar="OUT.html",
+        help="write the loop's page (path diagram and timeline) to this file",
+    )
+    parser.add_argument(
+        "--width",
+        type=int,
+        default=80,
+        metavar="N",
+        help="cut long values to N characters in the timeline (default 80)",
+    )
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the table or the timeline, or write the page."""
+    try:
+        events = list(read_events(args.events))
+        if args.html is not None:
+            loop_id = _find(args, events)
+            timeline = build_timeline(events, loop_id, width=_HTML_WIDTH)
+            page = render_html(timeline, render_svg(timeline.path))
+            Path(args.html).write_text(page, encoding="utf-8")
+            print(f"wrote {args.html} (loop {loop_id})")
+        elif args.loop is not None:
+            loop_id = _find(args, events)
+            timeline = build_timeline(events, loop_id, width=max(args.width, 10))
+            sys.stdout.write(format_timeline(timeline))
+        else:
+            sys.stdout.write(format_table(summarize(events)))
+    except (AgentFSMError, OSError) as exc:
+        print(f"agentfsm inspect: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _find(args: argparse.Namespace, events: list[AgentEvent]) -> str:
+    try:
+        return find_loop(events, args.loop)
+    except EventLogError as exc:
+        hint = "" if args.loop is not None else " with --loop ID"
+        raise EventLogError(f"{args.events}: {exc}{hint}") from None

@@ -1,0 +1,401 @@
+"""`agentfsm run`: run one agent loop on a real model and watch it happen.
+
+```text
+agentfsm run "What is 2 + 3?" --tool agentfsm.demo_tools:add --tool-choice add
+```
+
+The answer streams to the terminal as it comes; each transition and tool call
+is shown as it happens (from the event bus), progress while a local model
+loads, and at the end the path the loop took and the tokens it used. The exit
+code is 0 when the loop answered, 1 when it ended any other way (the outcome
+and the error are printed) and 2 for a bad command line (an unknown model or
+tool, a missing extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import time
+from collections.abc import Awaitable, Sequence
+from pathlib import Path
+from typing import IO, Any, Literal, TextIO
+
+import anyio
+import structlog
+
+from agentfsm import (
+    AgentEvent,
+    AgentFSMError,
+    InferenceInput,
+    InferenceOutput,
+    LoopResult,
+    ModelContext,
+    ModelRequest,
+    Runtime,
+    Tool,
+    UserMessage,
+)
+from agentfsm.events import (
+    FunctionCallCompleted,
+    FunctionCallStarted,
+    InferenceCompleted,
+    InferenceStream,
+    LoopFailed,
+    LoopIdle,
+    LoopTransition,
+    ModelAnswer,
+)
+from agentfsm.exceptions import ConfigurationError, ProviderError
+from agentfsm.messages import FunctionCallOutputItem
+from agentfsm.providers import (
+    ModelNext,
+    ModelWrapper,
+    Provider,
+    TextDelta,
+    split_model,
+)
+from agentfsm.providers.local import DEFAULT_MODEL, LoadProgress, LocalProvider
+from agentfsm.states import Outcome
+
+__all__ = ("add_parser", "load_tool", "release_tool_choice", "run")
+
+_MODES = ("auto", "required", "none")
+DEFAULT_INSTRUCTIONS = (
+    "You are a helpful assistant. Answer with the results of the tools you call."
+)
+
+
+def add_parser(commands: Any) -> None:
+    """Register `run` and its arguments."""
+    parser: argparse.ArgumentParser = commands.add_parser(
+        "run",
+        help="run one agent loop on a model and stream its answer",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+    )
+    parser.add_argument("question", help="the user message the loop starts with")
+    parser.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help=f"provider:model (default: {DEFAULT_MODEL}, the embedded local model)",
+    )
+    parser.add_argument(
+        "--stream",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="stream the answer as it is generated (default: on)",
+    )
+    parser.add_argument(
+        "--tool",
+        action="append",
+        default=[],
+        metavar="MODULE:FUNCTION",
+        help="offer a tool (a Tool or a typed function); repeatable",
+    )
+    parser.add_argument(
+        "--tool-choice",
+        metavar="auto|required|none|NAME",
+        help="auto (the default), none, or force any tool (required) or the "
+        "tool NAME until a tool has answered",
+    )
+    parser.add_argument(
+        "--then-tool-choice",
+        choices=("none", "auto"),
+        default="none",
+        help="the tool choice once a forced tool has answered (default: none, "
+        "so the model answers)",
+    )
+    parser.add_argument(
+        "--instructions",
+        default=DEFAULT_INSTRUCTIONS,
+        help=f"the system prompt (default: {DEFAULT_INSTRUCTIONS!r})",
+    )
+    parser.add_argument(
+        "--max-turns", type=int, default=8, help="most model requests (default: 8)"
+    )
+    parser.add_argument(
+        "--max-output-tokens",
+        type=int,
+        default=256,
+        help="most tokens per model request (default: 256)",
+    )
+    parser.add_argument(
+        "--events", metavar="FILE.jsonl", help="write every event to a JSON-lines file"
+    )
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the loop; returns the exit code."""
+    # The library logs through structlog and never configures it: keep the
+    # terminal for the loop's own output.
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
+    try:
+        tools = [load_tool(spec) for spec in args.tool]
+        request = _request(args, tools)
+    except ConfigurationError as exc:
+        return _error(f"error: {exc}", 2)
+    try:
+        return anyio.run(_run, args, request)
+    except KeyboardInterrupt:
+        return _error("interrupted", 130)
+
+
+def load_tool(spec: str) -> Tool:
+    """The tool named by `module:function` (a `Tool`, or a typed function to wrap).
+
+    Raises:
+        ConfigurationError: the module or the attribute does not exist.
+    """
+    module_name, sep, attribute = spec.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ConfigurationError(f"--tool {spec!r} must be 'module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigurationError(f"--tool {spec!r}: cannot import: {exc}") from exc
+    found = getattr(module, attribute, None)
+    if isinstance(found, Tool):
+        return found
+    if not callable(found):
+        raise ConfigurationError(f"--tool {spec!r}: {module_name} has no {attribute!r}")
+    return Tool.from_function(found)
+
+
+def _request(args: argparse.Namespace, tools: Sequence[Tool]) -> InferenceInput:
+    split_model(args.model)  # a name without a prefix fails here, clearly
+    choice = args.tool_choice
+    named = choice is not None and choice not in _MODES
+    if named and not any(t.name == choice for t in tools):
+        offered = ", ".join(t.name for t in tools) or "none (use --tool)"
+        raise ConfigurationError(
+            f"--tool-choice {choice!r} names no tool offered (offered: {offered})"
+        )
+    if args.max_turns < 1 or args.max_output_tokens < 1:
+        raise ConfigurationError("--max-turns and --max-output-tokens must be >= 1")
+    return InferenceInput(
+        model=args.model,
+        context=ModelContext(instructions=args.instructions),
+        tools=tuple(tools),
+        tool_choice=choice,
+        streaming=args.stream,
+        max_output_tokens=args.max_output_tokens,
+    )
+
+
+def release_tool_choice(then: Literal["auto", "none"] = "none") -> ModelWrapper:
+    """A model wrapper that forces the tool choice only until a tool has answered.
+
+    A request that forces a tool (`required` or a name) would force it on every
+    turn, and the loop would never answer. Once the context holds a tool output
+    after the last user message, the request goes out with `tool_choice=then`:
+    `"none"` makes the model answer now (small models, given the choice, tend
+    to call the tool again and again); `"auto"` lets it choose, as the OpenAI
+    Agents SDK's `reset_tool_choice` does.
+
+    Example:
+        ```python
+        runtime.run_loop("agent", "2 + 3?", request, model_wrappers=[release_tool_choice()])
+        ```
+    """
+
+    def release(request: ModelRequest, next: ModelNext) -> Awaitable[InferenceOutput]:
+        inference = request.input
+        if inference.tool_choice in (None, "auto", "none"):
+            return next(request)
+        for item in reversed(inference.context.items):
+            if isinstance(item, UserMessage):
+                break
+            if isinstance(item, FunctionCallOutputItem):
+                released = inference.model_copy(update={"tool_choice": then})
+                return next(request.model_copy(update={"input": released}))
+        return next(request)
+
+    return release
+
+
+def _error(message: str, code: int) -> int:
+    print(message, file=sys.stderr)
+    return code
+
+
+async def _run(args: argparse.Namespace, request: InferenceInput) -> int:
+    providers: dict[str, Provider] = {}
+    try:
+        if split_model(request.model)[0] == "local":
+            providers["local"] = await _load_local(request.model)
+        async with Runtime(providers=providers) as runtime:
+            events_file = _EventFile(Path(args.events)) if args.events else None
+            try:
+                result = await _watch(runtime, args, request, events_file)
+            finally:
+                if events_file is not None:
+                    events_file.close()
+    except (ConfigurationError, ProviderError) as exc:
+        return _error(f"error: {exc}", 2)
+    except (OSError, AgentFSMError) as exc:
+        return _error(f"error: {exc}", 1)
+    return _summary(result)
+
+
+async def _load_local(model: str) -> LocalProvider:
+    """A local provider with `model` loaded, showing progress meanwhile."""
+    loading = _LoadDisplay(sys.stderr, live=sys.stderr.isatty())
+    local = LocalProvider(on_progress=loading)
+    if not loading.live:
+        await local.load(model)
+        return local
+    failure: Exception | None = None
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(loading.tick)
+        try:
+            await local.load(model)
+        except Exception as exc:  # noqa: BLE001 - re-raised below, unwrapped
+            failure = exc
+        tg.cancel_scope.cancel()
+    if failure is not None:
+        raise failure
+    return local
+
+
+async def _watch(
+    runtime: Runtime,
+    args: argparse.Namespace,
+    request: InferenceInput,
+    events_file: _EventFile | None,
+) -> LoopResult:
+    display = _Display(sys.stdout)
+    # Subscribe before the loop starts so no event is missed; backpressure, so
+    # the event file gets every event however fast the model streams.
+    with runtime.bus.subscribe("*", backpressure=True) as events:
+        loop_id = runtime.run_loop(
+            "cli",
+            args.question,
+            request,
+            max_turns=args.max_turns,
+            model_wrappers=[release_tool_choice(args.then_tool_choice)],
+        )
+        async for event in events:
+            if events_file is not None:
+                events_file.write(event)
+            display.show(event)
+            if isinstance(event, LoopIdle):
+                break
+    return await runtime.wait(loop_id)
+
+
+def _summary(result: LoopResult) -> int:
+    print(f"\npath: {' -> '.join(result.states)}")
+    usage = result.usage
+    print(
+        f"tokens: {usage.input_tokens} in + {usage.output_tokens} out = "
+        f"{usage.total_tokens} total, over {result.model_requests} model request(s) "
+        f"and {result.tool_calls} tool call(s)"
+    )
+    print(f"outcome: {result.outcome}")
+    if result.outcome is Outcome.answered:
+        return 0
+    detail = f"{result.error.type}: {result.error.message}" if result.error else None
+    return _error(f"loop {result.outcome}: {detail or result.reason or 'no answer'}", 1)
+
+
+class _EventFile:
+    """Writes each event as one JSON line.
+
+    Kept apart so it can give way to `Runtime(event_log=...)`. Writes are
+    buffered and small, so they do not hold up the event loop.
+    """
+
+    __slots__ = ("_file",)
+
+    def __init__(self, path: Path) -> None:
+        self._file: IO[str] = path.open("w", encoding="utf-8")
+
+    def write(self, event: AgentEvent) -> None:
+        self._file.write(event.model_dump_json() + "\n")
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class _Display:
+    """Shows a loop's events as they come: transitions, tool calls, streamed text."""
+
+    __slots__ = ("_out", "_streamed", "_text_open")
+
+    def __init__(self, out: TextIO) -> None:
+        self._out = out
+        self._text_open = False  # a line of streamed text is being written
+        self._streamed = False  # the current answer arrived as chunks
+
+    def _line(self, text: str) -> None:
+        if self._text_open:
+            self._out.write("\n")
+            self._text_open = False
+        self._out.write(text + "\n")
+        self._out.flush()
+
+    def show(self, event: AgentEvent) -> None:
+        """Print what `event` tells, if anything."""
+        match event:
+            case InferenceStream(delta=TextDelta(text=text)):
+                if not self._text_open:
+                    self._out.write("model: ")
+                    self._text_open = self._streamed = True
+                self._out.write(text)
+                self._out.flush()
+            case LoopTransition():
+                self._line(f"[{event.source} --{event.trigger}--> {event.dest}]")
+            case InferenceCompleted() if event.output.finish_reason == "length":
+                self._line("(the output was cut at the token limit)")
+            case FunctionCallStarted():
+                self._line(f"  call {event.call.name}({event.call.arguments})")
+            case FunctionCallCompleted():
+                status = "error" if event.output.is_error else "->"
+                self._line(
+                    f"  {event.call.name} {status} {event.output.output} "
+                    f"({event.duration * 1000:.0f} ms)"
+                )
+            case ModelAnswer() if not self._streamed:
+                self._line(f"model: {event.message.content}")
+            case LoopFailed():
+                self._line(f"failed: {event.error_type}: {event.message}")
+            case _:
+                pass
+
+
+class _LoadDisplay:
+    """Shows a local model loading: a line when it starts (with a running clock
+    on a terminal), then the time it took."""
+
+    __slots__ = ("_label", "_out", "_started", "live")
+
+    def __init__(self, out: TextIO, *, live: bool) -> None:
+        self._out = out
+        self.live = live
+        """Whether the line is rewritten in place (a terminal) to show a clock."""
+        self._label = ""
+        self._started: float | None = None
+
+    def __call__(self, progress: LoadProgress) -> None:
+        if progress.phase == "loading":
+            self._started = time.monotonic()
+            size = progress.size_bytes / 1e6
+            name = Path(progress.path).name
+            self._label = f"loading {progress.model} ({name}, {size:.0f} MB)..."
+            self._out.write(self._label)
+        else:
+            self._started = None
+            again = f"\r{self._label}" if self.live else ""
+            self._out.write(f"{again} loaded in {progress.seconds:.1f}s\n")
+        self._out.flush()
+
+    async def tick(self) -> None:
+        """Update the clock on the loading line until cancelled."""
+        while True:
+            await anyio.sleep(0.2)
+            if self._started is not None:
+                elapsed = time.monotonic() - self._started
+                self._out.write(f"\r{self._label} {elapsed:.1f}s")
+                self._out.flush()

@@ -1,0 +1,218 @@
+"""The event log: every event of every loop, one JSON object per line.
+
+`Runtime(event_log="events.jsonl")` turns it on: the runtime subscribes an
+`EventLogWriter` to its bus before the first loop starts and closes it after the
+last loop ended, so the file holds every event of every loop, the final
+`loop.idle` of loops cancelled at exit included. `read_events` gives the same
+pydantic events back:
+
+```python
+async with Runtime(providers=providers, event_log="events.jsonl") as runtime:
+    runtime.run_loop("agent-1", "hello", inference_input)
+
+for event in read_events("events.jsonl"):
+    print(event.seq, event.type)
+```
+
+`agentfsm inspect events.jsonl` shows what is in a log (see `agentfsm.timeline`).
+
+How the writer keeps every event:
+
+- Its subscription asks for `backpressure=True`: when its buffer is full, loops
+  wait for room instead of the bus dropping events for it.
+- Events reach the file in the order the bus delivered them, which keeps each
+  loop's order (`seq` 1, 2, 3, ... without holes).
+- Writes happen off the event loop: the writer takes every event waiting in its
+  buffer as one batch, and a worker thread serializes the batch, appends it and
+  flushes it to the operating system. A slow disk then delays only the writer,
+  and loops wait only when the buffer is full; one thread hop per batch (rather
+  than per event) keeps the cost low under load. Flushing hands each batch to the
+  OS, so a crash of the process loses nothing written; it does not `fsync`.
+- It is shielded from cancellation and stops only once its subscription is
+  closed and drained, so loops cancelled when the runtime exits (or when a
+  scope around it is cancelled) can still publish their last events.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from types import TracebackType
+from typing import IO, Self
+
+import anyio
+from anyio.abc import TaskGroup
+from pydantic import ValidationError
+
+from ._bus import EventBus, Subscription
+from ._logging import logger
+from .events import AgentEvent, AgentEventAdapter
+from .exceptions import EventLogError, LoopStateError
+
+__all__ = ("EventLogWriter", "read_events")
+
+_BATCH = 1000
+"""At most this many events per write (one worker-thread hop)."""
+
+
+class EventLogWriter:
+    """Appends every event a bus publishes to a JSON-lines file.
+
+    `Runtime(event_log=path)` creates and closes one for you. Used directly, it
+    must stay open until the loops it should record have ended:
+
+    ```python
+    runtime = Runtime(providers=providers)
+    async with EventLogWriter(runtime.bus, "events.jsonl"), runtime:
+        ...
+    ```
+
+    Args:
+        bus: the bus to record.
+        path: the file; it is created if missing and appended to otherwise.
+        buffer: how many events may wait for the writer before loops wait.
+
+    Raises:
+        EventLogError: on exit, when writing failed (from then on the writer
+            stopped recording, and loops never waited for it).
+    """
+
+    def __init__(
+        self, bus: EventBus, path: str | os.PathLike[str], *, buffer: int = 10_000
+    ) -> None:
+        self.bus = bus
+        self.path = os.fspath(path)
+        self.written = 0
+        """Events written so far."""
+        self._buffer = buffer
+        self._file: IO[bytes] | None = None
+        self._subscription: Subscription | None = None
+        self._tg: TaskGroup | None = None
+        self._error: Exception | None = None
+        self._closed = False
+
+    async def __aenter__(self) -> Self:
+        if self._subscription is not None:
+            raise LoopStateError("an EventLogWriter can be entered only once")
+        self._subscription = self.bus.subscribe(
+            "*", buffer=self._buffer, backpressure=True
+        )
+        try:
+            self._file = await anyio.to_thread.run_sync(_open_for_append, self.path)
+        except BaseException:
+            self._subscription.close()
+            raise
+        # The writer has a task group of its own: a runtime enters it before the
+        # loops' task group and leaves it after, so that the writer outlives every
+        # loop. In the loops' group it would be cancelled with them when an error
+        # leaves the runtime, while their cleanup still publishes.
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        self._tg = tg
+        tg.start_soon(self._run, name=f"agentfsm event log {self.path}")
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop recording, write what is still buffered, close the file.
+
+        Raises:
+            EventLogError: writing failed at some point.
+        """
+        if self._closed or self._tg is None:
+            return
+        self._closed = True
+        assert self._subscription is not None
+        assert self._file is not None
+        self._subscription.close()  # ends the writer once it has drained the buffer
+        try:
+            # The writer never raises into its group and is shielded, so this waits
+            # for it to finish even when the caller is being cancelled (the
+            # cancellation is re-raised once it has finished).
+            await self._tg.__aexit__(None, None, None)
+        finally:
+            self._file.close()  # each batch was flushed: closing does not block
+        if self._error is not None:
+            raise EventLogError(
+                f"writing the event log {self.path} failed after {self.written} "
+                f"events: {type(self._error).__name__}: {self._error}"
+            ) from self._error
+
+    async def _run(self) -> None:
+        assert self._subscription is not None
+        subscription = self._subscription
+        # Shielded: the writer stops when its subscription is closed and drained,
+        # never in the middle, so no event a loop published is lost.
+        with anyio.CancelScope(shield=True):
+            try:
+                while True:
+                    try:
+                        batch = [await subscription.receive()]
+                    except anyio.EndOfStream:
+                        return
+                    while len(batch) < _BATCH:
+                        try:
+                            batch.append(subscription.receive_nowait())
+                        except (anyio.WouldBlock, anyio.EndOfStream):
+                            break
+                    await anyio.to_thread.run_sync(self._write, batch)
+                    self.written += len(batch)
+            except Exception as exc:  # noqa: BLE001 - reported by aclose(), never into the group
+                self._error = exc
+                # Loops must never wait for a writer that stopped.
+                subscription.close()
+                logger.warning(
+                    "event_log_failed",
+                    path=self.path,
+                    error=f"{type(exc).__name__}: {exc}",
+                )
+
+    def _write(self, batch: Sequence[AgentEvent]) -> None:
+        """Serialize, append and flush one batch (runs in a worker thread)."""
+        assert self._file is not None
+        self._file.write(
+            b"".join(event.model_dump_json().encode() + b"\n" for event in batch)
+        )
+        self._file.flush()
+
+
+def _open_for_append(path: str) -> IO[bytes]:
+    return open(path, "ab")
+
+
+def read_events(path: str | os.PathLike[str]) -> Iterator[AgentEvent]:
+    """The events of an event log, in file order (each loop's in `seq` order).
+
+    Blank lines are skipped. A last line without its newline (a writer killed
+    mid-write) is skipped when it is not a whole event.
+
+    Raises:
+        EventLogError: a line is not an agentfsm event (the error names the line).
+        OSError: the file cannot be read.
+    """
+    name = os.fspath(path)
+    with open(name, "rb") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield AgentEventAdapter.validate_json(line)
+            except ValidationError as exc:
+                if not line.endswith(b"\n"):
+                    return  # a torn last line
+                raise EventLogError(
+                    f"{name}, line {number}: not an agentfsm event: {_first_error(exc)}"
+                ) from exc
+
+
+def _first_error(exc: ValidationError) -> str:
+    error = exc.errors(include_url=False)[0]
+    where = ".".join(str(part) for part in error["loc"])
+    return f"{where}: {error['msg']}" if where else error["msg"]

@@ -1,0 +1,159 @@
+"""Helpers the vendor providers share: schemas, tool choice, errors, call ids.
+
+Nothing here imports a vendor SDK; each provider module maps its SDK's types
+and exceptions onto these.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Mapping
+from typing import Any, Final
+
+from pydantic import BaseModel
+from pydantic_core import from_json
+
+from agentfsm.exceptions import ProviderError
+from agentfsm.messages import FunctionCallItem
+
+__all__ = (
+    "TOOL_CHOICE_MODES",
+    "count",
+    "env",
+    "error_detail",
+    "new_call_id",
+    "retryable_status",
+    "schema_name",
+    "status_error",
+    "strict_compatible",
+    "structured_schema",
+    "tool_input",
+)
+
+TOOL_CHOICE_MODES: Final = frozenset({"auto", "required", "none"})
+"""`InferenceInput.tool_choice` values that are modes; anything else names a tool."""
+
+_RETRYABLE_STATUS: Final = frozenset({408, 409, 425, 429})
+_NAME_CHARS: Final = re.compile(r"[^a-zA-Z0-9_-]+")
+
+
+def env(name: str) -> str | None:
+    """The environment variable `name`, or `None` when it is unset or empty."""
+    return os.environ.get(name) or None
+
+
+def count(obj: object, name: str) -> int:
+    """An integer attribute of an SDK object, 0 when it is missing or `None`.
+
+    Compatible servers leave out fields that the SDK types call required, and
+    the SDKs build their objects without validating them.
+    """
+    value = getattr(obj, name, None)
+    return value if isinstance(value, int) else 0
+
+
+def error_detail(body: object, fallback: str) -> tuple[str | None, str]:
+    """`(type or code, message)` from an API error body, or `(None, fallback)`.
+
+    Reads `{"message", "type", "code"}` and `{"error": {...}}` alike.
+    """
+    if isinstance(body, dict):
+        error = body.get("error", body)
+        if isinstance(error, dict):
+            message = error.get("message")
+            kind = error.get("type") or error.get("code")
+            return (
+                str(kind) if kind else None,
+                message if isinstance(message, str) and message else fallback,
+            )
+    return None, fallback
+
+
+def new_call_id() -> str:
+    """A call id for a function call the server sent without one."""
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def retryable_status(status: int) -> bool:
+    """Whether an HTTP status is transient: timeouts, conflicts, rate limits, 5xx."""
+    return status in _RETRYABLE_STATUS or status >= 500
+
+
+def status_error(
+    vendor: str, status: int, kind: str | None, message: str
+) -> ProviderError:
+    """A `ProviderError` for an HTTP error answer, retryable when it is transient."""
+    detail = f"{kind}: {message}" if kind else message
+    return ProviderError(
+        f"{vendor} answered HTTP {status}: {detail}",
+        retryable=retryable_status(status),
+        status_code=status,
+    )
+
+
+def schema_name(output: type[BaseModel] | Mapping[str, Any]) -> str:
+    """The name a structured-output schema is sent under (`[a-zA-Z0-9_-]{1,64}`)."""
+    if isinstance(output, Mapping):
+        title = output.get("title")
+        raw = title if isinstance(title, str) else "output"
+    else:
+        raw = output.__name__
+    return _NAME_CHARS.sub("_", raw).strip("_")[:64] or "output"
+
+
+def structured_schema(output: type[BaseModel] | Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON schema of a structured output: a model's, or the mapping as given."""
+    if isinstance(output, Mapping):
+        return dict(output)
+    return output.model_json_schema()
+
+
+def strict_compatible(schema: Any) -> bool:
+    """Whether a JSON schema already meets OpenAI's strict mode as it is.
+
+    Strict mode wants every object closed (`additionalProperties: false`) with
+    every property required, and no `$ref` beside other keywords. A schema that
+    falls short is sent non-strict rather than changed, since changing it (making
+    an optional parameter required, say) would change what the model may send.
+    """
+    if not isinstance(schema, dict):
+        return isinstance(schema, bool)
+    if "$ref" in schema and len(schema) > 1:
+        return False
+    properties = schema.get("properties")
+    if schema.get("type") == "object" or properties is not None:
+        if schema.get("additionalProperties") is not False:
+            return False
+        if not isinstance(properties, dict):
+            properties = {}
+        if set(schema.get("required", ())) != set(properties):
+            return False
+    for key in _SCHEMA_MAPS:
+        if not all(strict_compatible(sub) for sub in schema.get(key, {}).values()):
+            return False
+    for key in _SCHEMA_LISTS:
+        if not all(strict_compatible(sub) for sub in schema.get(key, ())):
+            return False
+    return all(
+        strict_compatible(schema[key]) for key in _SCHEMA_VALUES if key in schema
+    )
+
+
+_SCHEMA_MAPS: Final = ("properties", "$defs", "definitions", "patternProperties")
+_SCHEMA_LISTS: Final = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_VALUES: Final = ("items", "not", "if", "then", "else", "contains")
+
+
+def tool_input(call: FunctionCallItem) -> dict[str, Any]:
+    """A call's arguments as a JSON object (`{}` when the text is not one).
+
+    Arguments cut off by a token limit are not valid JSON; the loop answered
+    such a call with an error output, and the call still has to be sent back.
+    """
+    try:
+        value = from_json(call.arguments or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}

@@ -1,0 +1,271 @@
+"""Requests and responses of llama-cpp-python's OpenAI-shaped chat API.
+
+Pure functions, no llama-cpp-python import: `request_kwargs` builds the
+keyword arguments of `Llama.create_chat_completion` for an `InferenceInput`;
+`completion_output` reads a chat completion back; `ChunkAssembler` reads a
+stream of chunks as deltas and assembles the output. `agentfsm.providers.local`
+uses them, and re-exports them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from agentfsm.exceptions import ConfigurationError
+from agentfsm.messages import (
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    ModelMessageItem,
+    OutputItem,
+    ReasoningItem,
+    TokenUsage,
+    UserMessage,
+)
+from agentfsm.providers import (
+    InferenceInput,
+    InferenceOutput,
+    StreamEvent,
+    TextDelta,
+    ToolCallDelta,
+)
+from agentfsm.providers._common import structured_schema
+
+__all__ = (
+    "ChunkAssembler",
+    "chat_messages",
+    "completion_output",
+    "request_kwargs",
+)
+
+
+def chat_messages(request: InferenceInput) -> list[dict[str, Any]]:
+    """The request's instructions and context as OpenAI-shaped chat messages.
+
+    Function calls join the assistant message before them (content `""`, never
+    `None`); tool outputs become user messages naming the call, since the
+    `chatml-function-calling` template drops the content of `tool` messages.
+    With tools there is always a system message, since the template lists the
+    tools in it. Reasoning items are not sent.
+    """
+    messages: list[dict[str, Any]] = []
+    if request.context.instructions or request.tools:
+        system = request.context.instructions or ""
+        messages.append({"role": "system", "content": system})
+    names: dict[str, str] = {}
+    for item in request.context.items:
+        if isinstance(item, UserMessage):
+            messages.append({"role": "user", "content": item.content})
+        elif isinstance(item, ModelMessageItem):
+            messages.append({"role": "assistant", "content": item.content})
+        elif isinstance(item, FunctionCallItem):
+            names[item.call_id] = item.name
+            last = messages[-1] if messages else None
+            if last is None or last["role"] != "assistant":
+                last = {"role": "assistant", "content": ""}
+                messages.append(last)
+            last.setdefault("tool_calls", []).append(
+                {
+                    "id": item.call_id,
+                    "type": "function",
+                    "function": {"name": item.name, "arguments": item.arguments},
+                }
+            )
+        elif isinstance(item, FunctionCallOutputItem):
+            name = names.get(item.call_id, "the tool")
+            what = "Error from" if item.is_error else "Result of"
+            messages.append(
+                {"role": "user", "content": f"{what} {name}: {item.output}"}
+            )
+        else:
+            assert isinstance(item, ReasoningItem)
+    return messages
+
+
+def _tool_choice(request: InferenceInput) -> str | dict[str, Any]:
+    choice = request.tool_choice or "auto"
+    if choice in ("auto", "none"):
+        return choice
+    if choice == "required":
+        # chatml-function-calling has no `required`: force the only tool, or let
+        # the model choose among several.
+        if len(request.tools) == 1:
+            return {"type": "function", "function": {"name": request.tools[0].name}}
+        return "auto"
+    if request.tool_named(choice) is None:
+        offered = ", ".join(t.name for t in request.tools) or "none"
+        raise ConfigurationError(
+            f"tool_choice {choice!r} names no tool of the request (offered: {offered})"
+        )
+    return {"type": "function", "function": {"name": choice}}
+
+
+def request_kwargs(request: InferenceInput) -> dict[str, Any]:
+    """The keyword arguments of `Llama.create_chat_completion` for a request.
+
+    Raises:
+        ConfigurationError: `tool_choice` names a tool the request does not offer.
+    """
+    kwargs: dict[str, Any] = {"messages": chat_messages(request)}
+    tool_choice: str | dict[str, Any] = "none"
+    if request.tools:
+        kwargs["tools"] = [
+            {"type": "function", "function": t.definition.model_dump()}
+            for t in request.tools
+        ]
+        tool_choice = _tool_choice(request)
+        kwargs["tool_choice"] = tool_choice
+    if request.max_output_tokens is not None:
+        kwargs["max_tokens"] = request.max_output_tokens
+    if request.structured_output is not None and tool_choice == "none":
+        # llama-cpp-python spells a JSON-schema answer `json_object` + `schema`
+        # and turns it into a grammar (only when no tool may be called).
+        kwargs["response_format"] = {
+            "type": "json_object",
+            "schema": structured_schema(request.structured_output),
+        }
+    return kwargs
+
+
+def _usage(usage: Any) -> TokenUsage | None:
+    if not isinstance(usage, dict):
+        return None
+    return TokenUsage(
+        input_tokens=int(usage.get("prompt_tokens") or 0),
+        output_tokens=int(usage.get("completion_tokens") or 0),
+    )
+
+
+def _output_items(
+    content: str, calls: list[tuple[str, str, str]]
+) -> tuple[OutputItem, ...]:
+    items: list[OutputItem] = []
+    if content or not calls:
+        items.append(ModelMessageItem(content=content))
+    items.extend(
+        FunctionCallItem(call_id=call_id, name=name, arguments=arguments)
+        for call_id, name, arguments in calls
+    )
+    return tuple(items)
+
+
+def completion_output(response: dict[str, Any]) -> InferenceOutput:
+    """Our output for a (non-streaming) OpenAI-shaped chat completion."""
+    choice = response["choices"][0]
+    message = choice.get("message") or {}
+    calls = [
+        (
+            call.get("id") or f"call_{index}",
+            call["function"]["name"],
+            call["function"].get("arguments") or "",
+        )
+        for index, call in enumerate(message.get("tool_calls") or ())
+    ]
+    return InferenceOutput(
+        items=_output_items(message.get("content") or "", calls),
+        token_usage=_usage(response.get("usage")),
+        raw_response=response,
+        finish_reason=choice.get("finish_reason"),
+    )
+
+
+class ChunkAssembler:
+    """Turns OpenAI-shaped chat completion chunks into deltas and an output.
+
+    Tool-call chunks repeat the call's id and name: they are set, never
+    appended; only the arguments are appended.
+
+    Example:
+        ```python
+        assembler = ChunkAssembler()
+        for chunk in chunks:
+            deltas.extend(assembler.add(chunk))
+        output = assembler.output()
+        ```
+    """
+
+    __slots__ = ("_calls", "_text", "finish_reason", "model", "response_id", "usage")
+
+    def __init__(self) -> None:
+        self._text: list[str] = []
+        self._calls: dict[int, list[str]] = {}  # index -> [id, name, arguments]
+        self.finish_reason: str | None = None
+        self.usage: TokenUsage | None = None
+        self.response_id: str | None = None
+        self.model: str | None = None
+
+    def add(self, chunk: dict[str, Any]) -> list[StreamEvent]:
+        """Take one chunk; return the deltas it carries."""
+        self.response_id = self.response_id or chunk.get("id")
+        self.model = self.model or chunk.get("model")
+        if chunk.get("usage"):
+            self.usage = _usage(chunk["usage"])
+        deltas: list[StreamEvent] = []
+        for choice in chunk.get("choices") or ():
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                self._text.append(delta["content"])
+                deltas.append(TextDelta(text=delta["content"]))
+            for call in delta.get("tool_calls") or ():
+                deltas.extend(self._add_call(call))
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+        return deltas
+
+    def _add_call(self, call: dict[str, Any]) -> list[StreamEvent]:
+        index = int(call.get("index") or 0)
+        function = call.get("function") or {}
+        arguments = function.get("arguments") or ""
+        known = self._calls.get(index)
+        if known is None:
+            known = self._calls[index] = [
+                call.get("id") or f"call_{index}",
+                function.get("name") or "",
+                arguments,
+            ]
+            return [
+                ToolCallDelta(
+                    index=index, call_id=known[0], name=known[1], arguments=arguments
+                )
+            ]
+        known[0] = call.get("id") or known[0]
+        known[1] = function.get("name") or known[1]
+        known[2] += arguments
+        return [ToolCallDelta(index=index, arguments=arguments)] if arguments else []
+
+    def cut(self) -> None:
+        """Mark the output as cut at the token limit."""
+        self.finish_reason = "length"
+
+    def output(self, usage: TokenUsage | None = None) -> InferenceOutput:
+        """The completed output (`usage` when the chunks carried none)."""
+        calls = [tuple(self._calls[i]) for i in sorted(self._calls)]
+        content = "".join(self._text)
+        usage = self.usage or usage
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = [
+                {"id": c, "type": "function", "function": {"name": n, "arguments": a}}
+                for c, n, a in calls
+            ]
+        raw = {
+            "id": self.response_id,
+            "object": "chat.completion",
+            "model": self.model,
+            "choices": [
+                {"index": 0, "message": message, "finish_reason": self.finish_reason}
+            ],
+            "usage": None
+            if usage is None
+            else {
+                "prompt_tokens": usage.input_tokens,
+                "completion_tokens": usage.output_tokens,
+                "total_tokens": usage.total_tokens,
+            },
+        }
+        return InferenceOutput(
+            items=_output_items(content, [(c, n, a) for c, n, a in calls]),
+            token_usage=usage,
+            raw_response=json.loads(json.dumps(raw)),
+            finish_reason=self.finish_reason,
+        )

@@ -1,0 +1,294 @@
+"""`agentfsm inspect` and `agentfsm.timeline`: the loops of a log, one loop's timeline."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import anyio
+import pytest
+
+from agentfsm import (
+    LoopState,
+    LoopStatus,
+    Pause,
+    PendingTransition,
+    Rewrite,
+    Runtime,
+    TokenUsage,
+    Trigger,
+)
+from agentfsm.cli import main
+from agentfsm.diagrams import render_path_mermaid
+from agentfsm.eventlog import EventLogWriter, read_events
+from agentfsm.events import FunctionCallCompleted, LoopStarted
+from agentfsm.exceptions import EventLogError
+from agentfsm.testing import ScriptedProvider, call, calls, text
+from agentfsm.timeline import build_timeline, find_loop, format_table, summarize
+from tests.helpers import request
+from tests.test_path_diagrams import needs_dot
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+TABLE = """\
+LOOP    AGENT       OUTCOME    TURNS  TOOL CALLS  TOKENS  DURATION
+loop-1  calculator  answered       2           1      61    0.230s
+loop-2  reviewer    cancelled      1           0      25    0.090s
+2 loops
+"""
+
+TIMELINE = """\
+loop loop-1
+  agent     calculator
+  outcome   answered
+  totals    2 model requests, 1 tool call, 61 tokens (50 in, 11 out)
+  started   2025-01-01 12:00:00.010+00:00, lasted 0.230s
+  path      idle -> context_update -> inference -> function_call -> inference_streaming -> model_message -> idle
+
+time in state
+  idle                   2x     0.020s
+  context_update         1x     0.020s
+  inference              1x     0.030s
+  inference_streaming    1x     0.080s
+  function_call          1x     0.040s
+  model_message          1x     0.030s
+
+timeline
+    +0.000s  started      "What is 2 + 3?" on scripted:test
+    +0.010s  intercepted  idle --start--> context_update: proceed [handler 0]
+    +0.020s  transition   #1 idle --start--> context_update  [0.020s in idle]
+    +0.030s  intercepted  context_update --infer--> inference: proceed [handler 0]
+    +0.040s  transition   #2 context_update --infer--> inference  [0.020s in context_update]
+    +0.050s  inference    scripted:test; calls add({"a":2,"b":3}); 20 in + 5 out tokens
+    +0.060s  intercepted  inference --call_tools--> function_call: proceed [handler 0]
+    +0.070s  transition   #3 inference --call_tools--> function_call  [0.030s in inference]
+    +0.090s  tool         add({"a":2,"b":3}) -> 5  [0.004s]
+    +0.100s  intercepted  function_call --infer_streaming--> inference_streaming: rewrite; payload request to scripted:test [handler 0]
+    +0.110s  transition   #4 function_call --infer_streaming--> inference_streaming (rewritten from inference)  [0.040s in function_call]
+    +0.170s  inference    scripted:test (streamed, 5 chunks); message "2 + 3 = <5>"; 30 in + 6 out tokens
+    +0.180s  intercepted  inference_streaming --answer--> model_message: proceed [handler 0]
+    +0.190s  transition   #5 inference_streaming --answer--> model_message  [0.080s in inference_streaming]
+    +0.200s  answer       "2 + 3 = <5>"
+    +0.210s  intercepted  model_message --finish--> idle: proceed [handler 0]
+    +0.220s  transition   #6 model_message --finish--> idle  [0.030s in model_message]
+    +0.230s  idle         answered
+
+answer
+  2 + 3 = <5>
+"""
+
+PAUSED_ROWS = (
+    (
+        "    +0.060s  intercepted  inference --call_tools--> function_call: pause "
+        "(approval required) [handler 0]"
+    ),
+    (
+        "    +0.070s  paused       before inference --call_tools--> function_call: "
+        "approval required"
+    ),
+    "    +0.080s  transition   #3 inference --cancel--> idle  [0.040s in inference]",
+    "    +0.090s  idle         cancelled (the runtime closed while the loop was paused)",
+)
+
+
+def stream_after_tools(pending: PendingTransition) -> Rewrite | None:
+    if pending.source is LoopState.function_call and pending.trigger is Trigger.infer:
+        return Rewrite(dest=LoopState.inference_streaming)
+    return None
+
+
+def pause_tools(pending: PendingTransition) -> Pause | None:
+    return Pause("approval required") if pending.trigger is Trigger.call_tools else None
+
+
+def script() -> ScriptedProvider:
+    return ScriptedProvider(
+        [
+            calls(
+                call("add", call_id="c1", a=2, b=3),
+                usage=TokenUsage(input_tokens=20, output_tokens=5),
+            ),
+            text("2 + 3 = <5>", usage=TokenUsage(input_tokens=30, output_tokens=6)),
+        ]
+    )
+
+
+async def record(log: Path) -> list[str]:
+    """Two loops: one answers after a rewritten transition, one is paused until exit."""
+    async with Runtime(providers={"scripted": script()}, event_log=log) as runtime:
+        return [
+            runtime.run_loop(
+                "calculator", "What is 2 + 3?", request(), stream_after_tools
+            ),
+            runtime.run_loop("reviewer", "Add <b>1</b> & 1", request(), pause_tools),
+        ]
+
+
+def normalize(raw: Path, out: Path, loop_ids: list[str]) -> None:
+    """The log with fixed ids (`loop-1`...), times (10 ms per event) and tool durations."""
+    names = {loop_id: f"loop-{i + 1}" for i, loop_id in enumerate(loop_ids)}
+    start = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
+    lines = []
+    for event in read_events(raw):
+        name = names[event.loop_id]
+        update: dict[str, object] = {
+            "loop_id": name,
+            "event_id": f"{name}:{event.seq}",
+            "ts": start + timedelta(milliseconds=10 * event.seq),
+        }
+        if isinstance(event, FunctionCallCompleted):
+            update["duration"] = 0.004
+        lines.append(event.model_copy(update=update).model_dump_json())
+    out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def recorded_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A log written by a scripted run, made deterministic."""
+    folder = tmp_path_factory.mktemp("inspect")
+    raw, log = folder / "raw.jsonl", folder / "events.jsonl"
+    loop_ids = anyio.run(record, raw)
+    normalize(raw, log, loop_ids)
+    return log
+
+
+def inspect(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(["inspect", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_table(recorded_log: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`inspect FILE`: one line per loop with agent, outcome, turns, calls, tokens, time."""
+    assert inspect(capsys, str(recorded_log)) == (0, TABLE, "")
+
+
+def test_timeline(recorded_log: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--loop ID`: transitions with times, time per state, tools, decisions, answer."""
+    assert inspect(capsys, str(recorded_log), "--loop", "loop-1") == (0, TIMELINE, "")
+
+
+def test_timeline_of_a_loop_paused_until_exit(
+    recorded_log: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The pause decision, the pause and the cancellation at exit are in the timeline."""
+    code, out, _ = inspect(capsys, str(recorded_log), "--loop", "loop-2")
+    assert code == 0
+    lines = out.splitlines()
+    assert '    +0.000s  started      "Add <b>1</b> & 1" on scripted:test' in lines
+    for row in PAUSED_ROWS:
+        assert row in lines
+    assert "answer" not in lines
+
+
+def test_long_values_are_shortened(
+    recorded_log: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--width N` cuts long values to N characters, with an ellipsis."""
+    code, out, _ = inspect(
+        capsys, str(recorded_log), "--loop", "loop-1", "--width", "12"
+    )
+    assert code == 0
+    assert (
+        '    +0.050s  inference    scripted:test; calls add({"a":2,…; 20 in + 5 out tokens'
+        in (out.splitlines())
+    )
+
+
+def test_ambiguous_or_unknown_loop(
+    recorded_log: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A prefix matching several loops, or none, is an error listing the loops."""
+    code, out, err = inspect(capsys, str(recorded_log), "--loop", "loop")
+    assert (code, out) == (1, "")
+    assert "2 loops start with 'loop': loop-1, loop-2; give more of the id" in err
+    code, _, err = inspect(capsys, str(recorded_log), "--loop", "zzz")
+    assert code == 1
+    assert "no loop starts with 'zzz' (loops: loop-1, loop-2)" in err
+
+
+def test_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A log that does not exist: exit 1 and the OS error."""
+    code, _, err = inspect(capsys, str(tmp_path / "nope.jsonl"))
+    assert code == 1
+    assert "No such file or directory" in err
+
+
+def test_find_loop_by_unique_prefix() -> None:
+    """The full id or a unique start of it picks the loop; `None` the only one."""
+    events = [started(i) for i in ("0197-aaa", "0197-abb", "0198-ccc")]
+    assert find_loop(events, "0197-ab") == "0197-abb"
+    assert find_loop(events, "0198") == "0198-ccc"
+    assert find_loop(events, "0197-aaa") == "0197-aaa"
+    with pytest.raises(EventLogError, match="say which one"):
+        find_loop(events)
+    assert find_loop(events[:1]) == "0197-aaa"
+
+
+def started(loop_id: str) -> LoopStarted:
+    return LoopStarted(
+        event_id=f"{loop_id}:1",
+        loop_id=loop_id,
+        agent_id="agent",
+        seq=1,
+        state=LoopState.idle,
+        message=None,
+        model="scripted:test",
+        streaming=False,
+    )
+
+
+@needs_dot
+def test_html_page(
+    recorded_log: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--html`: one page with the SVG path inline and the timeline, text escaped."""
+    page_file = tmp_path / "loop.html"
+    code, out, _ = inspect(
+        capsys, str(recorded_log), "--loop", "loop-2", "--html", str(page_file)
+    )
+    assert (code, out) == (0, f"wrote {page_file} (loop loop-2)\n")
+    page = page_file.read_text(encoding="utf-8")
+    assert page.startswith("<!DOCTYPE html>")
+    assert page.count("<svg") == 1
+    assert "<?xml" not in page
+    svg = page[page.index("<svg") : page.index("</svg>") + len("</svg>")]
+    titles = {
+        g.findtext(f"{SVG}title")
+        for g in ET.fromstring(svg).iter(f"{SVG}g")
+        if g.get("class") == "node"
+    }
+    assert {"idle", "context_update", "inference"} <= titles
+    assert "&quot;Add &lt;b&gt;1&lt;/b&gt; &amp; 1&quot;" in page
+    assert "<b>1</b>" not in page
+    assert "cancelled (the runtime closed while the loop was paused)" in page
+
+
+async def test_a_log_closed_while_a_loop_is_paused(tmp_path: Path) -> None:
+    """A log that ends with a loop paused: the table, timeline and diagram say so."""
+    log = tmp_path / "events.jsonl"
+    async with Runtime(providers={"scripted": script()}) as runtime:
+        async with EventLogWriter(runtime.bus, log):
+            loop_id = runtime.run_loop("reviewer", "2+3?", request(), pause_tools)
+            await anyio.wait_all_tasks_blocked()
+        runtime.cancel(loop_id)
+    events = list(read_events(log))
+    [summary] = summarize(events)
+    assert (summary.status, summary.outcome, summary.model_requests) == (
+        LoopStatus.paused,
+        None,
+        1,
+    )
+    assert summary.usage == TokenUsage(input_tokens=20, output_tokens=5)
+    assert " (paused) " in format_table([summary])
+    timeline = build_timeline(events, loop_id)
+    assert timeline.path.status is LoopStatus.paused
+    assert [(t.state, t.visits) for t in timeline.states] == [
+        (LoopState.idle, 1),
+        (LoopState.context_update, 1),
+        (LoopState.inference, 1),
+    ]
+    assert "  inference --> function_call: call_tools (pending)" in (
+        render_path_mermaid(timeline.path).splitlines()
+    )
