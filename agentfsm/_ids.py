@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import random
 import time
 
 _last_ms = 0
@@ -23,7 +23,8 @@ def uuid7() -> str:
         _counter += 1
         if _counter > 0xFFF:
             _last_ms, _counter = _last_ms + 1, 0
-    rand = int.from_bytes(os.urandom(8)) & 0x3FFF_FFFF_FFFF_FFFF
+    # Uniqueness, not secrecy: the module's generator is reseeded after a fork.
+    rand = random.getrandbits(62)
     value = (_last_ms << 80) | (0x7 << 76) | (_counter << 64) | (0b10 << 62) | rand
     h = f"{value:032x}"
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"

@@ -77,8 +77,35 @@ def current_loop_id() -> str | None:
     return _current_loop.get()
 
 
-_S = LoopState
-_T = Trigger
+class _S:
+    """`LoopState` members as plain class attributes: the hot path compares states
+    many times per step, and looking members up on the enum class costs ~5x more."""
+
+    idle: Final = LoopState.idle
+    context_update: Final = LoopState.context_update
+    inference: Final = LoopState.inference
+    inference_streaming: Final = LoopState.inference_streaming
+    function_call: Final = LoopState.function_call
+    model_message: Final = LoopState.model_message
+
+
+class _T:
+    """`Trigger` members as plain class attributes (see `_S`)."""
+
+    start: Final = Trigger.start
+    infer: Final = Trigger.infer
+    infer_streaming: Final = Trigger.infer_streaming
+    call_tools: Final = Trigger.call_tools
+    answer: Final = Trigger.answer
+    steer: Final = Trigger.steer
+    stop: Final = Trigger.stop
+    follow_up: Final = Trigger.follow_up
+    finish: Final = Trigger.finish
+    abort: Final = Trigger.abort
+    fail: Final = Trigger.fail
+    cancel: Final = Trigger.cancel
+
+
 _new = object.__new__
 _setattr = object.__setattr__
 _NO_USAGE: Final = TokenUsage()
@@ -188,8 +215,8 @@ class Loop:
         self._request: InferenceInput = inference_input
         self._metadata: RequestMetadata | None = None
         self._scan = ContextScan()
-        self._steering: deque[UserMessage] = deque()
-        self._follow_ups: deque[UserMessage] = deque()
+        self._steering: deque[UserMessage] | None = None  # made on first use
+        self._follow_ups: deque[UserMessage] | None = None
         self._last_tools: list[str] = []
         self._truncated = False
         self._structured_failures = 0
@@ -595,7 +622,14 @@ class Loop:
 
     def queue(self, message: UserMessage, *, follow_up: bool) -> None:
         """Queue a steering or follow-up message for this loop."""
-        (self._follow_ups if follow_up else self._steering).append(message)
+        if follow_up:
+            if self._follow_ups is None:
+                self._follow_ups = deque()
+            self._follow_ups.append(message)
+        else:
+            if self._steering is None:
+                self._steering = deque()
+            self._steering.append(message)
 
     @staticmethod
     def _drain(queue: deque[UserMessage], mode: QueueMode) -> tuple[UserMessage, ...]:

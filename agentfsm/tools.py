@@ -19,7 +19,7 @@ Example:
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
 from contextvars import ContextVar
 from functools import partial
 from typing import (
@@ -163,6 +163,7 @@ class Tool:
     """
 
     __slots__ = (
+        "_aliases",
         "_args_model",
         "_is_async",
         "definition",
@@ -199,6 +200,10 @@ class Tool:
         self.execution_mode = execution_mode
         self._is_async = inspect.iscoroutinefunction(function)
         self._args_model = _arguments_model(function, self.name)
+        self._aliases = tuple(
+            (name, field.alias or name)
+            for name, field in self._args_model.model_fields.items()
+        )
         schema = self._args_model.model_json_schema()
         schema.pop("title", None)
         doc = inspect.getdoc(function) or ""
@@ -247,10 +252,8 @@ class Tool:
                 f"{format_validation_error(exc)}",
                 tool=self.name,
             ) from exc
-        return {
-            field.alias or name: getattr(model, name)
-            for name, field in type(model).model_fields.items()
-        }
+        values = model.__dict__  # fields in parameter order, named p0, p1, ...
+        return {alias: values[name] for name, alias in self._aliases}
 
     async def invoke(self, arguments: str | Mapping[str, Any]) -> ToolResult:
         """Validate the arguments, run the function and return its result.
@@ -263,9 +266,21 @@ class Tool:
         kwargs = self.validate_arguments(arguments)
         if self.timeout is None:
             return ToolResult.of(await self._call(kwargs))
-        # A bare CancelScope is what fail_after builds, without its generator.
-        with anyio.CancelScope(deadline=anyio.current_time() + self.timeout) as scope:
-            result = await self._call(kwargs)
+        with anyio.CancelScope() as scope:
+            if self._is_async:
+                # Take the coroutine's first step inside the scope but before arming
+                # its deadline: most async tools finish without waiting on anything
+                # and need no timer, and arming one was the largest cost of a call.
+                coro = self.function(**kwargs)
+                try:
+                    first = coro.send(None)
+                except StopIteration as done:
+                    return ToolResult.of(done.value)
+                scope.deadline = anyio.current_time() + self.timeout
+                result = await _Resume(coro, first)
+            else:
+                scope.deadline = anyio.current_time() + self.timeout
+                result = await self._call(kwargs)
         if scope.cancelled_caught:
             raise ToolTimeout(
                 f"tool {self.name!r} timed out after {self.timeout:g}s", tool=self.name
@@ -286,6 +301,40 @@ class Tool:
                 tool=self.name,
             )
         return result
+
+
+class _Resume:
+    """Awaits a coroutine that was already started (its first step taken).
+
+    This is what `await coro` does, from the second step on: every value the
+    coroutine yields goes up to the event loop, and whatever the event loop
+    sends or throws (cancellation included) goes back down into it.
+    """
+
+    __slots__ = ("_coro", "_first")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], first: Any) -> None:
+        self._coro = coro
+        self._first = first
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro, value = self._coro, self._first
+        while True:
+            try:
+                sent = yield value
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:  # noqa: BLE001 - forwarded into the coroutine
+                try:
+                    value = coro.throw(exc)
+                except StopIteration as done:
+                    return done.value
+            else:
+                try:
+                    value = coro.send(sent)
+                except StopIteration as done:
+                    return done.value
 
 
 def _arguments_model(function: ToolFunction, name: str) -> type[BaseModel]:

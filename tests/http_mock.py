@@ -11,6 +11,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any, Self, cast
 
+import anyio
 import httpx2
 
 from agentfsm import InferenceOutput
@@ -34,17 +35,10 @@ def sse_response(
             and Messages APIs do; Chat Completions does not).
         done: end with `data: [DONE]` (Chat Completions does).
     """
-    lines: list[str] = []
-    for event in events:
-        if named:
-            lines.append(f"event: {event['type']}\n")
-        lines.append(f"data: {json.dumps(event)}\n\n")
-    if done:
-        lines.append("data: [DONE]\n\n")
     return httpx2.Response(
         200,
         headers={"content-type": "text/event-stream"},
-        content="".join(lines).encode(),
+        content=sse_bytes(events, named=named, done=done),
     )
 
 
@@ -53,6 +47,52 @@ def raw_of(output: InferenceOutput) -> dict[str, Any]:
     raw = output.raw_response
     assert isinstance(raw, dict)
     return cast("dict[str, Any]", raw)
+
+
+class HangingBody:
+    """A streamed body that sends its first bytes and then never ends.
+
+    A class rather than an async generator: an abandoned generator would be
+    reported on trio when it is collected.
+    """
+
+    def __init__(self, first: bytes) -> None:
+        self._first: bytes | None = first
+
+    def __aiter__(self) -> HangingBody:
+        return self
+
+    async def __anext__(self) -> bytes:
+        first, self._first = self._first, None
+        if first is not None:
+            return first
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+
+def sse_bytes(
+    events: Sequence[dict[str, Any]], *, named: bool = True, done: bool = False
+) -> bytes:
+    """SSE text for the payloads (see `sse_response`)."""
+    lines: list[str] = []
+    for event in events:
+        if named:
+            lines.append(f"event: {event['type']}\n")
+        lines.append(f"data: {json.dumps(event)}\n\n")
+    if done:
+        lines.append("data: [DONE]\n\n")
+    return "".join(lines).encode()
+
+
+def hanging_sse(
+    events: Sequence[dict[str, Any]], *, named: bool = True
+) -> httpx2.Response:
+    """A `text/event-stream` answer sending `events`, then nothing, forever."""
+    return httpx2.Response(
+        200,
+        headers={"content-type": "text/event-stream"},
+        content=HangingBody(sse_bytes(events, named=named)),
+    )
 
 
 class MockAPI:
@@ -65,13 +105,17 @@ class MockAPI:
     def __init__(self, *answers: Answer) -> None:
         self._answers = list(answers)
         self.requests: list[httpx2.Request] = []
+        self.responses: list[httpx2.Response] = []
+        """The answers served, in order (to check they were closed)."""
         self.http = httpx2.AsyncClient(transport=httpx2.MockTransport(self._handle))
 
     def _handle(self, request: httpx2.Request) -> httpx2.Response:
         self.requests.append(request)
         assert self._answers, f"unexpected request: {request.method} {request.url}"
         answer = self._answers.pop(0)
-        return answer if isinstance(answer, httpx2.Response) else answer(request)
+        response = answer if isinstance(answer, httpx2.Response) else answer(request)
+        self.responses.append(response)
+        return response
 
     @property
     def bodies(self) -> list[dict[str, Any]]:

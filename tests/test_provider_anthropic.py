@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import httpx2
 import pytest
 from anthropic import AsyncAnthropic
@@ -40,7 +41,7 @@ from agentfsm.providers import (
 from agentfsm.providers.anthropic import AnthropicProvider
 from agentfsm.testing import assert_path
 from tests.helpers import add
-from tests.http_mock import MockAPI, json_response, raw_of, sse_response
+from tests.http_mock import MockAPI, hanging_sse, json_response, raw_of, sse_response
 
 MODEL = "anthropic:claude-sonnet-4-6"
 SIGNATURE = "EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxBdjrkzLoky3dl1pkiMOYds"
@@ -573,6 +574,29 @@ class TestStreaming:
             with pytest.raises(ProviderError, match="Bad input") as caught:
                 await collect(provider_of(api), make_request())
         assert caught.value.retryable is False
+
+
+async def test_cancelled_stream_closes_the_response() -> None:
+    """Cancelling mid-stream closes the HTTP response and propagates."""
+    # message_start, ping, content_block_start, the first text_delta; then silence.
+    answer = hanging_sse(stream_events([streamed_text("Once")])[:4])
+    async with MockAPI(answer) as api:
+        with anyio.CancelScope() as scope:
+            async with provider_of(api).stream(make_request()) as stream:
+                assert await anext(stream) == TextDelta(text="Once")
+                scope.cancel()
+                await anext(stream)  # waits on the body: cancelled
+        assert scope.cancelled_caught
+        assert api.responses[0].is_closed
+
+
+async def test_stream_closed_early_closes_the_response() -> None:
+    """Leaving the stream after one delta closes the HTTP response."""
+    events = stream_events([streamed_text("a", "b", "c")])
+    async with MockAPI(sse_response(events)) as api:
+        async with provider_of(api).stream(make_request()) as stream:
+            assert await anext(stream) == TextDelta(text="a")
+        assert api.responses[0].is_closed
 
 
 # ======================================================================= errors

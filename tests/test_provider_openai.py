@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import anyio
 import httpx2
 import pytest
 from openai import AsyncOpenAI
@@ -42,7 +43,7 @@ from agentfsm.providers import (
 from agentfsm.providers.openai import OpenAIChatProvider, OpenAIResponsesProvider
 from agentfsm.testing import assert_path
 from tests.helpers import add
-from tests.http_mock import MockAPI, json_response, raw_of, sse_response
+from tests.http_mock import MockAPI, hanging_sse, json_response, raw_of, sse_response
 
 ADD_SCHEMA = {
     "additionalProperties": False,
@@ -1203,6 +1204,45 @@ class TestErrors:
                 await provider_of(kind, api).complete(make_request())
         assert caught.value.retryable is True
         assert caught.value.status_code is None
+
+
+# ================================================================ cancellation
+
+
+@pytest.mark.parametrize("kind", PROVIDERS)
+async def test_cancelled_stream_closes_the_response(kind: Factory) -> None:
+    """Cancelling a loop mid-stream closes the HTTP response and propagates."""
+    if kind is OpenAIResponsesProvider:
+        first: dict[str, Any] = {
+            "type": "response.output_text.delta",
+            "item_id": "msg_1",
+            "output_index": 0,
+            "content_index": 0,
+            "delta": "Once",
+            "logprobs": [],
+            "sequence_number": 0,
+        }
+        answer = hanging_sse([first])
+    else:
+        answer = hanging_sse([chunk({"content": "Once"})], named=False)
+    async with MockAPI(answer) as api:
+        provider = provider_of(kind, api)
+        with anyio.CancelScope() as scope:
+            async with provider.stream(make_request()) as stream:
+                assert await anext(stream) == TextDelta(text="Once")
+                scope.cancel()
+                await anext(stream)  # waits on the body: cancelled
+        assert scope.cancelled_caught
+        assert api.responses[0].is_closed
+
+
+async def test_stream_closed_early_closes_the_response() -> None:
+    """Leaving the stream after one delta closes the HTTP response."""
+    events = [chunk({"content": "a"}), chunk({"content": "b"}), chunk({}, "stop")]
+    async with MockAPI(sse_response(events, named=False, done=True)) as api:
+        async with chat_provider(api).stream(make_request()) as stream:
+            assert await anext(stream) == TextDelta(text="a")
+        assert api.responses[0].is_closed
 
 
 # ================================================================ configuration

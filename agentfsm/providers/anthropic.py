@@ -1,7 +1,7 @@
 """The Anthropic provider: Claude through the Messages API.
 
 Install with `pip install 'agentfsm[anthropic]'`; `anthropic:<model>`
-(`anthropic:claude-sonnet-4-5`) is built in and reads `ANTHROPIC_API_KEY` (or
+(`anthropic:claude-sonnet-4-6`) is built in and reads `ANTHROPIC_API_KEY` (or
 `ANTHROPIC_AUTH_TOKEN`) and `ANTHROPIC_BASE_URL`.
 
 | agentfsm                       | Messages API                                            |
@@ -54,40 +54,23 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
         "pip install 'agentfsm[anthropic]'"
     ) from exc
 
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any, Final, Literal, Self, TypeAlias, assert_never
+from typing import Any, Final, Literal, Self, TypeAlias
 
 import anyio
-from anthropic import AsyncAnthropic, transform_schema
-from anthropic.lib.streaming import AsyncMessageStream
+from anthropic import AsyncAnthropic
+from anthropic.lib.streaming import AsyncMessageStream, ParsedMessageStreamEvent
 from anthropic.types import (
     InputJSONDelta,
-    Message,
     RawContentBlockDeltaEvent,
     RawContentBlockStartEvent,
-    RedactedThinkingBlock,
-    TextBlock,
-    ThinkingBlock,
     ThinkingDelta,
     ToolUseBlock,
-    Usage,
 )
 from anthropic.types import TextDelta as AnthropicTextDelta
-from pydantic import BaseModel
-from pydantic_core import to_json
 
 from agentfsm.exceptions import ConfigurationError, ProviderError, ProviderTimeout
-from agentfsm.messages import (
-    ContextItem,
-    FunctionCallItem,
-    FunctionCallOutputItem,
-    ModelMessageItem,
-    OutputItem,
-    ReasoningItem,
-    TokenUsage,
-    UserMessage,
-)
 from agentfsm.providers import (
     InferenceInput,
     InferenceOutput,
@@ -98,14 +81,8 @@ from agentfsm.providers import (
     ToolCallDelta,
     split_model,
 )
-from agentfsm.providers._common import (
-    count,
-    env,
-    error_detail,
-    status_error,
-    structured_schema,
-    tool_input,
-)
+from agentfsm.providers import _anthropic_messages as mapping
+from agentfsm.providers._common import env, error_detail, status_error
 
 __all__ = (
     "DEFAULT_MAX_TOKENS",
@@ -133,20 +110,9 @@ ThinkingMode: TypeAlias = Literal["budget", "adaptive"]
 _VENDOR: Final = "Anthropic"
 _CLOSE_TIMEOUT: Final = 5.0
 _OFF: Final = frozenset({"none", "off", "disabled"})
-_REDACTED: Final = "anthropic-redacted-thinking:"
-"""Prefix of `encrypted_content` holding a `redacted_thinking` block's data
-(no signature starts with it), so it goes back as the block it came as."""
 _RETRYABLE_TYPES: Final = frozenset(
     {"overloaded_error", "rate_limit_error", "api_error"}
 )
-_FINISH_REASONS: Final[Mapping[str, str]] = {
-    "end_turn": "stop",
-    "stop_sequence": "stop",
-    "tool_use": "tool_calls",
-    "max_tokens": "length",
-    "model_context_window_exceeded": "length",
-    "refusal": "content_filter",
-}
 _ADAPTIVE_EFFORTS: Final[Mapping[str, str]] = {"minimal": "low"}
 
 
@@ -244,7 +210,7 @@ class AnthropicProvider:
         """
         params: dict[str, Any] = {
             "model": split_model(request.model)[1],
-            "messages": _messages_of(request.context.items),
+            "messages": mapping.messages_of(request.context.items),
         }
         max_tokens = request.max_output_tokens or self._default_max_tokens
         if request.context.instructions:
@@ -259,35 +225,47 @@ class AnthropicProvider:
                 for t in request.tools
             ]
         if request.tool_choice is not None:
-            params["tool_choice"] = _tool_choice(request.tool_choice)
+            params["tool_choice"] = mapping.tool_choice(request.tool_choice)
         output_config: dict[str, Any] = {}
-        effort = request.reasoning_effort
-        if effort is not None:
-            if effort in _OFF:
-                params["thinking"] = {"type": "disabled"}
-            elif self._thinking == "adaptive":
-                params["thinking"] = {"type": "adaptive"}
-                output_config["effort"] = _ADAPTIVE_EFFORTS.get(effort, effort)
-            else:
-                budget = _budget(effort)
-                if request.max_output_tokens is None:
-                    max_tokens = budget + self._default_max_tokens
-                elif budget >= max_tokens:
-                    raise ConfigurationError(
-                        f"the thinking budget for reasoning_effort {effort!r} "
-                        f"({budget} tokens) must be below max_output_tokens "
-                        f"({max_tokens})"
-                    )
-                params["thinking"] = {"type": "enabled", "budget_tokens": budget}
+        if request.reasoning_effort is not None:
+            thinking, effort, max_tokens = self._thinking_of(
+                request.reasoning_effort, request.max_output_tokens
+            )
+            params["thinking"] = thinking
+            if effort is not None:
+                output_config["effort"] = effort
         if request.structured_output is not None:
             output_config["format"] = {
                 "type": "json_schema",
-                "schema": _output_schema(request.structured_output),
+                "schema": mapping.output_schema(request.structured_output),
             }
         if output_config:
             params["output_config"] = output_config
         params["max_tokens"] = max_tokens
         return params
+
+    def _thinking_of(
+        self, effort: str, max_output_tokens: int | None
+    ) -> tuple[dict[str, Any], str | None, int]:
+        """`(thinking, output_config effort, max_tokens)` for a reasoning effort."""
+        max_tokens = max_output_tokens or self._default_max_tokens
+        if effort in _OFF:
+            return {"type": "disabled"}, None, max_tokens
+        if self._thinking == "adaptive":
+            return (
+                {"type": "adaptive"},
+                _ADAPTIVE_EFFORTS.get(effort, effort),
+                max_tokens,
+            )
+        budget = _budget(effort)
+        if max_output_tokens is None:
+            max_tokens = budget + self._default_max_tokens  # thinking counts toward it
+        elif budget >= max_tokens:
+            raise ConfigurationError(
+                f"the thinking budget for reasoning_effort {effort!r} "
+                f"({budget} tokens) must be below max_output_tokens ({max_tokens})"
+            )
+        return {"type": "enabled", "budget_tokens": budget}, None, max_tokens
 
     async def complete(self, request: InferenceInput, /) -> InferenceOutput:
         """Send the request and map the whole message.
@@ -299,7 +277,7 @@ class AnthropicProvider:
         params = self.request_params(request)
         with _mapped_errors():
             message = await self._client.messages.create(**params)
-        return _output_of(message)
+        return mapping.output_of(message)
 
     @asynccontextmanager
     async def stream(
@@ -325,74 +303,7 @@ class AnthropicProvider:
                         await events.close()
 
 
-# --------------------------------------------------------------------- requests
-
-
-def _messages_of(items: Sequence[ContextItem]) -> list[dict[str, Any]]:
-    """The context as Messages API messages (consecutive items of a role merged)."""
-    messages: list[dict[str, Any]] = []
-    for item in items:
-        role, block = _block(item)
-        if block is None:
-            continue
-        if messages and messages[-1]["role"] == role:
-            messages[-1]["content"].append(block)
-        else:
-            messages.append({"role": role, "content": [block]})
-    for message in messages:
-        if message["role"] == "user":  # tool results go before any text
-            message["content"].sort(key=lambda b: b["type"] != "tool_result")
-    return messages
-
-
-def _block(item: ContextItem) -> tuple[str, dict[str, Any] | None]:
-    if isinstance(item, UserMessage):
-        return "user", _text(item.content)
-    if isinstance(item, ModelMessageItem):
-        return "assistant", _text(item.content or item.refusal or "")
-    if isinstance(item, ReasoningItem):
-        secret = item.encrypted_content
-        if secret is None:
-            return "assistant", None
-        if secret.startswith(_REDACTED):
-            return "assistant", {
-                "type": "redacted_thinking",
-                "data": secret.removeprefix(_REDACTED),
-            }
-        return "assistant", {
-            "type": "thinking",
-            "thinking": item.content,
-            "signature": secret,
-        }
-    if isinstance(item, FunctionCallItem):
-        return "assistant", {
-            "type": "tool_use",
-            "id": item.call_id,
-            "name": item.name,
-            "input": tool_input(item),
-        }
-    if isinstance(item, FunctionCallOutputItem):
-        result: dict[str, Any] = {
-            "type": "tool_result",
-            "tool_use_id": item.call_id,
-            "content": item.output,
-        }
-        if item.is_error:
-            result["is_error"] = True
-        return "user", result
-    assert_never(item)
-
-
-def _text(text: str) -> dict[str, Any] | None:
-    return {"type": "text", "text": text} if text.strip() else None
-
-
-def _tool_choice(choice: str) -> dict[str, Any]:
-    if choice == "required":
-        return {"type": "any"}
-    if choice in ("auto", "none"):
-        return {"type": choice}
-    return {"type": "tool", "name": choice}
+# --------------------------------------------------------------------- helpers
 
 
 def _budget(effort: str) -> int:
@@ -408,93 +319,12 @@ def _budget(effort: str) -> int:
         ) from None
 
 
-def _output_schema(output: type[BaseModel] | dict[str, Any]) -> dict[str, Any]:
-    if isinstance(output, dict):
-        return structured_schema(output)
-    return transform_schema(output)
-
-
-# ---------------------------------------------------------------------- outputs
-
-
-def _output_of(message: Message) -> InferenceOutput:
-    """A complete `Message` as an `InferenceOutput`."""
-    items: list[OutputItem] = []
-    text: list[str] = []
-
-    def flush() -> None:
-        if text:
-            items.append(ModelMessageItem(content="".join(text)))
-            text.clear()
-
-    for block in message.content:
-        if isinstance(block, TextBlock):
-            text.append(block.text)
-            continue
-        flush()
-        if isinstance(block, ThinkingBlock):
-            items.append(
-                ReasoningItem(
-                    content=block.thinking, encrypted_content=block.signature or None
-                )
-            )
-        elif isinstance(block, RedactedThinkingBlock):
-            items.append(
-                ReasoningItem(content="", encrypted_content=_REDACTED + block.data)
-            )
-        elif isinstance(block, ToolUseBlock):
-            arguments = to_json(block.input).decode()
-            items.append(
-                FunctionCallItem(call_id=block.id, name=block.name, arguments=arguments)
-            )
-    flush()
-    stop_reason = message.stop_reason
-    if stop_reason == "refusal":
-        _mark_refusal(items, message)
-    return InferenceOutput(
-        items=tuple(items),
-        token_usage=_usage_of(message.usage),
-        raw_response=message.model_dump(mode="json", warnings=False),
-        finish_reason=None
-        if stop_reason is None
-        else _FINISH_REASONS.get(stop_reason, stop_reason),
-    )
-
-
-def _mark_refusal(items: list[OutputItem], message: Message) -> None:
-    details = getattr(message, "stop_details", None)
-    refusal = getattr(details, "explanation", None) or "the model declined to answer"
-    for index in range(len(items) - 1, -1, -1):
-        item = items[index]
-        if isinstance(item, ModelMessageItem):
-            items[index] = item.model_copy(update={"refusal": refusal})
-            return
-    items.append(ModelMessageItem(content="", refusal=refusal))
-
-
-def _usage_of(usage: Usage | None) -> TokenUsage | None:
-    """The message's token counts (input includes cache reads and writes)."""
-    if usage is None:
-        return None
-    cached = count(usage, "cache_read_input_tokens")
-    return TokenUsage(
-        input_tokens=count(usage, "input_tokens")
-        + count(usage, "cache_creation_input_tokens")
-        + cached,
-        output_tokens=count(usage, "output_tokens"),
-        reasoning_tokens=count(
-            getattr(usage, "output_tokens_details", None), "thinking_tokens"
-        ),
-        cached_input_tokens=cached,
-    )
-
-
 async def _deltas(
     events: AsyncMessageStream[Any],
 ) -> AsyncGenerator[StreamEvent, None]:
     calls: dict[int, int] = {}  # content block index -> call index, for tool_use
     with _mapped_errors():
-        async for event in events:
+        while (event := await _next(events)) is not None:
             if isinstance(event, RawContentBlockStartEvent):
                 block = event.content_block
                 if isinstance(block, ToolUseBlock):
@@ -511,7 +341,21 @@ async def _deltas(
                     if call is not None:
                         yield ToolCallDelta(index=call, arguments=delta.partial_json)
         message = await events.get_final_message()
-    yield OutputCompleted(output=_output_of(message))
+    yield OutputCompleted(output=mapping.output_of(message))
+
+
+async def _next(
+    events: AsyncMessageStream[Any],
+) -> ParsedMessageStreamEvent[Any] | None:
+    """The stream's next event, or `None` at its end.
+
+    `async for` over the stream makes an async generator (its `__aiter__`) that
+    nobody closes when the stream is closed early; `__anext__` makes none.
+    """
+    try:
+        return await events.__anext__()
+    except StopAsyncIteration:
+        return None
 
 
 @contextmanager
