@@ -130,7 +130,20 @@ async def _run_call(
     truncated: bool,
 ) -> Outcome:
     started = time.perf_counter()
-    result = await _result(loop, batch, call, tools, truncated)
+    denial = batch.denied.get(call.call_id)
+    tool = tools.get(call.name)
+    if denial is not None:
+        result = ToolResult.error(f"the call was denied: {denial}")
+    elif truncated:
+        result = ToolResult.error(TRUNCATED)
+    elif tool is None and loop._tool_chain is None:
+        result = ToolResult.error(_unknown(call, tools))
+    else:
+        loop._emit(ev.FunctionCallStarted, call=call)
+        loop.tool_calls += 1
+        if tool is not None:
+            loop._last_tools.append(tool.name)
+        result = await _invoke(loop, call, tool, tools)
     values = {
         "type": "function_call_output",
         "call_id": call.call_id,
@@ -151,32 +164,14 @@ async def _run_call(
     return out, result.terminate
 
 
-async def _result(
-    loop: Loop,
-    batch: ToolBatch,
-    call: FunctionCallItem,
-    tools: Mapping[str, Tool],
-    truncated: bool,
+async def _invoke(
+    loop: Loop, call: FunctionCallItem, tool: Tool | None, tools: Mapping[str, Tool]
 ) -> ToolResult:
-    denial = batch.denied.get(call.call_id)
-    if denial is not None:
-        return ToolResult.error(f"the call was denied: {denial}")
-    if truncated:
-        return ToolResult.error(TRUNCATED)
-    tool = tools.get(call.name)
-    chain = loop._tool_chain
-    if tool is None and chain is None:
-        offered = ", ".join(sorted(tools)) or "none"
-        return ToolResult.error(
-            f"unknown tool {call.name!r} (available tools: {offered})"
-        )
-    loop._emit(ev.FunctionCallStarted, call=call)
-    loop.tool_calls += 1
-    if tool is not None:
-        loop._last_tools.append(tool.name)
+    """Run one call (through the wrappers, if any); every error becomes a result."""
     progress = _Progress(loop, call.call_id)
     token = _progress.set(progress)
     try:
+        chain = loop._tool_chain
         if chain is None:
             assert tool is not None
             return await tool.invoke(call.arguments)
@@ -189,10 +184,7 @@ async def _result(
         )
         return ToolResult.of(await chain(tool_call))
     except UnknownTool:
-        offered = ", ".join(sorted(tools)) or "none"
-        return ToolResult.error(
-            f"unknown tool {call.name!r} (available tools: {offered})"
-        )
+        return ToolResult.error(_unknown(call, tools))
     except ToolError as exc:
         return ToolResult.error(str(exc))
     except Exception as exc:  # noqa: BLE001 - a raising tool (or wrapper) becomes an error output
@@ -202,3 +194,8 @@ async def _result(
     finally:
         progress.done = True
         _progress.reset(token)
+
+
+def _unknown(call: FunctionCallItem, tools: Mapping[str, Tool]) -> str:
+    offered = ", ".join(sorted(tools)) or "none"
+    return f"unknown tool {call.name!r} (available tools: {offered})"

@@ -142,10 +142,19 @@ class Subscription:
         return self
 
     async def __anext__(self) -> AgentEvent:
-        try:
-            return await self.receive()
-        except anyio.EndOfStream:
-            raise StopAsyncIteration from None
+        # `receive()`, flattened: a consumer calls this once per event.
+        buffer = self._buffer
+        while not buffer:
+            if self._closed:
+                raise StopAsyncIteration
+            waiter = self._waiter = anyio.Event()
+            await waiter.wait()
+        event = buffer.popleft()
+        space = self._space
+        if space is not None:
+            self._space = None
+            space.set()
+        return event
 
     def close(self) -> None:
         """Unsubscribe; events already buffered can still be received."""

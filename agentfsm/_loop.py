@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 import anyio
 import structlog
+from anyio import TaskHandle
 from pydantic import BaseModel, ValidationError
 from pydantic_core import from_json
 from structlog.typing import FilteringBoundLogger
@@ -61,7 +62,7 @@ from .options import LoopOptions, QueueMode, TurnSnapshot
 from .providers import InferenceInput, InferenceOutput, ModelRequest, RequestMetadata
 from .results import ErrorInfo, LoopResult, LoopStatus, LoopView, PathStep
 from .states import LoopState, Outcome, Trigger
-from .tools import format_validation_error
+from .tools import Tool, format_validation_error
 
 if TYPE_CHECKING:
     from ._bus import Subscription
@@ -107,6 +108,7 @@ class _T:
 
 
 _new = object.__new__
+_tuple_new = tuple.__new__
 _setattr = object.__setattr__
 _NO_USAGE: Final = TokenUsage()
 _BATCH_FIELDS: Final = {"kind", "calls", "denied", "awaiting_approval"}
@@ -131,6 +133,7 @@ class Loop:
         "_done",
         "_follow_ups",
         "_gated",
+        "_handle",
         "_handlers",
         "_last_tools",
         "_metadata",
@@ -143,11 +146,11 @@ class Loop:
         "_resume",
         "_runtime",
         "_scan",
-        "_scope",
         "_steering",
         "_stop_reason",
         "_structured_failures",
         "_tool_chain",
+        "_tool_index",
         "_truncated",
         "agent_id",
         "answer",
@@ -218,13 +221,14 @@ class Loop:
         self._steering: deque[UserMessage] | None = None  # made on first use
         self._follow_ups: deque[UserMessage] | None = None
         self._last_tools: list[str] = []
+        self._tool_index: tuple[Sequence[Tool], dict[str, Tool]] | None = None
         self._truncated = False
         self._structured_failures = 0
         self._stop_reason: str | None = None
         self._deadline_at: float | None = None
         self._paused: tuple[PendingTransition, int, str, LoopState] | None = None
         self._resume: tuple[Decision, int, LoopState] | None = None
-        self._scope: anyio.CancelScope | None = None
+        self._handle: TaskHandle[None] | None = None  # the running task, if any
         self._cancel_requested = False
         self._cancel_reason: str | None = None
         self._outbox: list[ev.AgentEvent] = []
@@ -292,25 +296,28 @@ class Loop:
         await self._run()
 
     async def _run(self) -> None:
+        # `Runtime.cancel` cancels the scope anyio gives each task (the task
+        # handle's); the cancellation arrives here like the runtime closing does.
         try:
             if not self._cancel_requested:
-                deadline = self._deadline()
-                with anyio.CancelScope(deadline=deadline) as scope:
-                    self._scope = scope
+                if self.options.deadline is None:
                     await self._drive()
-                self._scope = None
-                if scope.cancelled_caught and not self._cancel_requested:
-                    raise LoopTimeout(
-                        f"the loop ran past its deadline of {self.options.deadline:g}s"
-                    )
+                else:
+                    await self._drive_until_deadline()
             if self._cancel_requested and self.status is not LoopStatus.done:
                 self._end(
                     _T.cancel, Outcome.cancelled, self._cancel_reason or "cancelled"
                 )
         except anyio.get_cancelled_exc_class():
-            # The runtime is closing: end the loop as cancelled, then let it go on.
+            # Cancelled (by `Runtime.cancel` or the runtime closing): end the loop
+            # as cancelled, then let the cancellation go on.
+            reason = (
+                self._cancel_reason or "cancelled"
+                if self._cancel_requested
+                else "runtime closed"
+            )
             with anyio.CancelScope(shield=True):
-                self._end(_T.cancel, Outcome.cancelled, "runtime closed")
+                self._end(_T.cancel, Outcome.cancelled, reason)
                 await self._flush()
             raise
         except LoopAborted as exc:
@@ -324,13 +331,17 @@ class Loop:
             with anyio.CancelScope(shield=True):
                 await self._flush()
 
-    def _deadline(self) -> float:
-        """The absolute deadline of the loop (pauses count: it is set on the first run)."""
-        if self.options.deadline is None:
-            return float("inf")
+    async def _drive_until_deadline(self) -> None:
+        """`_drive` under the loop's deadline (pauses count: it is set on the first run)."""
+        assert self.options.deadline is not None
         if self._deadline_at is None:
             self._deadline_at = anyio.current_time() + self.options.deadline
-        return self._deadline_at
+        with anyio.CancelScope(deadline=self._deadline_at) as scope:
+            await self._drive()
+        if scope.cancelled_caught:
+            raise LoopTimeout(
+                f"the loop ran past its deadline of {self.options.deadline:g}s"
+            )
 
     def cancel(self, reason: str | None) -> bool:
         """Ask the loop to cancel; returns whether a task must be started to finish it."""
@@ -338,8 +349,8 @@ class Loop:
             return False
         self._cancel_requested = True
         self._cancel_reason = reason
-        if self._scope is not None:
-            self._scope.cancel()
+        if self._handle is not None:
+            self._handle.cancel()
             return False
         if self.status is LoopStatus.paused:
             self.status = LoopStatus.running
@@ -403,7 +414,7 @@ class Loop:
         dest: LoopState,
         rewritten_from: LoopState | None = None,
     ) -> None:
-        self.path.append(PathStep(source, trigger, dest, rewritten_from))
+        self.path.append(_tuple_new(PathStep, (source, trigger, dest, rewritten_from)))
         self.state = dest
         self._emit(
             ev.LoopTransition,
@@ -664,23 +675,23 @@ class Loop:
 
     async def _infer(self, payload: TransitionPayload, *, streaming: bool) -> None:
         assert isinstance(payload, InferenceInput)
-        metadata = self._metadata or RequestMetadata(len(payload.context.items))
-        values = {
-            "input": payload,
-            "metadata": metadata,
-            "streaming": streaming,
-            "loop_id": self.loop_id,
-            "agent_id": self.agent_id,
-        }
-        request = _fast.trusted(ModelRequest, values, _REQUEST_FIELDS)
         if self._model_chain is None:
-            output = await request_model(self, request)
+            output = await request_model(self, payload, streaming)
         else:
+            metadata = self._metadata or RequestMetadata(len(payload.context.items))
+            values = {
+                "input": payload,
+                "metadata": metadata,
+                "streaming": streaming,
+                "loop_id": self.loop_id,
+                "agent_id": self.agent_id,
+            }
+            request = _fast.trusted(ModelRequest, values, _REQUEST_FIELDS)
             output = await self._model_chain(request)
         self._completed(payload, output)
 
     def _request_model(self, request: ModelRequest) -> Awaitable[InferenceOutput]:
-        return request_model(self, request)
+        return request_model(self, request.input, request.streaming)
 
     def _completed(self, request: InferenceInput, output: InferenceOutput) -> None:
         self.model_requests += 1
@@ -713,8 +724,9 @@ class Loop:
         self._last_tools.clear()
         results: list[CallOutcome | None] = [None] * len(batch.calls)
         try:
-            tools = {t.name: t for t in self._request.tools}
-            await run_batch(self, batch, tools, results, truncated=self._truncated)
+            await run_batch(
+                self, batch, self._tools(), results, truncated=self._truncated
+            )
         finally:
             # Whatever happened, every call gets an output, and calls and outputs
             # enter the context together so loops sharing it never split a pair.
@@ -724,8 +736,9 @@ class Loop:
             ]
             items.extend(batch.calls)
             items.extend(outputs)
-            self.input.context.extend(items)
-        await self._finish_turn(output, outputs)
+            self._write(items)
+        if self.options.finish_turn is not None:
+            await self._finish_turn(output, outputs)
         terminate = bool(results) and all(r is not None and r[1] for r in results)
         stop = "terminated" if terminate else self._stop_check()
         if stop is not None:
@@ -738,6 +751,21 @@ class Loop:
             )
         else:
             self._next = self._infer_step()
+
+    def _tools(self) -> dict[str, Tool]:
+        """The tools of the last request by name (rebuilt only when they change)."""
+        tools = self._request.tools
+        cached = self._tool_index
+        if cached is None or cached[0] is not tools:
+            cached = self._tool_index = (tools, {t.name: t for t in tools})
+        return cached[1]
+
+    def _write(self, items: list[ContextItem]) -> None:
+        """Append to the context; items the loop writes never need a repair scan."""
+        context_items = self.input.context.items
+        before = len(context_items)
+        context_items.extend(items)
+        self._scan.skip(context_items, before, len(context_items))
 
     def _settled(
         self, call: FunctionCallItem, result: CallOutcome | None
@@ -795,13 +823,13 @@ class Loop:
                 if not isinstance(i, FunctionCallItem | ModelMessageItem)
             )
         items.append(message)
-        self.input.context.extend(items)
+        self._write(items)
         schema = self._request.structured_output
         problem = None if schema is None else self._parse(schema, message)
         if problem is None:
             self.answer = message
             self._emit(ev.ModelAnswer, message=message, parsed=_jsonable(self.parsed))
-        if output is not None:
+        if output is not None and self.options.finish_turn is not None:
             await self._finish_turn(output, ())
         stop = self._stop_check()
         if stop is not None:

@@ -24,7 +24,6 @@ from .providers import (
     ModelRequest,
     ModelWrapper,
     OutputCompleted,
-    Provider,
     RequestMetadata,
     StreamEvent,
 )
@@ -71,6 +70,14 @@ class ContextScan:
                 open_calls.pop(item.call_id, None)
         self._scanned = len(items)
         return open_calls
+
+    def skip(self, items: list[ContextItem], before: int, after: int) -> None:
+        """Mark `items[before:after]` scanned: the loop wrote them, calls with outputs.
+
+        Only when the scan had reached `before`; otherwise the next scan reads them.
+        """
+        if items is self._items and self._scanned == before:
+            self._scanned = after
 
 
 def normalized(
@@ -122,55 +129,53 @@ def _bind(wrapper: ModelWrapper, inner: ModelChain) -> ModelChain:
     return call
 
 
-async def request_model(loop: Loop, request: ModelRequest) -> InferenceOutput:
+async def request_model(
+    loop: Loop, request: InferenceInput, streaming: bool
+) -> InferenceOutput:
     """The innermost model call: the provider, with timeout and transient retries."""
     options = loop.options
     attempt = 0
     while True:
         published = loop.seq
         try:
-            return await _once(loop, request)
+            return await _once(loop, request, streaming)
         except ProviderError as exc:
-            chunks_sent = request.streaming and loop.seq != published
+            chunks_sent = streaming and loop.seq != published
             if not exc.retryable or attempt >= options.max_retries or chunks_sent:
                 raise
             delay = min(options.retry_backoff * 2**attempt, _MAX_BACKOFF)
             attempt += 1
             loop._log.warning(
-                "model_retry",
-                model=request.input.model,
-                attempt=attempt,
-                error=str(exc),
+                "model_retry", model=request.model, attempt=attempt, error=str(exc)
             )
             await anyio.sleep(delay)
 
 
-async def _once(loop: Loop, request: ModelRequest) -> InferenceOutput:
-    provider = loop._runtime.providers.resolve(request.input.model)
+async def _once(
+    loop: Loop, request: InferenceInput, streaming: bool
+) -> InferenceOutput:
+    provider = loop._runtime.providers.resolve(request.model)
     timeout = loop.options.inference_timeout
+    call = (
+        _stream(loop, provider.stream(request), request.model)
+        if streaming
+        else provider.complete(request)
+    )
     if timeout is None:
-        output = await _call(loop, provider, request)
+        output = await call
     else:
         with anyio.CancelScope(deadline=anyio.current_time() + timeout) as scope:
-            output = await _call(loop, provider, request)
+            output = await call
         if scope.cancelled_caught:
             raise ProviderTimeout(
-                f"the request to {request.input.model!r} timed out after {timeout:g}s"
+                f"the request to {request.model!r} timed out after {timeout:g}s"
             )
     if not isinstance(output, InferenceOutput):
         raise ProviderError(
-            f"provider for {request.input.model!r} returned {type(output).__name__}, "
+            f"provider for {request.model!r} returned {type(output).__name__}, "
             "not an InferenceOutput"
         )
     return output
-
-
-async def _call(
-    loop: Loop, provider: Provider, request: ModelRequest
-) -> InferenceOutput:
-    if request.streaming:
-        return await _stream(loop, provider.stream(request.input), request.input.model)
-    return await provider.complete(request.input)
 
 
 async def _stream(

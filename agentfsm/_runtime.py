@@ -150,12 +150,13 @@ class Runtime:
     def _spawn(self, loop: Loop) -> None:
         assert self._tg is not None
         self._tasks += 1
-        self._tg.start_soon(self._run_task, loop)
+        loop._handle = self._tg.start_soon(self._run_task, loop)
 
     async def _run_task(self, loop: Loop) -> None:
         try:
             await loop.run()
         finally:
+            loop._handle = None
             self._tasks -= 1
             self._cancel_paused_if_idle()
 

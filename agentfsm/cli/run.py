@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 import time
 from collections.abc import Awaitable, Sequence
 from pathlib import Path
-from typing import IO, Any, Literal, TextIO
+from typing import Any, Literal, TextIO
 
 import anyio
 import structlog
@@ -121,25 +122,34 @@ def add_parser(commands: Any) -> None:
         help="most tokens per model request (default: 256)",
     )
     parser.add_argument(
-        "--events", metavar="FILE.jsonl", help="write every event to a JSON-lines file"
+        "--events",
+        metavar="FILE.jsonl",
+        help="append every event to a JSON-lines file (see `agentfsm inspect`)",
     )
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the loop; returns the exit code."""
-    # The library logs through structlog and never configures it: keep the
-    # terminal for the loop's own output.
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
     try:
         tools = [load_tool(spec) for spec in args.tool]
         request = _request(args, tools)
     except ConfigurationError as exc:
         return _error(f"error: {exc}", 2)
+    # The library logs through structlog and never configures it; the terminal
+    # is for the loop's own output, so only warnings are logged (to stderr).
+    # The previous configuration comes back after: `main` may run in process.
+    saved = structlog.get_config()
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+    )
     try:
         return anyio.run(_run, args, request)
     except KeyboardInterrupt:
         return _error("interrupted", 130)
+    finally:
+        structlog.configure(**saved)
 
 
 def load_tool(spec: str) -> Tool:
@@ -225,16 +235,14 @@ async def _run(args: argparse.Namespace, request: InferenceInput) -> int:
     try:
         if split_model(request.model)[0] == "local":
             providers["local"] = await _load_local(request.model)
-        async with Runtime(providers=providers) as runtime:
-            events_file = _EventFile(Path(args.events)) if args.events else None
-            try:
-                result = await _watch(runtime, args, request, events_file)
-            finally:
-                if events_file is not None:
-                    events_file.close()
+        async with Runtime(providers=providers, event_log=args.events) as runtime:
+            result = await _watch(runtime, args, request, sys.stdout)
     except (ConfigurationError, ProviderError) as exc:
         return _error(f"error: {exc}", 2)
-    except (OSError, AgentFSMError) as exc:
+    except OSError as exc:  # e.g. the --events file cannot be opened
+        where = f" ({exc.filename})" if exc.filename else ""
+        return _error(f"error: {exc.strerror or exc}{where}", 1)
+    except AgentFSMError as exc:
         return _error(f"error: {exc}", 1)
     return _summary(result)
 
@@ -263,11 +271,11 @@ async def _watch(
     runtime: Runtime,
     args: argparse.Namespace,
     request: InferenceInput,
-    events_file: _EventFile | None,
+    out: TextIO,
 ) -> LoopResult:
-    display = _Display(sys.stdout)
+    display = _Display(out)
     # Subscribe before the loop starts so no event is missed; backpressure, so
-    # the event file gets every event however fast the model streams.
+    # every chunk is shown however fast the model streams.
     with runtime.bus.subscribe("*", backpressure=True) as events:
         loop_id = runtime.run_loop(
             "cli",
@@ -277,8 +285,6 @@ async def _watch(
             model_wrappers=[release_tool_choice(args.then_tool_choice)],
         )
         async for event in events:
-            if events_file is not None:
-                events_file.write(event)
             display.show(event)
             if isinstance(event, LoopIdle):
                 break
@@ -298,25 +304,6 @@ def _summary(result: LoopResult) -> int:
         return 0
     detail = f"{result.error.type}: {result.error.message}" if result.error else None
     return _error(f"loop {result.outcome}: {detail or result.reason or 'no answer'}", 1)
-
-
-class _EventFile:
-    """Writes each event as one JSON line.
-
-    Kept apart so it can give way to `Runtime(event_log=...)`. Writes are
-    buffered and small, so they do not hold up the event loop.
-    """
-
-    __slots__ = ("_file",)
-
-    def __init__(self, path: Path) -> None:
-        self._file: IO[str] = path.open("w", encoding="utf-8")
-
-    def write(self, event: AgentEvent) -> None:
-        self._file.write(event.model_dump_json() + "\n")
-
-    def close(self) -> None:
-        self._file.close()
 
 
 class _Display:

@@ -42,6 +42,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 import os
+import sys
 import threading
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
@@ -198,6 +199,13 @@ def _close_models() -> None:
                 slot.llama.close()
             finally:
                 slot.lock.release()
+    # llama-cpp-python opens /dev/null twice at import and never closes it;
+    # interpreters that show ResourceWarnings (pytest) would report it at exit.
+    utils = sys.modules.get("llama_cpp._utils")
+    for name in ("outnull_file", "errnull_file"):
+        file = getattr(utils, name, None)
+        if file is not None:
+            file.close()
 
 
 def _llama_cpp() -> Any:
@@ -293,6 +301,8 @@ def _generate(
     """Run one request on the model (blocking: run it in a worker thread)."""
     kwargs = {**kwargs, "messages": _verbatim(kwargs["messages"])}
     with slot.lock:
+        if cancelled.is_set():  # given up while waiting for the model
+            raise _Abandoned
         llama = slot.llama
         try:
             chunks = llama.create_chat_completion(**kwargs, stream=True)
@@ -300,7 +310,8 @@ def _generate(
             if _AUTO_STREAM_UNSUPPORTED not in str(exc):
                 raise
             # The model chose a tool itself, which the format cannot stream:
-            # ask again without streaming (the choice is cached) and replay.
+            # ask again without streaming (the prompt is still in the model's
+            # cache, so this costs the few tokens of the choice) and replay.
             output = completion_output(
                 llama.create_chat_completion(**kwargs, stream=False)
             )
