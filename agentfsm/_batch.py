@@ -132,18 +132,44 @@ async def _run_call(
     started = time.perf_counter()
     denial = batch.denied.get(call.call_id)
     tool = tools.get(call.name)
+    chain = loop._tool_chain
     if denial is not None:
         result = ToolResult.error(f"the call was denied: {denial}")
     elif truncated:
         result = ToolResult.error(TRUNCATED)
-    elif tool is None and loop._tool_chain is None:
+    elif tool is None and chain is None:
         result = ToolResult.error(_unknown(call, tools))
     else:
         loop._emit(ev.FunctionCallStarted, call=call)
         loop.tool_calls += 1
         if tool is not None:
             loop._last_tools.append(tool.name)
-        result = await _invoke(loop, call, tool, tools)
+        progress = _Progress(loop, call.call_id)
+        token = _progress.set(progress)
+        try:
+            if chain is None:
+                assert tool is not None
+                result = await tool.invoke(call.arguments)
+            else:
+                tool_call = ToolCall(
+                    call=call,
+                    tool=tool,
+                    arguments=call.arguments,
+                    loop_id=loop.loop_id,
+                    agent_id=loop.agent_id,
+                )
+                result = ToolResult.of(await chain(tool_call))
+        except UnknownTool:
+            result = ToolResult.error(_unknown(call, tools))
+        except ToolError as exc:
+            result = ToolResult.error(str(exc))
+        except Exception as exc:  # noqa: BLE001 - a raising tool (or wrapper) becomes an error output
+            result = ToolResult.error(
+                f"tool {call.name!r} raised {type(exc).__name__}: {exc}"
+            )
+        finally:
+            progress.done = True
+            _progress.reset(token)
     values = {
         "type": "function_call_output",
         "call_id": call.call_id,
@@ -162,38 +188,6 @@ async def _run_call(
         duration=time.perf_counter() - started,
     )
     return out, result.terminate
-
-
-async def _invoke(
-    loop: Loop, call: FunctionCallItem, tool: Tool | None, tools: Mapping[str, Tool]
-) -> ToolResult:
-    """Run one call (through the wrappers, if any); every error becomes a result."""
-    progress = _Progress(loop, call.call_id)
-    token = _progress.set(progress)
-    try:
-        chain = loop._tool_chain
-        if chain is None:
-            assert tool is not None
-            return await tool.invoke(call.arguments)
-        tool_call = ToolCall(
-            call=call,
-            tool=tool,
-            arguments=call.arguments,
-            loop_id=loop.loop_id,
-            agent_id=loop.agent_id,
-        )
-        return ToolResult.of(await chain(tool_call))
-    except UnknownTool:
-        return ToolResult.error(_unknown(call, tools))
-    except ToolError as exc:
-        return ToolResult.error(str(exc))
-    except Exception as exc:  # noqa: BLE001 - a raising tool (or wrapper) becomes an error output
-        return ToolResult.error(
-            f"tool {call.name!r} raised {type(exc).__name__}: {exc}"
-        )
-    finally:
-        progress.done = True
-        _progress.reset(token)
 
 
 def _unknown(call: FunctionCallItem, tools: Mapping[str, Tool]) -> str:

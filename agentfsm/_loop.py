@@ -668,13 +668,9 @@ class Loop:
         return (_T.infer_streaming if self.input.streaming else _T.infer, request)
 
     async def _inference(self, payload: TransitionPayload) -> None:
-        await self._infer(payload, streaming=False)
-
-    async def _inference_streaming(self, payload: TransitionPayload) -> None:
-        await self._infer(payload, streaming=True)
-
-    async def _infer(self, payload: TransitionPayload, *, streaming: bool) -> None:
+        """`inference` and `inference_streaming`: the state says which."""
         assert isinstance(payload, InferenceInput)
+        streaming = self.state is _S.inference_streaming
         if self._model_chain is None:
             output = await request_model(self, payload, streaming)
         else:
@@ -1013,7 +1009,7 @@ _StateFn: TypeAlias = Callable[[Loop, TransitionPayload], Awaitable[None]]
 _STATES: Final[dict[LoopState, _StateFn]] = {
     _S.context_update: Loop._context_update,
     _S.inference: Loop._inference,
-    _S.inference_streaming: Loop._inference_streaming,
+    _S.inference_streaming: Loop._inference,
     _S.function_call: Loop._function_call,
     _S.model_message: Loop._model_message,
 }

@@ -134,11 +134,28 @@ async def request_model(
 ) -> InferenceOutput:
     """The innermost model call: the provider, with timeout and transient retries."""
     options = loop.options
+    timeout = options.inference_timeout
     attempt = 0
     while True:
         published = loop.seq
         try:
-            return await _once(loop, request, streaming)
+            provider = loop._runtime.providers.resolve(request.model)
+            call = (
+                _stream(loop, provider.stream(request), request.model)
+                if streaming
+                else provider.complete(request)
+            )
+            if timeout is None:
+                output = await call
+            else:
+                with anyio.CancelScope(
+                    deadline=anyio.current_time() + timeout
+                ) as scope:
+                    output = await call
+                if scope.cancelled_caught:
+                    raise ProviderTimeout(
+                        f"the request to {request.model!r} timed out after {timeout:g}s"
+                    )
         except ProviderError as exc:
             chunks_sent = streaming and loop.seq != published
             if not exc.retryable or attempt >= options.max_retries or chunks_sent:
@@ -149,33 +166,13 @@ async def request_model(
                 "model_retry", model=request.model, attempt=attempt, error=str(exc)
             )
             await anyio.sleep(delay)
-
-
-async def _once(
-    loop: Loop, request: InferenceInput, streaming: bool
-) -> InferenceOutput:
-    provider = loop._runtime.providers.resolve(request.model)
-    timeout = loop.options.inference_timeout
-    call = (
-        _stream(loop, provider.stream(request), request.model)
-        if streaming
-        else provider.complete(request)
-    )
-    if timeout is None:
-        output = await call
-    else:
-        with anyio.CancelScope(deadline=anyio.current_time() + timeout) as scope:
-            output = await call
-        if scope.cancelled_caught:
-            raise ProviderTimeout(
-                f"the request to {request.model!r} timed out after {timeout:g}s"
+            continue
+        if not isinstance(output, InferenceOutput):
+            raise ProviderError(
+                f"provider for {request.model!r} returned {type(output).__name__}, "
+                "not an InferenceOutput"
             )
-    if not isinstance(output, InferenceOutput):
-        raise ProviderError(
-            f"provider for {request.model!r} returned {type(output).__name__}, "
-            "not an InferenceOutput"
-        )
-    return output
+        return output
 
 
 async def _stream(
