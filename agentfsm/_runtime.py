@@ -146,6 +146,8 @@ class Runtime:
                 # Every loop has ended: write what is buffered, close the file.
                 writer, self._event_log = self._event_log, None
                 await writer.aclose()
+            with anyio.CancelScope(shield=True):
+                await self.providers.aclose()
 
     def _spawn(self, loop: Loop) -> None:
         assert self._tg is not None

@@ -17,7 +17,9 @@ from agentfsm import (
     ModelMessageItem,
     ModelRequest,
     Outcome,
+    PendingTransition,
     ProviderError,
+    RequestMetadata,
     Rewrite,
     Runtime,
     TokenUsage,
@@ -792,6 +794,31 @@ class TestContextAndErrors:
             ("repair", 1, "lost"),
             ("history", 2, None),
         ]
+
+    async def test_handlers_see_the_request_metadata(self) -> None:
+        """An infer transition's pending carries the request's metadata."""
+        seen: list[RequestMetadata] = []
+
+        def spy(pending: PendingTransition) -> None:
+            if pending.trigger is Trigger.infer:
+                assert pending.metadata is not None
+                seen.append(pending.metadata)
+
+        context = ModelContext(
+            items=[
+                FunctionCallItem(call_id="lost", name="add", arguments="{}"),
+                UserMessage(content="hi"),
+            ]
+        )
+        async with Runtime(
+            providers={"scripted": ScriptedProvider([text("ok")])}
+        ) as rt:
+            await rt.wait(
+                rt.run_loop(
+                    "a", None, InferenceInput(model="scripted:x", context=context), spy
+                )
+            )
+        assert [s.kind for s in seen[0].sources] == ["history", "repair", "history"]
 
     async def test_structured_output_invalid_then_valid(self) -> None:
         """An invalid answer goes back with the error; the valid one is parsed."""

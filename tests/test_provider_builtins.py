@@ -132,3 +132,24 @@ def test_unknown_prefix_lists_the_builtins() -> None:
     ) as caught:
         ProviderRegistry().resolve("nope:model")
     assert "built in: openai, openai-chat, anthropic, local" in str(caught.value)
+
+
+@pytest.mark.usefixtures("keys")
+async def test_runtime_closes_the_builtin_providers_it_created() -> None:
+    """Leaving a runtime closes the default providers its registry made, not yours."""
+    closed: list[str] = []
+
+    class Mine(FunctionProvider):
+        async def aclose(self) -> None:
+            closed.append("mine")
+
+    from agentfsm import Runtime
+
+    async with Runtime(providers={"mine": Mine(lambda request: text("hi"))}) as runtime:
+        builtin = runtime.providers.resolve("openai:gpt-4.1-mini")
+        assert isinstance(builtin, OpenAIResponsesProvider)
+        client = builtin._client
+    assert client.is_closed()
+    assert closed == []
+    # A later lookup makes a fresh default provider.
+    assert runtime.providers.resolve("openai:gpt-4.1-mini") is not builtin

@@ -318,6 +318,18 @@ class ProviderRegistry:
             self._cache[model] = provider
         return provider
 
+    async def aclose(self) -> None:
+        """Close the built-in providers this registry created (their HTTP clients).
+
+        Providers registered by the caller are the caller's to close.
+        """
+        builtins, self._builtins = self._builtins, {}
+        self._cache.clear()
+        for provider in builtins.values():
+            aclose = getattr(provider, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
     def _builtin(self, prefix: str) -> Provider | None:
         if prefix not in _BUILTIN_PROVIDERS:
             return None
