@@ -503,18 +503,20 @@ class Loop:
                 case None | Proceed():
                     self._decided(source, trigger, dest, handler_index, "proceed")
                 case Rewrite():
-                    trigger, dest, payload = self._rewrite(
+                    new_trigger, new_dest, payload = self._rewrite(
                         source, trigger, dest, payload, decision
                     )
+                    # The event names the edge proposed to the handler, and its choice.
                     self._decided(
                         source,
                         trigger,
                         dest,
                         handler_index,
                         "rewrite",
-                        new_dest=dest,
+                        new_dest=new_dest,
                         payload=_event_payload(payload),
                     )
+                    trigger, dest = new_trigger, new_dest
                 case Pause(reason=reason):
                     self._decided(
                         source, trigger, dest, handler_index, "pause", reason=reason

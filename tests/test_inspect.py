@@ -64,7 +64,7 @@ timeline
     +0.060s  intercepted  inference --call_tools--> function_call: proceed [handler 0]
     +0.070s  transition   #3 inference --call_tools--> function_call  [0.030s in inference]
     +0.090s  tool         add({"a":2,"b":3}) -> 5  [0.004s]
-    +0.100s  intercepted  function_call --infer_streaming--> inference_streaming: rewrite; payload request to scripted:test [handler 0]
+    +0.100s  intercepted  function_call --infer--> inference: rewrite to inference_streaming; payload request to scripted:test [handler 0]
     +0.110s  transition   #4 function_call --infer_streaming--> inference_streaming (rewritten from inference)  [0.040s in function_call]
     +0.170s  inference    scripted:test (streamed, 5 chunks); message "2 + 3 = <5>"; 30 in + 6 out tokens
     +0.180s  intercepted  inference_streaming --answer--> model_message: proceed [handler 0]

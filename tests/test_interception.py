@@ -149,6 +149,11 @@ async def test_rewrite_infer_to_streaming() -> None:
     ]
     assert len(intercepted) == 1
     assert intercepted[0].new_dest is LoopState.inference_streaming
+    # The event names the edge the handler was offered, and the one it chose.
+    assert (intercepted[0].trigger, intercepted[0].dest) == (
+        Trigger.infer,
+        LoopState.inference,
+    )
 
 
 async def test_rewrite_the_model_for_the_next_inference() -> None:
