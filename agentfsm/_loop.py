@@ -7,36 +7,33 @@ coroutine, which leaves the next pending transition behind. A paused loop's
 task simply returns: nothing waits on its behalf, and `Runtime.resume` starts
 a new task that picks up at the same pending transition.
 
-Tool batches run in `_batch`, model requests in `_request`.
+The states run in `_states`, tool batches in `_batch`, model requests in `_request`.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Sequence
 from contextvars import ContextVar
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Final, TypeAlias
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 import structlog
 from anyio import TaskHandle
-from pydantic import BaseModel, ValidationError
-from pydantic_core import from_json
 from structlog.typing import FilteringBoundLogger
 
 from . import _fast
 from . import events as ev
-from ._batch import INTERRUPTED, chain_tool_wrappers, run_batch
-from ._batch import Outcome as CallOutcome
+from ._batch import chain_tool_wrappers
 from ._logging import logger
 from ._machine import ALLOWED, TABLE
-from ._request import ContextScan, chain_model_wrappers, normalized, request_model
+from ._request import ContextScan, chain_model_wrappers, request_model
+from ._states import _S, _T, STATES, Step
 from .exceptions import (
     LoopAborted,
     LoopTimeout,
-    StructuredOutputError,
     TransitionRejected,
 )
 from .interception import (
@@ -51,18 +48,15 @@ from .interception import (
     TransitionPayload,
 )
 from .messages import (
-    ContextItem,
-    FunctionCallItem,
-    FunctionCallOutputItem,
     ModelMessageItem,
     TokenUsage,
     UserMessage,
 )
-from .options import LoopOptions, QueueMode, TurnSnapshot
+from .options import LoopOptions
 from .providers import InferenceInput, InferenceOutput, ModelRequest, RequestMetadata
 from .results import ErrorInfo, LoopResult, LoopStatus, LoopView, PathStep
 from .states import LoopState, Outcome, Trigger
-from .tools import Tool, format_validation_error
+from .tools import Tool
 
 if TYPE_CHECKING:
     from ._bus import Subscription
@@ -70,55 +64,20 @@ if TYPE_CHECKING:
 
 __all__ = ("Loop", "current_loop_id")
 
+_new = object.__new__
+_tuple_new = tuple.__new__
+_setattr = object.__setattr__
+_NO_USAGE: Final = TokenUsage()
+_MESSAGE_TRIGGERS: Final = frozenset({_T.start, _T.steer, _T.follow_up})
+_REQUEST_TRIGGERS: Final = frozenset({_T.infer, _T.infer_streaming})
+_ANSWER_TRIGGERS: Final = frozenset({_T.answer, _T.finish})
+
 _current_loop: ContextVar[str | None] = ContextVar("agentfsm_loop_id", default=None)
 
 
 def current_loop_id() -> str | None:
     """The id of the loop whose task is running (tools and providers may ask), or None."""
     return _current_loop.get()
-
-
-class _S:
-    """`LoopState` members as plain class attributes: the hot path compares states
-    many times per step, and looking members up on the enum class costs ~5x more."""
-
-    idle: Final = LoopState.idle
-    context_update: Final = LoopState.context_update
-    inference: Final = LoopState.inference
-    inference_streaming: Final = LoopState.inference_streaming
-    function_call: Final = LoopState.function_call
-    model_message: Final = LoopState.model_message
-
-
-class _T:
-    """`Trigger` members as plain class attributes (see `_S`)."""
-
-    start: Final = Trigger.start
-    infer: Final = Trigger.infer
-    infer_streaming: Final = Trigger.infer_streaming
-    call_tools: Final = Trigger.call_tools
-    answer: Final = Trigger.answer
-    steer: Final = Trigger.steer
-    stop: Final = Trigger.stop
-    follow_up: Final = Trigger.follow_up
-    finish: Final = Trigger.finish
-    abort: Final = Trigger.abort
-    fail: Final = Trigger.fail
-    cancel: Final = Trigger.cancel
-
-
-_new = object.__new__
-_tuple_new = tuple.__new__
-_setattr = object.__setattr__
-_NO_USAGE: Final = TokenUsage()
-_BATCH_FIELDS: Final = {"kind", "calls", "denied", "awaiting_approval"}
-_REQUEST_FIELDS: Final = {"input", "metadata", "streaming", "loop_id", "agent_id"}
-
-_Step: TypeAlias = tuple[Trigger, TransitionPayload]
-
-_MESSAGE_TRIGGERS: Final = frozenset({_T.start, _T.steer, _T.follow_up})
-_REQUEST_TRIGGERS: Final = frozenset({_T.infer, _T.infer_streaming})
-_ANSWER_TRIGGERS: Final = frozenset({_T.answer, _T.finish})
 
 
 class Loop:
@@ -213,7 +172,7 @@ class Loop:
         self.error: ErrorInfo | None = None
         self.started_at = datetime.now(UTC)
         self.ended_at: datetime | None = None
-        self._next: _Step = (_T.start, message)
+        self._next: Step = (_T.start, message)
         self._output: InferenceOutput | None = None
         self._request: InferenceInput = inference_input
         self._metadata: RequestMetadata | None = None
@@ -403,7 +362,7 @@ class Loop:
                 else:
                     self._finish(Outcome.stopped, self._stop_reason or "intercepted")
                 return
-            await _STATES[dest](self, payload)
+            await STATES[dest](self, payload)
             if self._outbox:
                 await self._flush()
 
@@ -461,15 +420,6 @@ class Loop:
             return None
         names = ", ".join(sorted({c.name for c in waiting}))
         return Pause(f"approval required: {names}")
-
-    def _awaiting_approval(self, calls: Sequence[FunctionCallItem]) -> tuple[str, ...]:
-        tools = {t.name: t for t in self._request.tools}
-        return tuple(
-            c.call_id
-            for c in calls
-            if (tool := tools.get(c.name)) is not None
-            and tool.requires_approval(c.arguments)
-        )
 
     async def _intercept(
         self,
@@ -644,236 +594,10 @@ class Loop:
                 self._steering = deque()
             self._steering.append(message)
 
-    @staticmethod
-    def _drain(queue: deque[UserMessage], mode: QueueMode) -> tuple[UserMessage, ...]:
-        if mode == "one-at-a-time":
-            return (queue.popleft(),) if queue else ()
-        drained = tuple(queue)
-        queue.clear()
-        return drained
-
     # ------------------------------------------------------------------ states
-
-    async def _context_update(self, payload: TransitionPayload) -> None:
-        context = self.input.context
-        if isinstance(payload, UserMessage):
-            context.append(payload)
-        elif isinstance(payload, tuple):
-            context.extend(payload)
-        if self.path[-1].trigger is _T.start and self._steering:
-            # Steering is polled before the first request, too.
-            context.extend(self._drain(self._steering, self.options.steering_mode))
-        self._next = self._infer_step()
-
-    def _infer_step(self) -> _Step:
-        request, self._metadata = normalized(self.input, self._scan)
-        return (_T.infer_streaming if self.input.streaming else _T.infer, request)
-
-    async def _inference(self, payload: TransitionPayload) -> None:
-        """`inference` and `inference_streaming`: the state says which."""
-        assert isinstance(payload, InferenceInput)
-        streaming = self.state is _S.inference_streaming
-        if self._model_chain is None:
-            output = await request_model(self, payload, streaming)
-        else:
-            metadata = self._metadata or RequestMetadata(len(payload.context.items))
-            values = {
-                "input": payload,
-                "metadata": metadata,
-                "streaming": streaming,
-                "loop_id": self.loop_id,
-                "agent_id": self.agent_id,
-            }
-            request = _fast.trusted(ModelRequest, values, _REQUEST_FIELDS)
-            output = await self._model_chain(request)
-        self._completed(payload, output)
-
     def _request_model(self, request: ModelRequest) -> Awaitable[InferenceOutput]:
+        """The innermost link of the model wrappers' chain."""
         return request_model(self, request.input, request.streaming)
-
-    def _completed(self, request: InferenceInput, output: InferenceOutput) -> None:
-        self.model_requests += 1
-        if output.token_usage is not None:
-            self.usage = self.usage + output.token_usage
-        self._request = request
-        self._output = output
-        self._emit(ev.InferenceCompleted, model=request.model, output=output)
-        calls = output.function_calls
-        if calls:
-            # A response cut by the token limit may hold truncated arguments.
-            self._truncated = output.finish_reason == "length"
-            waiting = self._awaiting_approval(calls) if self._gated else ()
-            batch = {
-                "kind": "tool_batch",
-                "calls": calls,
-                "denied": {},
-                "awaiting_approval": waiting,
-            }
-            self._next = (_T.call_tools, _fast.trusted(ToolBatch, batch, _BATCH_FIELDS))
-        else:
-            self._next = (_T.answer, output.message or ModelMessageItem(content=""))
-
-    async def _function_call(self, payload: TransitionPayload) -> None:
-        batch = payload if isinstance(payload, ToolBatch) else ToolBatch(calls=())
-        output, self._output = self._output, None
-        items: list[ContextItem] = []
-        if output is not None:
-            items.extend(i for i in output.items if not isinstance(i, FunctionCallItem))
-        self._last_tools.clear()
-        results: list[CallOutcome | None] = [None] * len(batch.calls)
-        try:
-            await run_batch(
-                self, batch, self._tools(), results, truncated=self._truncated
-            )
-        finally:
-            # Whatever happened, every call gets an output, and calls and outputs
-            # enter the context together so loops sharing it never split a pair.
-            outputs = [
-                self._settled(call, r)
-                for call, r in zip(batch.calls, results, strict=True)
-            ]
-            items.extend(batch.calls)
-            items.extend(outputs)
-            self._write(items)
-        if self.options.finish_turn is not None:
-            await self._finish_turn(output, outputs)
-        terminate = bool(results) and all(r is not None and r[1] for r in results)
-        stop = "terminated" if terminate else self._stop_check()
-        if stop is not None:
-            self._stop_reason = stop
-            self._next = (_T.stop, None)
-        elif self._steering:
-            self._next = (
-                _T.steer,
-                self._drain(self._steering, self.options.steering_mode),
-            )
-        else:
-            self._next = self._infer_step()
-
-    def _tools(self) -> dict[str, Tool]:
-        """The tools of the last request by name (rebuilt only when they change)."""
-        tools = self._request.tools
-        cached = self._tool_index
-        if cached is None or cached[0] is not tools:
-            cached = self._tool_index = (tools, {t.name: t for t in tools})
-        return cached[1]
-
-    def _write(self, items: list[ContextItem]) -> None:
-        """Append to the context; items the loop writes never need a repair scan."""
-        context_items = self.input.context.items
-        before = len(context_items)
-        context_items.extend(items)
-        self._scan.skip(context_items, before, len(context_items))
-
-    def _settled(
-        self, call: FunctionCallItem, result: CallOutcome | None
-    ) -> FunctionCallOutputItem:
-        if result is not None:
-            return result[0]
-        out = FunctionCallOutputItem.error(call.call_id, INTERRUPTED)
-        self._emit(ev.FunctionCallCompleted, call=call, output=out, duration=0.0)
-        return out
-
-    def _stop_check(self) -> str | None:
-        """Why the loop must stop after this turn (limit or stop condition), or None."""
-        if self.model_requests >= self.options.max_turns:
-            return "max_turns"
-        if self.options.stop_when:
-            view = self.view()
-            for condition in self.options.stop_when:
-                verdict = condition(view)
-                if verdict:
-                    return verdict if isinstance(verdict, str) else "stop_condition"
-        return None
-
-    async def _finish_turn(
-        self,
-        output: InferenceOutput | None,
-        outputs: Sequence[FunctionCallOutputItem],
-    ) -> None:
-        callback = self.options.finish_turn
-        if callback is None or output is None:
-            return
-        snapshot = TurnSnapshot(
-            loop_id=self.loop_id,
-            agent_id=self.agent_id,
-            turn=self.model_requests,
-            output=output,
-            tool_outputs=tuple(outputs),
-            context=tuple(self.input.context.items),
-        )
-        result = callback(snapshot)
-        if inspect.isawaitable(result):
-            await result
-
-    async def _model_message(self, payload: TransitionPayload) -> None:
-        message = (
-            payload
-            if isinstance(payload, ModelMessageItem)
-            else ModelMessageItem(content="")
-        )
-        output, self._output = self._output, None
-        items: list[ContextItem] = []
-        if output is not None:
-            items.extend(
-                i
-                for i in output.items
-                if not isinstance(i, FunctionCallItem | ModelMessageItem)
-            )
-        items.append(message)
-        self._write(items)
-        schema = self._request.structured_output
-        problem = None if schema is None else self._parse(schema, message)
-        if problem is None:
-            self.answer = message
-            self._emit(ev.ModelAnswer, message=message, parsed=_jsonable(self.parsed))
-        if output is not None and self.options.finish_turn is not None:
-            await self._finish_turn(output, ())
-        stop = self._stop_check()
-        if stop is not None:
-            self._stop_reason = stop
-            self._next = (_T.finish, message)
-        elif problem is not None:
-            self._next = (_T.follow_up, UserMessage(content=problem))
-        elif self._steering:
-            self._next = (
-                _T.follow_up,
-                self._drain(self._steering, self.options.steering_mode),
-            )
-        elif self._follow_ups:
-            self._next = (
-                _T.follow_up,
-                self._drain(self._follow_ups, self.options.follow_up_mode),
-            )
-        else:
-            self._next = (_T.finish, message)
-
-    def _parse(
-        self, schema: type[BaseModel] | dict[str, Any], message: ModelMessageItem
-    ) -> str | None:
-        """Validate the answer; return what to tell the model when it is invalid."""
-        try:
-            if isinstance(schema, dict):
-                self.parsed = _validate_json_schema(schema, message.content)
-            else:
-                self.parsed = schema.model_validate_json(message.content)
-        except (ValidationError, ValueError) as exc:
-            error = (
-                format_validation_error(exc)
-                if isinstance(exc, ValidationError)
-                else str(exc)
-            )
-            self._structured_failures += 1
-            if self._structured_failures > self.options.structured_output_retries:
-                raise StructuredOutputError(
-                    f"the answer did not match the structured output after "
-                    f"{self._structured_failures} attempts: {error}"
-                ) from exc
-            return (
-                f"Your answer does not match the required output format: {error}. "
-                "Answer again with only the corrected JSON."
-            )
-        return None
 
     # ------------------------------------------------------------------ endings
 
@@ -1004,38 +728,3 @@ def _event_payload(payload: TransitionPayload) -> ev.EventPayload | None:
             context_items=len(payload.context.items),
         )
     return payload
-
-
-_StateFn: TypeAlias = Callable[[Loop, TransitionPayload], Awaitable[None]]
-
-_STATES: Final[dict[LoopState, _StateFn]] = {
-    _S.context_update: Loop._context_update,
-    _S.inference: Loop._inference,
-    _S.inference_streaming: Loop._inference,
-    _S.function_call: Loop._function_call,
-    _S.model_message: Loop._model_message,
-}
-
-
-def _validate_json_schema(schema: dict[str, Any], text: str) -> Any:
-    """Parse `text` as JSON and validate it against a JSON schema (needs `jsonschema`)."""
-    import jsonschema  # imported here: only loops with a JSON-schema output need it
-
-    data = from_json(text)
-    errors = sorted(
-        jsonschema.Draft202012Validator(schema).iter_errors(data),
-        key=lambda e: list(e.path),
-    )
-    if errors:
-        raise ValueError(
-            "; ".join(
-                f"{'.'.join(map(str, e.path)) or 'answer'}: {e.message}" for e in errors
-            )
-        )
-    return data
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, BaseModel):
-        return value.model_dump(mode="json")
-    return value
