@@ -7,16 +7,17 @@ coroutine, which leaves the next pending transition behind. A paused loop's
 task simply returns: nothing waits on its behalf, and `Runtime.resume` starts
 a new task that picks up at the same pending transition.
 
-The states run in `_states`, tool batches in `_batch`, model requests in `_request`.
+Handlers run in `_intercept`, the states in `_states`, tool batches in `_batch`,
+model requests in `_request`.
 """
 
 from __future__ import annotations
 
-import inspect
 from collections import deque
 from collections.abc import Awaitable, Sequence
 from contextvars import ContextVar
 from datetime import UTC, datetime
+from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
@@ -27,25 +28,19 @@ from structlog.typing import FilteringBoundLogger
 from . import _fast
 from . import events as ev
 from ._batch import chain_tool_wrappers
+from ._intercept import approval_gate, intercept
 from ._logging import logger
-from ._machine import ALLOWED, TABLE
+from ._machine import TABLE
 from ._request import ContextScan, chain_model_wrappers, request_model
 from ._states import _S, _T, STATES, Step
 from .exceptions import (
     LoopAborted,
     LoopTimeout,
-    TransitionRejected,
 )
 from .interception import (
-    Abort,
     Decision,
     InterceptionHandler,
-    Pause,
     PendingTransition,
-    Proceed,
-    Rewrite,
-    ToolBatch,
-    TransitionPayload,
 )
 from .messages import (
     ModelMessageItem,
@@ -68,9 +63,6 @@ _new = object.__new__
 _tuple_new = tuple.__new__
 _setattr = object.__setattr__
 _NO_USAGE: Final = TokenUsage()
-_MESSAGE_TRIGGERS: Final = frozenset({_T.start, _T.steer, _T.follow_up})
-_REQUEST_TRIGGERS: Final = frozenset({_T.infer, _T.infer_streaming})
-_ANSWER_TRIGGERS: Final = frozenset({_T.answer, _T.finish})
 
 _current_loop: ContextVar[str | None] = ContextVar("agentfsm_loop_id", default=None)
 
@@ -149,7 +141,7 @@ class Loop:
         self.options = options
         self._gated = any(t.needs_approval for t in inference_input.tools)
         if self._gated:
-            handlers = (self._approval_gate, *handlers)
+            handlers = (partial(approval_gate, self), *handlers)
         self._handlers = tuple(handlers)
         self._tool_chain = chain_tool_wrappers(options.tool_wrappers)
         self._model_chain = (
@@ -344,7 +336,7 @@ class Loop:
             dest = TABLE[source, trigger]
             original: LoopState | None = None
             if self._handlers or self._resume is not None:
-                decided = await self._intercept(source, trigger, dest, payload)
+                decided = await intercept(self, source, trigger, dest, payload)
                 if decided is None:
                     return  # paused
                 trigger, new_dest, payload, original = decided
@@ -381,204 +373,6 @@ class Loop:
             trigger=trigger,
             dest=dest,
             rewritten_from=rewritten_from,
-        )
-
-    # ------------------------------------------------------------------ interception
-
-    def _pending(
-        self,
-        source: LoopState,
-        trigger: Trigger,
-        dest: LoopState,
-        payload: TransitionPayload,
-    ) -> PendingTransition:
-        return PendingTransition(
-            loop_id=self.loop_id,
-            agent_id=self.agent_id,
-            seq=self.seq + 1,
-            source=source,
-            trigger=trigger,
-            dest=dest,
-            payload=payload,
-            model_requests=self.model_requests,
-            tool_calls=self.tool_calls,
-            usage=self.usage,
-            metadata=self._metadata if trigger in _REQUEST_TRIGGERS else None,
-        )
-
-    def _approval_gate(self, pending: PendingTransition) -> Decision | None:
-        """Pause a batch holding calls that need approval (runs as the first handler).
-
-        The batch lists them in `awaiting_approval`; resuming approves every one
-        the resuming decision did not deny.
-        """
-        batch = pending.payload
-        if pending.trigger is not _T.call_tools or not isinstance(batch, ToolBatch):
-            return None
-        waiting = [c for c in batch.calls if c.call_id in batch.awaiting_approval]
-        if not waiting:
-            return None
-        names = ", ".join(sorted({c.name for c in waiting}))
-        return Pause(f"approval required: {names}")
-
-    async def _intercept(
-        self,
-        source: LoopState,
-        trigger: Trigger,
-        dest: LoopState,
-        payload: TransitionPayload,
-    ) -> tuple[Trigger, LoopState, TransitionPayload, LoopState] | None:
-        """Run the handlers; return the edge to take, or None when the loop paused."""
-        original = dest
-        start = 0
-        resumed: Decision | None = None
-        if self._resume is not None:
-            resumed, start, original = self._resume
-            self._resume = None
-        stop = (
-            len(self._handlers)
-            if resumed is None
-            else max(len(self._handlers), start + 1)
-        )
-        for index in range(start, stop):
-            if resumed is not None:
-                decision: Decision | None = resumed
-                handler_index = -1
-                resumed = None
-            else:
-                pending = self._pending(source, trigger, dest, payload)
-                decision = await _call_handler(self._handlers[index], pending)
-                handler_index = index
-            match decision:
-                case None | Proceed():
-                    self._decided(source, trigger, dest, handler_index, "proceed")
-                case Rewrite():
-                    new_trigger, new_dest, payload = self._rewrite(
-                        source, trigger, dest, payload, decision
-                    )
-                    # The event names the edge proposed to the handler, and its choice.
-                    self._decided(
-                        source,
-                        trigger,
-                        dest,
-                        handler_index,
-                        "rewrite",
-                        new_dest=new_dest,
-                        payload=_event_payload(payload),
-                    )
-                    trigger, dest = new_trigger, new_dest
-                case Pause(reason=reason):
-                    self._decided(
-                        source, trigger, dest, handler_index, "pause", reason=reason
-                    )
-                    self._park(
-                        self._pending(source, trigger, dest, payload),
-                        index,
-                        reason,
-                        original,
-                    )
-                    return None
-                case Abort(reason=reason):
-                    self._decided(
-                        source, trigger, dest, handler_index, "abort", reason=reason
-                    )
-                    raise LoopAborted(reason)
-                case _:
-                    raise TypeError(
-                        f"interception handler returned {decision!r}; expected "
-                        "Proceed, Rewrite, Pause, Abort or None"
-                    )
-        return trigger, dest, payload, original
-
-    def _decided(
-        self,
-        source: LoopState,
-        trigger: Trigger,
-        dest: LoopState,
-        handler: int,
-        decision: str,
-        **fields: Any,
-    ) -> None:
-        self._log.info(
-            "transition_intercepted",
-            source=source,
-            trigger=trigger,
-            dest=dest,
-            decision=decision,
-            handler=handler,
-            **{k: v for k, v in fields.items() if k == "reason" or k == "new_dest"},
-        )
-        self._emit(
-            ev.TransitionIntercepted,
-            source=source,
-            trigger=trigger,
-            dest=dest,
-            decision=decision,
-            handler=handler,
-            **fields,
-        )
-
-    def _park(
-        self, pending: PendingTransition, index: int, reason: str, original: LoopState
-    ) -> None:
-        self._paused = (pending, index, reason, original)
-        self.status = LoopStatus.paused
-        self._emit(
-            ev.LoopPaused,
-            source=pending.source,
-            trigger=pending.trigger,
-            dest=pending.dest,
-            reason=reason,
-            payload=_event_payload(pending.payload),
-        )
-
-    def _rewrite(
-        self,
-        source: LoopState,
-        trigger: Trigger,
-        dest: LoopState,
-        payload: TransitionPayload,
-        rewrite: Rewrite,
-    ) -> tuple[Trigger, LoopState, TransitionPayload]:
-        new_dest = rewrite.dest if rewrite.dest is not None else dest
-        new_trigger = trigger if new_dest is dest else ALLOWED[source].get(new_dest)
-        if new_trigger is None:
-            legal = ", ".join(f"{d} (via {t})" for d, t in ALLOWED[source].items())
-            raise TransitionRejected(
-                f"illegal rewrite of {source} --{trigger}--> {dest}: there is no edge from "
-                f"{source} to {new_dest} (legal destinations: {legal})",
-                loop_id=self.loop_id,
-                source=source,
-                trigger=trigger,
-                dest=new_dest,
-            )
-        new_payload = rewrite.payload
-        if new_payload is None and new_trigger is trigger:
-            new_payload = payload
-        elif new_payload is None:
-            new_payload = self._derived_payload(new_trigger, payload)
-        problem = _payload_problem(new_trigger, new_payload)
-        if problem is not None:
-            raise TransitionRejected(
-                f"illegal rewrite of {source} --{trigger}--> {dest}: {problem}",
-                loop_id=self.loop_id,
-                source=source,
-                trigger=trigger,
-                dest=new_dest,
-            )
-        return new_trigger, new_dest, new_payload
-
-    def _derived_payload(
-        self, trigger: Trigger, payload: TransitionPayload
-    ) -> TransitionPayload:
-        """The payload a changed edge acts on when the rewrite did not give one."""
-        if trigger in _REQUEST_TRIGGERS:
-            return payload if isinstance(payload, InferenceInput) else self.input
-        if trigger in _ANSWER_TRIGGERS:
-            message = self._output.message if self._output is not None else None
-            return message or ModelMessageItem(content="")
-        return (
-            None  # steer / follow_up with nothing queued, stop; call_tools is rejected
         )
 
     # ------------------------------------------------------------------ queues
@@ -680,51 +474,3 @@ class Loop:
             tool_calls=self.tool_calls,
             last_tools=tuple(self._last_tools),
         )
-
-
-async def _call_handler(
-    handler: InterceptionHandler, pending: PendingTransition
-) -> Decision | None:
-    result = handler(pending)
-    if inspect.isawaitable(result):
-        result = await result
-    return result
-
-
-def _payload_problem(trigger: Trigger, payload: TransitionPayload) -> str | None:
-    """Why `payload` cannot go with `trigger`, or None when it can."""
-    if trigger in _MESSAGE_TRIGGERS:
-        ok = (
-            payload is None
-            or isinstance(payload, UserMessage)
-            or (
-                isinstance(payload, tuple)
-                and all(isinstance(m, UserMessage) for m in payload)
-            )
-        )
-        expected = "a UserMessage, a tuple of them, or None"
-    elif trigger in _REQUEST_TRIGGERS:
-        ok, expected = isinstance(payload, InferenceInput), "an InferenceInput"
-    elif trigger is _T.call_tools:
-        ok, expected = isinstance(payload, ToolBatch), "a ToolBatch"
-    elif trigger in _ANSWER_TRIGGERS:
-        ok, expected = isinstance(payload, ModelMessageItem), "a ModelMessageItem"
-    else:
-        return None
-    if ok:
-        return None
-    return f"{trigger} needs {expected} as payload, got {type(payload).__name__}"
-
-
-def _event_payload(payload: TransitionPayload) -> ev.EventPayload | None:
-    if isinstance(payload, InferenceInput):
-        return ev.RequestSummary(
-            model=payload.model,
-            max_output_tokens=payload.max_output_tokens,
-            reasoning_effort=payload.reasoning_effort,
-            tool_choice=payload.tool_choice,
-            tools=tuple(t.name for t in payload.tools),
-            instructions=payload.context.instructions,
-            context_items=len(payload.context.items),
-        )
-    return payload
