@@ -360,9 +360,9 @@ async def test_model_answer_event_carries_the_message() -> None:
 
 def test_hot_path_state_constants_mirror_the_enums() -> None:
     """The loop's plain-class copies of the states and triggers list every member."""
-    from agentfsm import _loop
+    from agentfsm import _states
     from agentfsm.states import Trigger
 
-    for mirror, enum in ((_loop._S, LoopState), (_loop._T, Trigger)):
+    for mirror, enum in ((_states._S, LoopState), (_states._T, Trigger)):
         copied = {k: v for k, v in vars(mirror).items() if not k.startswith("_")}
         assert copied == dict(enum.__members__)
