@@ -21,15 +21,13 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
-import structlog
 from anyio import TaskHandle
-from structlog.typing import FilteringBoundLogger
 
 from . import _fast
 from . import events as ev
 from ._batch import chain_tool_wrappers
 from ._intercept import approval_gate, intercept
-from ._logging import logger
+from ._logging import bind_contextvars, get_logger
 from ._machine import TABLE
 from ._request import ContextScan, chain_model_wrappers, request_model
 from ._states import _S, _T, STATES, Step
@@ -54,6 +52,8 @@ from .states import LoopState, Outcome, Trigger
 from .tools import Tool
 
 if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
+
     from ._bus import Subscription
     from ._runtime import Runtime
 
@@ -196,7 +196,9 @@ class Loop:
         """This loop's logger, bound to its ids (bound on first use: most loops
         log once, when they end)."""
         if self._bound_log is None:
-            self._bound_log = logger.bind(loop_id=self.loop_id, agent_id=self.agent_id)
+            self._bound_log = get_logger().bind(
+                loop_id=self.loop_id, agent_id=self.agent_id
+            )
         return self._bound_log
 
     # ------------------------------------------------------------------ events
@@ -241,9 +243,7 @@ class Loop:
         """The loop's task: drive until idle or paused; never raises but cancellation."""
         # Each task runs in its own copy of the context, so binding needs no reset.
         _current_loop.set(self.loop_id)
-        structlog.contextvars.bind_contextvars(
-            loop_id=self.loop_id, agent_id=self.agent_id
-        )
+        bind_contextvars(loop_id=self.loop_id, agent_id=self.agent_id)
         await self._run()
 
     async def _run(self) -> None:

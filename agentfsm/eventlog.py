@@ -45,7 +45,7 @@ from anyio.abc import TaskGroup
 from pydantic import ValidationError
 
 from ._bus import EventBus, Subscription
-from ._logging import logger
+from ._logging import get_logger
 from .events import AgentEvent, AgentEventAdapter
 from .exceptions import EventLogError, LoopStateError
 
@@ -168,7 +168,7 @@ class EventLogWriter:
                 self._error = exc
                 # Loops must never wait for a writer that stopped.
                 subscription.close()
-                logger.warning(
+                get_logger().warning(
                     "event_log_failed",
                     path=self.path,
                     error=f"{type(exc).__name__}: {exc}",

@@ -64,7 +64,7 @@ __all__ = (
 class RequestSummary(BaseModel):
     """An inference request as events record it (the settings, not the whole context)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     kind: Literal["request"] = "request"
     model: str
@@ -89,7 +89,7 @@ EventPayload: TypeAlias = (
 
 
 class _Event(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     event_id: str
     """Unique: `<loop_id>:<seq>`."""
@@ -284,7 +284,9 @@ AgentEvent: TypeAlias = Annotated[
 ]
 """Any event the bus carries."""
 
-AgentEventAdapter: TypeAdapter[AgentEvent] = TypeAdapter(AgentEvent)
+AgentEventAdapter: TypeAdapter[AgentEvent] = TypeAdapter(
+    AgentEvent, config=ConfigDict(defer_build=True)
+)
 """(De)serializes any event, e.g. `AgentEventAdapter.validate_json(line)`."""
 
 EVENT_TYPES: tuple[str, ...] = tuple(

@@ -70,7 +70,7 @@ class ToolBatch(BaseModel):
     A denied call does not run; the model sees an error output with the reason.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     kind: Literal["tool_batch"] = "tool_batch"
     calls: tuple[FunctionCallItem, ...]
@@ -125,7 +125,9 @@ TransitionPayload: TypeAlias = (
 class PendingTransition(BaseModel):
     """A transition about to be taken, as a handler sees it."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", arbitrary_types_allowed=True, defer_build=True
+    )
 
     loop_id: str
     agent_id: str
@@ -149,7 +151,7 @@ class PendingTransition(BaseModel):
 class Proceed(BaseModel):
     """Take the transition as it is (returning `None` means the same)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     kind: Literal["proceed"] = "proceed"
 
@@ -157,7 +159,9 @@ class Proceed(BaseModel):
 class Rewrite(BaseModel):
     """Take another edge from the same source, and/or act on another payload."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", arbitrary_types_allowed=True, defer_build=True
+    )
 
     kind: Literal["rewrite"] = "rewrite"
     dest: LoopState | None = None
@@ -169,7 +173,7 @@ class Rewrite(BaseModel):
 class Pause(BaseModel):
     """Park the loop with the transition pending until `Runtime.resume`."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     kind: Literal["pause"] = "pause"
     reason: str
@@ -184,7 +188,7 @@ class Pause(BaseModel):
 class Abort(BaseModel):
     """End the loop now with outcome `aborted`."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     kind: Literal["abort"] = "abort"
     reason: str

@@ -30,7 +30,7 @@ __all__ = (
     "UserMessage",
 )
 
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
+_FROZEN = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
 
 class UserMessage(BaseModel):
@@ -119,7 +119,9 @@ OutputItem: TypeAlias = Annotated[
 ]
 """Anything a model's output can hold."""
 
-ContextItemAdapter: TypeAdapter[ContextItem] = TypeAdapter(ContextItem)
+ContextItemAdapter: TypeAdapter[ContextItem] = TypeAdapter(
+    ContextItem, config=ConfigDict(defer_build=True)
+)
 """(De)serializes one context item."""
 
 
@@ -135,7 +137,7 @@ class ModelContext(BaseModel):
         ```
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     instructions: str | None = None
     """The system prompt."""

@@ -57,7 +57,7 @@ StopCondition: TypeAlias = Callable[[LoopView], bool | str | None]
 class TurnSnapshot(BaseModel):
     """What `finish_turn` receives after each complete turn: an isolated copy."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     loop_id: str
     agent_id: str

@@ -44,7 +44,7 @@ class PathStep(NamedTuple):
 class ErrorInfo(BaseModel):
     """The error a loop failed with."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     type: str
     """The class name of the error."""
@@ -64,7 +64,7 @@ class LoopFailedError(AgentFSMError):
 class LoopResult(BaseModel):
     """How a loop ended: outcome, answer, totals and the path it took."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     loop_id: str
     agent_id: str
@@ -109,7 +109,9 @@ class LoopResult(BaseModel):
 class LoopView(BaseModel):
     """A snapshot of one loop, as `Runtime.get` returns it."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", arbitrary_types_allowed=True, defer_build=True
+    )
 
     loop_id: str
     agent_id: str

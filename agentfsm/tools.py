@@ -77,7 +77,7 @@ ToolFunction: TypeAlias = Callable[..., Any]
 class ToolDefinition(BaseModel):
     """What a provider sends to the model about a tool."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     name: str
     """The name the model calls the tool by."""
@@ -107,7 +107,7 @@ class ToolResult(BaseModel):
     any other return value becomes `ToolResult(output=<value as text>)`.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     output: str
     """The output as text (JSON for non-string values)."""
@@ -364,7 +364,7 @@ def _arguments_model(function: ToolFunction, name: str) -> type[BaseModel]:
         fields[f"p{len(fields)}"] = (annotation, info)
     return create_model(
         f"{name}_arguments",
-        __config__=ConfigDict(extra="forbid"),
+        __config__=ConfigDict(extra="forbid", defer_build=True),
         **fields,
     )
 
@@ -414,7 +414,9 @@ def report_progress(progress: JsonValue) -> bool:
 class ToolCall(BaseModel):
     """One tool call as tool wrappers see it."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", arbitrary_types_allowed=True, defer_build=True
+    )
 
     call: FunctionCallItem
     """The call as the model (or an interception handler) wrote it."""

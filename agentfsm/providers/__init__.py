@@ -96,7 +96,9 @@ class InferenceInput(BaseModel):
         ```
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", arbitrary_types_allowed=True, defer_build=True
+    )
 
     model: str
     """`provider:model`, resolved by the runtime's provider registry."""
@@ -126,7 +128,9 @@ class InferenceInput(BaseModel):
 class InferenceOutput(BaseModel):
     """What one model request returned."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", populate_by_name=True, defer_build=True
+    )
 
     items: tuple[OutputItem, ...] = ()
     """Reasoning, messages and function calls, in the order the model produced them."""
@@ -156,7 +160,7 @@ class InferenceOutput(BaseModel):
 class TextDelta(BaseModel):
     """A chunk of the model's message text."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     kind: Literal["text"] = "text"
     text: str
@@ -165,7 +169,7 @@ class TextDelta(BaseModel):
 class ReasoningDelta(BaseModel):
     """A chunk of the model's reasoning."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     kind: Literal["reasoning"] = "reasoning"
     text: str
@@ -174,7 +178,7 @@ class ReasoningDelta(BaseModel):
 class ToolCallDelta(BaseModel):
     """A chunk of a function call: its id and name when first seen, then argument text."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     kind: Literal["tool_call"] = "tool_call"
     index: int
@@ -188,7 +192,7 @@ class ToolCallDelta(BaseModel):
 class OutputCompleted(BaseModel):
     """The end of a stream: the completed output."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     kind: Literal["completed"] = "completed"
     output: InferenceOutput
@@ -398,7 +402,9 @@ class RequestMetadata:
 class ModelRequest(BaseModel):
     """One model request as model wrappers see it."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", arbitrary_types_allowed=True, defer_build=True
+    )
 
     input: InferenceInput
     """What the provider will be sent."""

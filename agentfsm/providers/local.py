@@ -57,7 +57,7 @@ import anyio.from_thread
 import anyio.to_thread
 from anyio.streams.memory import MemoryObjectSendStream
 
-from agentfsm._logging import logger
+from agentfsm._logging import get_logger
 from agentfsm.exceptions import ConfigurationError, ProviderError
 from agentfsm.messages import TokenUsage
 from agentfsm.providers import (
@@ -410,11 +410,11 @@ class LocalProvider:
             return path
         size = path.stat().st_size
         self._progress(LoadProgress(model, str(path), "loading", size, 0.0))
-        logger.info("local_model_loading", model=model, path=str(path), size=size)
+        get_logger().info("local_model_loading", model=model, path=str(path), size=size)
         started = time.monotonic()
         await anyio.to_thread.run_sync(_load, path, self.n_ctx, self.n_threads)
         seconds = time.monotonic() - started
-        logger.info("local_model_loaded", model=model, seconds=round(seconds, 3))
+        get_logger().info("local_model_loaded", model=model, seconds=round(seconds, 3))
         self._progress(LoadProgress(model, str(path), "loaded", size, seconds))
         return path
 
