@@ -29,7 +29,7 @@ from ._batch import chain_tool_wrappers
 from ._intercept import approval_gate, intercept
 from ._logging import bind_contextvars, get_logger
 from ._machine import TABLE
-from ._request import ContextScan, chain_model_wrappers, request_model
+from ._request import chain_model_wrappers, context_scan, request_model
 from ._states import _S, _T, STATES, Step
 from .exceptions import (
     LoopAborted,
@@ -168,7 +168,7 @@ class Loop:
         self._output: InferenceOutput | None = None
         self._request: InferenceInput = inference_input
         self._metadata: RequestMetadata | None = None
-        self._scan = ContextScan()
+        self._scan = context_scan(inference_input.context)
         self._steering: deque[UserMessage] | None = None  # made on first use
         self._follow_ups: deque[UserMessage] | None = None
         self._last_tools: list[str] = []

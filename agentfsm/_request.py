@@ -17,7 +17,12 @@ import anyio
 
 from . import events as ev
 from .exceptions import ProviderError, ProviderTimeout
-from .messages import ContextItem, FunctionCallItem, FunctionCallOutputItem
+from .messages import (
+    ContextItem,
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    ModelContext,
+)
 from .providers import (
     InferenceInput,
     InferenceOutput,
@@ -78,6 +83,14 @@ class ContextScan:
         """
         if items is self._items and self._scanned == before:
             self._scanned = after
+
+
+def context_scan(context: ModelContext) -> ContextScan:
+    """The scan kept with `context`, shared by every loop appending to it."""
+    scan = context._scan
+    if not isinstance(scan, ContextScan):
+        scan = context._scan = ContextScan()
+    return scan
 
 
 def normalized(

@@ -14,7 +14,6 @@ block cancels every loop (each still ends in `idle` with outcome `cancelled`).
 from __future__ import annotations
 
 import os
-from collections import deque
 from collections.abc import Mapping, Sequence
 from contextvars import ContextVar, Token
 from types import TracebackType
@@ -38,6 +37,7 @@ from .messages import UserMessage
 from .options import LoopOptions, LoopOptionsDict
 from .providers import InferenceInput, Provider, ProviderRegistry
 from .results import LoopResult, LoopStatus, LoopView
+from .states import LoopState
 
 __all__ = (
     "Runtime",
@@ -90,8 +90,10 @@ class Runtime:
             else ProviderRegistry(providers)
         )
         self.bus = EventBus()
-        self._loops: dict[str, Loop] = {}
-        self._finished: deque[str] = deque()
+        self._loops: dict[str, Loop] = {}  # running and paused
+        # Finished loops are kept as their results only: a whole Loop is ~40
+        # objects that every full garbage collection would walk.
+        self._results: dict[str, LoopResult] = {}
         self._keep_finished = keep_finished
         self._tg: TaskGroup | None = None
         self._token: Token[Runtime | None] | None = None
@@ -224,29 +226,50 @@ class Runtime:
         self._spawn(loop)
         return loop_id
 
-    def _loop(self, loop_id: str) -> Loop:
-        try:
-            return self._loops[loop_id]
-        except KeyError:
-            raise UnknownLoopError(loop_id) from None
+    def _live(self, loop_id: str) -> Loop | None:
+        """The running or paused loop with this id; None if it has finished.
+
+        Raises:
+            UnknownLoopError: no such loop (never started, or forgotten).
+        """
+        loop = self._loops.get(loop_id)
+        if loop is None and loop_id not in self._results:
+            raise UnknownLoopError(loop_id)
+        return loop
 
     async def wait(self, loop_id: str) -> LoopResult:
         """Wait for a loop to end and return its result (whatever its outcome)."""
-        loop = self._loop(loop_id)
+        loop = self._live(loop_id)
+        if loop is None:
+            return self._results[loop_id]
         await loop.wait()
-        return loop.result()
+        return self._results.get(loop_id) or loop.result()
 
     def get(self, loop_id: str) -> LoopView:
         """A snapshot of a loop: its state, status, path and totals."""
-        return self._loop(loop_id).view()
+        loop = self._live(loop_id)
+        if loop is not None:
+            return loop.view()
+        result = self._results[loop_id]
+        return LoopView(
+            loop_id=loop_id,
+            agent_id=result.agent_id,
+            state=LoopState.idle,
+            status=LoopStatus.done,
+            path=result.path,
+            outcome=result.outcome,
+            usage=result.usage,
+            model_requests=result.model_requests,
+            tool_calls=result.tool_calls,
+        )
 
     def cancel(self, loop_id: str, reason: str | None = None) -> None:
         """Cancel a loop (running or paused); it ends in `idle` with outcome `cancelled`.
 
         Cancelling a finished loop does nothing.
         """
-        loop = self._loop(loop_id)
-        if loop.cancel(reason) and self._tg is not None:
+        loop = self._live(loop_id)
+        if loop is not None and loop.cancel(reason) and self._tg is not None:
             self._spawn(loop)
 
     def resume(self, loop_id: str, decision: Decision | None = None) -> None:
@@ -255,7 +278,9 @@ class Runtime:
         Raises:
             LoopStateError: the loop is not paused.
         """
-        loop = self._loop(loop_id)
+        loop = self._live(loop_id)
+        if loop is None:
+            raise LoopStateError(f"loop {loop_id} is done, not paused")
         if loop.status is not LoopStatus.paused:
             raise LoopStateError(f"loop {loop_id} is {loop.status}, not paused")
         if self._tg is None:
@@ -286,8 +311,8 @@ class Runtime:
     def _queue(
         self, loop_id: str, message: UserMessage | str, *, follow_up: bool
     ) -> None:
-        loop = self._loop(loop_id)
-        if loop.status is LoopStatus.done:
+        loop = self._live(loop_id)
+        if loop is None or loop.status is LoopStatus.done:
             raise LoopStateError(f"loop {loop_id} has ended; start a new loop instead")
         if isinstance(message, str):
             message = UserMessage(content=message)
@@ -295,14 +320,20 @@ class Runtime:
 
     def loops(self, *, status: LoopStatus | None = None) -> list[str]:
         """Ids of the loops the runtime knows, oldest first (optionally of one status)."""
-        return [
+        ids = [
             i for i, lp in self._loops.items() if status is None or lp.status is status
         ]
+        if status is None or status is LoopStatus.done:
+            ids.extend(self._results)
+        return sorted(ids)  # UUIDv7: sorted by creation time
 
     def _loop_done(self, loop: Loop) -> None:
-        self._finished.append(loop.loop_id)
-        while len(self._finished) > self._keep_finished:
-            self._loops.pop(self._finished.popleft(), None)
+        self._loops.pop(loop.loop_id, None)
+        if self._keep_finished:
+            results = self._results
+            results[loop.loop_id] = loop.result()
+            if len(results) > self._keep_finished:
+                del results[next(iter(results))]  # the oldest finished
 
 
 def run_loop(

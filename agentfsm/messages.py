@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Annotated, Any, Literal, TypeAlias
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter
 from pydantic_core import from_json
 
 from . import _fast
@@ -143,6 +143,10 @@ class ModelContext(BaseModel):
     """The system prompt."""
     items: list[ContextItem] = Field(default_factory=list)
     """The conversation, oldest first."""
+    _scan: Any = PrivateAttr(default=None)
+    # The loops' scan for calls without outputs (`agentfsm._request.ContextScan`),
+    # kept with the context so that a conversation run as one loop per message
+    # does not rescan its whole history each time.
 
     def append(self, item: ContextItem) -> None:
         """Append one item."""

@@ -795,6 +795,33 @@ class TestContextAndErrors:
             ("history", 2, None),
         ]
 
+    async def test_repair_scan_carries_over_between_loops_on_one_context(self) -> None:
+        """A second loop on a context finds a call left without output after the first."""
+        context = ModelContext()
+        provider = ScriptedProvider([text("one")])
+        async with Runtime(providers={"scripted": provider}) as rt:
+            await rt.wait(
+                rt.run_loop(
+                    "a", "first", InferenceInput(model="scripted:x", context=context)
+                )
+            )
+            context.append(FunctionCallItem(call_id="lost", name="add", arguments="{}"))
+            context.append(UserMessage(content="second"))
+            await rt.wait(
+                rt.run_loop(
+                    "a", None, InferenceInput(model="scripted:x", context=context)
+                )
+            )
+        second = provider.requests[1]
+        assert items_of(second.context) == [
+            "user:first",
+            "model:one",
+            "call:lost",
+            "out:lost=ERR",
+            "user:second",
+        ]
+        assert "out:lost=ERR" not in items_of(context)
+
     async def test_handlers_see_the_request_metadata(self) -> None:
         """An infer transition's pending carries the request's metadata."""
         seen: list[RequestMetadata] = []

@@ -10,6 +10,7 @@ from agentfsm import (
     InferenceInput,
     InferenceOutput,
     LoopState,
+    LoopStatus,
     ModelContext,
     ModelMessageItem,
     NoRuntimeError,
@@ -366,3 +367,24 @@ def test_hot_path_state_constants_mirror_the_enums() -> None:
     for mirror, enum in ((_states._S, LoopState), (_states._T, Trigger)):
         copied = {k: v for k, v in vars(mirror).items() if not k.startswith("_")}
         assert copied == dict(enum.__members__)
+
+
+async def test_finished_loops_are_kept_as_results_up_to_a_limit() -> None:
+    """The runtime keeps the last `keep_finished` results; older loops are forgotten."""
+    provider = ScriptedProvider([text("a")])
+    async with Runtime(providers={"scripted": provider}, keep_finished=2) as runtime:
+        ids = []
+        for _ in range(3):  # one after the other, so they finish in this order
+            ids.append(runtime.run_loop("agent", "q", request()))
+            await runtime.wait(ids[-1])
+        with pytest.raises(UnknownLoopError):
+            runtime.get(ids[0])
+        view = runtime.get(ids[2])
+        assert (view.status, view.state, view.outcome) == (
+            LoopStatus.done,
+            LoopState.idle,
+            Outcome.answered,
+        )
+        assert (await runtime.wait(ids[1])).answer == ModelMessageItem(content="a")
+        assert runtime.loops() == ids[1:]
+        assert runtime._loops == {}  # nothing but results is kept for finished loops
