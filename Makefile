@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 LOCAL  := $(VENV)/.local-installed
 
-.PHONY: test demo bench lint typecheck pytest quick clean
+.PHONY: test demo bench bench-peers lint typecheck pytest quick clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -47,8 +47,32 @@ demo: $(STAMP) $(LOCAL)
 	$(PY) -m agentfsm run "What is 2 + 3?" \
 		--tool agentfsm.demo_tools:add --tool-choice add
 
-bench: $(STAMP)
+bench: $(STAMP) bench/.venvs/burr/.installed
 	$(PY) bench/bench_loop.py
+	$(PY) bench/bench_scaling.py
+
+# agentfsm side by side with its peers (bench/peers/run.py, ~10 minutes). Each
+# runs in its own venv under bench/.venvs (gitignored), pinned in
+# bench/peers/requirements-<name>.txt; agentfsm's venv has only its core
+# dependencies (no provider extras); `plot` has matplotlib for the chart.
+BENCH_VENVS := bench/.venvs
+PEER_VENVS  := $(patsubst %,$(BENCH_VENVS)/%/.installed,agentfsm burr openai_agents pydantic_ai langgraph plot)
+
+$(BENCH_VENVS)/agentfsm/.installed: pyproject.toml
+	rm -rf $(BENCH_VENVS)/agentfsm
+	$(PYTHON) -m venv $(BENCH_VENVS)/agentfsm
+	$(BENCH_VENVS)/agentfsm/bin/python -m pip install --quiet -e .
+	touch $@
+
+$(BENCH_VENVS)/%/.installed: bench/peers/requirements-%.txt
+	rm -rf $(BENCH_VENVS)/$*
+	$(PYTHON) -m venv $(BENCH_VENVS)/$*
+	$(BENCH_VENVS)/$*/bin/python -m pip install --quiet -r $<
+	touch $@
+
+bench-peers: $(STAMP)
+	$(MAKE) --no-print-directory -j4 $(PEER_VENVS)
+	$(PY) bench/peers/run.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
