@@ -62,7 +62,18 @@ __all__ = ("Loop", "current_loop_id")
 _new = object.__new__
 _tuple_new = tuple.__new__
 _setattr = object.__setattr__
-_NO_USAGE: Final = TokenUsage()
+# Built without validation: validating at import would build TokenUsage's schema
+# (and load pydantic's plugins) before anyone needs it.
+_NO_USAGE: Final = _fast.trusted(
+    TokenUsage,
+    {
+        "input_tokens": 0,
+        "output_tokens": 0,
+        "reasoning_tokens": 0,
+        "cached_input_tokens": 0,
+    },
+    set(),
+)
 
 _current_loop: ContextVar[str | None] = ContextVar("agentfsm_loop_id", default=None)
 
