@@ -320,6 +320,14 @@ class Loop:
             return True
         return False  # not started yet: its task will see the flag
 
+    async def end_paused(self, reason: str) -> None:
+        """End a paused loop as cancelled, without a task (the runtime is closing)."""
+        self._cancel_requested = True
+        self._cancel_reason = reason
+        self._paused = None
+        self._end(_T.cancel, Outcome.cancelled, reason)
+        await self._flush()
+
     def resume(self, decision: Decision) -> None:
         """Continue a paused loop with `decision` in place of the handler's `Pause`."""
         assert self._paused is not None

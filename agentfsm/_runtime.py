@@ -140,6 +140,14 @@ class Runtime:
         finally:
             self._closed = True
             self._tg = None
+            # Leaving with an error cancels the running loops through the task
+            # group; paused ones have no task, so they are ended here.
+            with anyio.CancelScope(shield=True):
+                for loop in list(self._loops.values()):
+                    if loop.status is LoopStatus.paused:
+                        await loop.end_paused(
+                            "the runtime closed while the loop was paused"
+                        )
             self.bus.close()
             if self._token is not None:
                 _current.reset(self._token)

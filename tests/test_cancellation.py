@@ -180,3 +180,28 @@ async def test_runtime_cancelled_from_outside() -> None:
             scope.cancel()
             await anyio.sleep_forever()
     assert runtime.get(loop_id).outcome is Outcome.cancelled
+
+
+async def test_leaving_with_an_error_ends_paused_loops_too() -> None:
+    """A loop paused when an error leaves the runtime ends cancelled, with loop.idle."""
+
+    def hold(pending: PendingTransition) -> Decision | None:
+        return Pause("hold") if pending.trigger is Trigger.infer else None
+
+    runtime = Runtime(providers={"scripted": ScriptedProvider([text("x")])})
+    with pytest.raises(RuntimeError, match="caller failed"):  # noqa: PT012 - the block is the subject
+        async with runtime:
+            recorder = EventRecorder(runtime.bus, "loop.idle")
+            loop_id = runtime.run_loop("agent", "hi", request(), hold)
+            with anyio.fail_after(5):
+                while runtime.get(loop_id).status is not LoopStatus.paused:
+                    await anyio.wait_all_tasks_blocked()
+            raise RuntimeError("caller failed")
+    view = runtime.get(loop_id)
+    assert (view.status, view.state, view.outcome) == (
+        LoopStatus.done,
+        LoopState.idle,
+        Outcome.cancelled,
+    )
+    idles = [e for e in recorder.events if isinstance(e, LoopIdle)]
+    assert [e.loop_id for e in idles] == [loop_id]
