@@ -47,9 +47,10 @@ demo: $(STAMP) $(LOCAL)
 	$(PY) -m agentfsm run "What is 2 + 3?" \
 		--tool agentfsm.demo_tools:add --tool-choice add
 
+# bench_loop.py runs last: its last line is the `ratio_vs_floor=...` summary.
 bench: $(STAMP) bench/.venvs/burr/.installed
-	$(PY) bench/bench_loop.py
 	$(PY) bench/bench_scaling.py
+	$(PY) bench/bench_loop.py
 
 # agentfsm side by side with its peers (bench/peers/run.py, ~10 minutes). Each
 # runs in its own venv under bench/.venvs (gitignored), pinned in

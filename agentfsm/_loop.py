@@ -39,6 +39,7 @@ from .interception import (
     Decision,
     InterceptionHandler,
     PendingTransition,
+    TransitionPayload,
 )
 from .messages import (
     ModelMessageItem,
@@ -87,6 +88,7 @@ class Loop:
     """The state and driver of one loop (internal; users see `LoopView` and `LoopResult`)."""
 
     __slots__ = (
+        "_answer_at",
         "_bound_log",
         "_bus",
         "_cancel_reason",
@@ -177,6 +179,7 @@ class Loop:
         self.ended_at: datetime | None = None
         self._next: Step = (_T.start, message)
         self._output: InferenceOutput | None = None
+        self._answer_at: int | None = None  # where the answer sits in the context
         self._request: InferenceInput = inference_input
         self._metadata: RequestMetadata | None = None
         self._scan = context_scan(inference_input.context)
@@ -364,10 +367,8 @@ class Loop:
                 dest = new_dest
             self._commit(source, trigger, dest, original)
             if dest is _S.idle:
-                # A handler may rewrite the final answer at `finish`.
-                answered = trigger is _T.finish and self.answer is not None
-                if answered and isinstance(payload, ModelMessageItem):
-                    self.answer = payload
+                if trigger is _T.finish and self.answer is not None:
+                    self._final_answer(payload)
                 if trigger is _T.finish and self._stop_reason is None:
                     self._finish(Outcome.answered, None)
                 else:
@@ -376,6 +377,18 @@ class Loop:
             await STATES[dest](self, payload)
             if self._outbox:
                 await self._flush()
+
+    def _final_answer(self, payload: TransitionPayload) -> None:
+        """A handler rewrote the answer at `finish`: the context, the result and a
+        second `model.answer` carry the new one."""
+        if not isinstance(payload, ModelMessageItem) or payload == self.answer:
+            return
+        items = self.input.context.items
+        at = self._answer_at
+        if at is not None and at < len(items) and items[at] is self.answer:
+            items[at] = payload
+        self.answer = payload
+        self._emit(ev.ModelAnswer, message=payload, parsed=None)
 
     def _commit(
         self,

@@ -268,6 +268,7 @@ async def model_message(loop: Loop, payload: TransitionPayload) -> None:
         )
     items.append(message)
     write(loop, items)
+    loop._answer_at = len(loop.input.context.items) - 1
     schema = loop._request.structured_output
     problem = None if schema is None else parse(loop, schema, message)
     if problem is None:
@@ -275,7 +276,10 @@ async def model_message(loop: Loop, payload: TransitionPayload) -> None:
         loop._emit(ev.ModelAnswer, message=message, parsed=_jsonable(loop.parsed))
     if output is not None and loop.options.finish_turn is not None:
         await finish_turn(loop, output, ())
-    stop = stop_check(loop)
+    # Limits and stop conditions only matter when the loop would go on: an
+    # answer on the last allowed turn is still an answer.
+    go_on = problem is not None or bool(loop._steering) or bool(loop._follow_ups)
+    stop = stop_check(loop) if go_on else None
     if stop is not None:
         loop._stop_reason = stop
         loop._next = (_T.finish, message)

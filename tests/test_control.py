@@ -985,3 +985,18 @@ class TestContextAndErrors:
         assert result.usage == idle.usage == expected
         assert (idle.model_requests, idle.tool_calls) == (2, 1)
         assert result.states[-1] is LoopState.idle
+
+
+async def test_an_answer_on_the_last_allowed_turn_is_answered() -> None:
+    """Reaching max_turns with an answer ends `answered`; a queued follow-up is kept."""
+    async with Runtime(providers={"scripted": ScriptedProvider([text("hi")])}) as rt:
+        plain = await rt.wait(rt.run_loop("a", "q", request(), max_turns=1))
+        loop_id = rt.run_loop("a", "q", request(), max_turns=1)
+        rt.follow_up(loop_id, "more")
+        queued = await rt.wait(loop_id)
+    assert (plain.outcome, plain.answer) == (
+        Outcome.answered,
+        ModelMessageItem(content="hi"),
+    )
+    assert (queued.outcome, queued.reason) == (Outcome.stopped, "max_turns")
+    assert queued.model_requests == 1

@@ -22,7 +22,12 @@ from agentfsm import (
     Trigger,
     UserMessage,
 )
-from agentfsm.events import LoopPaused, LoopTransition, TransitionIntercepted
+from agentfsm.events import (
+    LoopPaused,
+    LoopTransition,
+    ModelAnswer,
+    TransitionIntercepted,
+)
 from agentfsm.exceptions import LoopStateError
 from agentfsm.interception import Decision
 from agentfsm.providers.function import FunctionProvider
@@ -437,3 +442,23 @@ async def test_resume_with_abort_and_paused_loops_cancelled_on_exit() -> None:
     assert left.outcome is Outcome.cancelled
     assert left.reason is not None
     assert "paused" in left.reason
+
+
+async def test_rewriting_the_answer_at_finish_reaches_context_result_and_events() -> (
+    None
+):
+    """A finish rewrite replaces the answer in the context and result, and is published."""
+
+    def polish(pending: PendingTransition) -> Decision | None:
+        if pending.trigger is Trigger.finish:
+            return Rewrite(payload=ModelMessageItem(content="final!"))
+        return None
+
+    async with Runtime(providers={"scripted": ScriptedProvider([text("3")])}) as rt:
+        recorder = EventRecorder(rt.bus, "model.answer")
+        inference_input = request()
+        result = await rt.wait(rt.run_loop("agent", "hi", inference_input, polish))
+    assert result.answer == ModelMessageItem(content="final!")
+    assert inference_input.context.items[-1] == ModelMessageItem(content="final!")
+    answers = [e.message.content for e in recorder.events if isinstance(e, ModelAnswer)]
+    assert answers == ["3", "final!"]
