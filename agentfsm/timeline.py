@@ -111,11 +111,12 @@ def group_by_loop(events: Iterable[ev.AgentEvent]) -> dict[str, list[ev.AgentEve
 
 
 def find_loop(events: Iterable[ev.AgentEvent], prefix: str | None = None) -> str:
-    """The id of the one loop whose id is `prefix` or starts with it.
+    """The id of the one loop whose id is `prefix`, starts with it or ends with it.
 
     Args:
         events: events of one or more loops.
-        prefix: the loop's id or its start; `None` picks the only loop there is.
+        prefix: the loop's id, its start or its end; `None` picks the only loop
+            there is.
 
     Raises:
         EventLogError: no loop, or several, match (the message lists them).
@@ -133,14 +134,21 @@ def find_loop(events: Iterable[ev.AgentEvent], prefix: str | None = None) -> str
     if prefix in ids:
         return prefix
     matches = [i for i in ids if i.startswith(prefix)] if prefix else []
+    if len(matches) != 1 and prefix:
+        # Loop ids are UUIDv7: ids made in the same second share their start,
+        # while their end is random, so a unique end works as well.
+        matches = [i for i in ids if i.endswith(prefix)] or matches
     if len(matches) == 1:
         return matches[0]
     if matches:
         raise EventLogError(
-            f"{len(matches)} loops start with {prefix!r}: {', '.join(matches[:10])}"
-            f"{' ...' if len(matches) > 10 else ''}; give more of the id"
+            f"{len(matches)} loops start or end with {prefix!r}: "
+            f"{', '.join(matches[:10])}{' ...' if len(matches) > 10 else ''}; "
+            "give more of the id"
         )
-    raise EventLogError(f"no loop starts with {prefix!r} (loops: {known or 'none'})")
+    raise EventLogError(
+        f"no loop starts or ends with {prefix!r} (loops: {known or 'none'})"
+    )
 
 
 def summarize(events: Iterable[ev.AgentEvent]) -> list[LoopSummary]:

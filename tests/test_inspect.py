@@ -202,10 +202,38 @@ def test_ambiguous_or_unknown_loop(
     """A prefix matching several loops, or none, is an error listing the loops."""
     code, out, err = inspect(capsys, str(recorded_log), "--loop", "loop")
     assert (code, out) == (1, "")
-    assert "2 loops start with 'loop': loop-1, loop-2; give more of the id" in err
+    assert (
+        "2 loops start or end with 'loop': loop-1, loop-2; give more of the id" in err
+    )
     code, _, err = inspect(capsys, str(recorded_log), "--loop", "zzz")
     assert code == 1
-    assert "no loop starts with 'zzz' (loops: loop-1, loop-2)" in err
+    assert "no loop starts or ends with 'zzz' (loops: loop-1, loop-2)" in err
+
+
+def test_a_loop_found_by_the_end_of_its_id() -> None:
+    """Ids made in the same second share their start; a unique end finds the loop."""
+    from agentfsm.timeline import find_loop
+
+    ids = [
+        "01a22b54-a012-7000-b4d5-31bce8e74e50",
+        "01a22b54-a012-7001-8991-8534ed9d1542",
+    ]
+    events = [
+        LoopStarted(
+            event_id=f"{i}:1",
+            loop_id=i,
+            agent_id="a",
+            seq=1,
+            state=LoopState.idle,
+            message=None,
+            model="m:x",
+            streaming=False,
+        )
+        for i in ids
+    ]
+    with pytest.raises(EventLogError, match="2 loops start or end with '01a22b54'"):
+        find_loop(events, "01a22b54")
+    assert find_loop(events, "9d1542") == ids[1]
 
 
 def test_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
