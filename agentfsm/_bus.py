@@ -127,22 +127,17 @@ class Subscription:
         Raises:
             anyio.EndOfStream: the subscription is closed and drained.
         """
-        while True:
-            try:
-                event = self.receive_nowait()
-            except anyio.WouldBlock:
-                waiter = self._waiter = anyio.Event()
-                await waiter.wait()
-            else:
-                # No checkpoint when an event is ready: a consumer drains its
-                # buffer in one go, and publishers cannot add to it meanwhile.
-                return event
+        try:
+            return await self.__anext__()
+        except StopAsyncIteration:
+            raise anyio.EndOfStream from None
 
     def __aiter__(self) -> Self:
         return self
 
     async def __anext__(self) -> AgentEvent:
-        # `receive()`, flattened: a consumer calls this once per event.
+        # No checkpoint when an event is ready: a consumer drains its buffer in
+        # one go, and publishers cannot add to it meanwhile.
         buffer = self._buffer
         while not buffer:
             if self._closed:
@@ -269,11 +264,9 @@ class EventBus:
             yield from subs
 
     def _route(self, event_type: str) -> tuple[Subscription, ...]:
-        route = self._routes.get(event_type)
-        if route is None:
-            route = self._routes[event_type] = tuple(
-                s for s in self._global if s.matches(event_type)
-            )
+        route = self._routes[event_type] = tuple(
+            s for s in self._global if s.matches(event_type)
+        )
         return route
 
     def wants(self, event_type: str, loop_id: str) -> bool:
@@ -290,16 +283,13 @@ class EventBus:
             return route
         return [*route, *(sub for sub in own if sub.matches(event_type))]
 
-    def _targets(self, event: AgentEvent) -> Sequence[Subscription]:
-        return self.targets(event.type, event.loop_id)
-
     def publish_nowait(self, event: AgentEvent) -> None:
         """Deliver an event to every matching subscriber without waiting.
 
         Raises:
             BusFull: a backpressure subscriber's buffer is full (nothing was delivered).
         """
-        targets = self._targets(event)
+        targets = self.targets(event.type, event.loop_id)
         if self.backpressure:
             for sub in targets:
                 if sub.backpressure and len(sub._buffer) >= sub.capacity:
@@ -308,16 +298,10 @@ class EventBus:
 
     async def publish(self, event: AgentEvent) -> None:
         """Deliver an event, waiting for room in backpressure subscribers' buffers."""
-        targets = self._targets(event)
+        targets = self.targets(event.type, event.loop_id)
         for sub in targets:
             if sub.backpressure:
                 await sub._wait_for_space()
-        self._deliver(event, targets)
-
-    def deliver_nowait(
-        self, event: AgentEvent, targets: Iterable[Subscription]
-    ) -> None:
-        """Deliver an event to `targets` (from `targets()`), when no one asked for backpressure."""
         self._deliver(event, targets)
 
     def _deliver(self, event: AgentEvent, targets: Iterable[Subscription]) -> None:

@@ -85,7 +85,7 @@ def drain(queue: deque[UserMessage], mode: QueueMode) -> tuple[UserMessage, ...]
 
 
 def awaiting_approval(loop: Loop, calls: Sequence[FunctionCallItem]) -> tuple[str, ...]:
-    tools = {t.name: t for t in loop._request.tools}
+    tools = tool_index(loop)
     return tuple(
         c.call_id
         for c in calls
@@ -237,7 +237,8 @@ async def finish_turn(
     outputs: Sequence[FunctionCallOutputItem],
 ) -> None:
     callback = loop.options.finish_turn
-    if callback is None or output is None:
+    assert callback is not None  # callers check first, to skip the coroutine
+    if output is None:
         return
     snapshot = TurnSnapshot(
         loop_id=loop.loop_id,

@@ -23,7 +23,7 @@ reads any of them back from JSON.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any, ClassVar, Literal, Self, TypeAlias, final
+from typing import Annotated, Any, ClassVar, Literal, TypeAlias, final
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter
 
@@ -114,11 +114,6 @@ class _Event(BaseModel):
         cls._defaults = _fast.defaults(cls)
         cls._type = cls._defaults["type"]
         cls._fields_set = set(cls.model_fields)
-
-    @classmethod
-    def _trusted(cls, fields: dict[str, Any]) -> Self:
-        """Build an event from envelope and fields the loop made (see `agentfsm._fast`)."""
-        return _fast.trusted(cls, {**cls._defaults, **fields}, cls._fields_set)
 
 
 @final

@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import json
 import logging
 import statistics
 import sys
 import time
 import tracemalloc
-from collections.abc import Awaitable, Callable
-from typing import Any, Final, TypeAlias
+from pathlib import Path
+from typing import Any, Final
 
 import anyio
 import anyio.lowlevel
@@ -42,7 +41,20 @@ import agentfsm
 from agentfsm import InferenceInput, InferenceOutput, ModelContext
 from agentfsm.testing import ScriptedProvider, call, calls, text
 
-# agentfsm logs every transition at debug level; an unconfigured structlog prints it all.
+# The workload and the bare floor are the peer benchmark's (bench/peers/harness.py,
+# plain Python, so that every peer's venv can run it): one copy for both.
+sys.path.insert(0, str(Path(__file__).resolve().parent / "peers"))
+from harness import (
+    ANSWER,
+    MODEL_CALLS,
+    PROMPT,
+    TOOL_CALLS,
+    bare_loop,
+    bare_model,
+    bare_model_checkpoint,
+)
+
+# agentfsm logs decisions and loop ends; an unconfigured structlog prints them.
 structlog.configure(
     wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING)
 )
@@ -55,10 +67,6 @@ WARMUP_RUNS: Final = 500
 CONCURRENT: Final = 2_000
 """Loops in flight at once for the memory measurement."""
 
-PROMPT: Final = "what is 1+2+3+4?"
-ANSWER: Final = "10"
-TOOL_CALLS: Final = 3
-MODEL_CALLS: Final = 4
 EVENTS_PER_RUN: Final = 23
 """loop.started, 10 loop.transition, 4 inference.completed, 3 function_call.started,
 3 function_call.completed, model.answer, loop.idle."""
@@ -168,53 +176,6 @@ async def agentfsm_concurrent(loops: int) -> int:
 
 
 # ---------------------------------------------------------------------- bare floor
-
-Message: TypeAlias = dict[str, Any]
-
-BARE_SCRIPT: Final[tuple[Message, ...]] = (
-    {"tool_calls": [{"id": "call_1", "name": "add", "arguments": '{"a":1,"b":2}'}]},
-    {"tool_calls": [{"id": "call_2", "name": "add", "arguments": '{"a":3,"b":3}'}]},
-    {"tool_calls": [{"id": "call_3", "name": "add", "arguments": '{"a":6,"b":4}'}]},
-    {"content": ANSWER},
-)
-
-Model: TypeAlias = Callable[[list[Message], int], Awaitable[Message]]
-
-
-async def bare_model(messages: list[Message], turn: int) -> Message:
-    return BARE_SCRIPT[turn]
-
-
-async def bare_model_checkpoint(messages: list[Message], turn: int) -> Message:
-    await asyncio.sleep(0)
-    return BARE_SCRIPT[turn]
-
-
-async def bare_add(a: int, b: int) -> int:
-    return a + b
-
-
-BARE_TOOLS: Final[dict[str, Callable[..., Awaitable[Any]]]] = {"add": bare_add}
-
-
-async def bare_loop(prompt: str, model: Model) -> tuple[str, int]:
-    """The floor: the same turns by hand; returns (answer, tool calls)."""
-    messages: list[Message] = [{"role": "user", "content": prompt}]
-    tool_calls = 0
-    turn = 0
-    while True:
-        reply = await model(messages, turn)
-        turn += 1
-        messages.append({"role": "assistant", **reply})
-        requested = reply.get("tool_calls")
-        if not requested:
-            return reply["content"], tool_calls
-        for tc in requested:
-            output = await BARE_TOOLS[tc["name"]](**json.loads(tc["arguments"]))
-            tool_calls += 1
-            messages.append(
-                {"role": "tool", "tool_call_id": tc["id"], "content": str(output)}
-            )
 
 
 async def bare_runs(runs: int) -> float:

@@ -75,7 +75,7 @@ class Counter:
 
 
 # ---------------------------------------------------------------------- bare floor
-# The same floor as bench/bench_loop.py (tests/test_bench_peers.py checks it).
+# bench/bench_loop.py imports this floor too: agentfsm and the peers meet one floor.
 
 Message: TypeAlias = dict[str, Any]
 
