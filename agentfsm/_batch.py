@@ -14,7 +14,6 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Final
 
 import anyio
-import anyio.from_thread
 from pydantic import JsonValue
 
 from . import _fast
@@ -79,6 +78,8 @@ class _Progress:
 
     def __call__(self, progress: JsonValue) -> None:
         if threading.get_ident() != self._thread:
+            import anyio.from_thread  # only tools in worker threads need it
+
             anyio.from_thread.run_sync(self, progress)
         elif not self.done:
             self._loop._emit(
@@ -149,7 +150,9 @@ async def _run_call(
         try:
             if chain is None:
                 assert tool is not None
-                result = await tool.invoke(call.arguments)
+                result = await tool._invoke(
+                    call.arguments, loop._runtime._primitives.cancel_scope
+                )
             else:
                 tool_call = ToolCall(
                     call=call,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import fnmatch
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
 from typing import NamedTuple, Self
 
@@ -142,7 +142,7 @@ class Subscription:
         while not buffer:
             if self._closed:
                 raise StopAsyncIteration
-            waiter = self._waiter = anyio.Event()
+            waiter = self._waiter = self._bus._event()
             await waiter.wait()
         event = buffer.popleft()
         space = self._space
@@ -189,6 +189,7 @@ class EventBus:
     __slots__ = (
         "_by_loop",
         "_closed",
+        "_event",
         "_global",
         "_routes",
         "backpressure",
@@ -202,6 +203,8 @@ class EventBus:
         self._by_loop: dict[str, list[Subscription]] = {}
         self._routes: dict[str, tuple[Subscription, ...]] = {}
         self._closed = False
+        self._event: Callable[[], anyio.Event] = anyio.Event
+        """What wakes waiting subscribers (the runtime sets its backend's class)."""
         self.backpressure = False
         """Whether any subscriber asked for backpressure (publishers must `await`)."""
         self.published = 0

@@ -9,12 +9,14 @@ that each model built this way equals the validated one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, TypeVar
 
+import anyio
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-__all__ = ("defaults", "trusted")
+__all__ = ("Primitives", "defaults", "primitives", "trusted")
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -38,3 +40,27 @@ def trusted(cls: type[M], values: dict[str, Any], fields_set: set[str]) -> M:
     _setattr(model, "__pydantic_extra__", None)
     _setattr(model, "__pydantic_private__", None)
     return model
+
+
+class Primitives:
+    """The anyio classes the hot path makes instances of."""
+
+    __slots__ = ("cancel_scope", "event")
+
+    def __init__(
+        self,
+        cancel_scope: Callable[..., anyio.CancelScope],
+        event: Callable[[], anyio.Event],
+    ) -> None:
+        self.cancel_scope = cancel_scope
+        self.event = event
+
+
+def primitives() -> Primitives:
+    """The running backend's `CancelScope` and `Event` classes.
+
+    `anyio.CancelScope()` and `anyio.Event()` find the running backend (a
+    sniffio lookup) and then call its class; a runtime finds it once, and its
+    loops call the class directly.
+    """
+    return Primitives(type(anyio.CancelScope()), type(anyio.Event()))

@@ -224,14 +224,17 @@ class Loop:
             targets = bus.targets(cls._type, self.loop_id)
         if not targets:
             return  # nobody listens: the event is not even built
-        values = cls._defaults.copy()
-        values.update(fields)
-        values["event_id"] = f"{self.loop_id}:{seq}"
-        values["loop_id"] = self.loop_id
-        values["agent_id"] = self.agent_id
-        values["seq"] = seq
-        values["state"] = self.state
-        values["ts"] = datetime.now(UTC)
+        loop_id = self.loop_id
+        values = {
+            "event_id": f"{loop_id}:{seq}",
+            "loop_id": loop_id,
+            "agent_id": self.agent_id,
+            "seq": seq,
+            "ts": datetime.now(UTC),
+            "state": self.state,
+            **cls._defaults,
+            **fields,
+        }
         # The loop made every value itself, in the right type: no validation.
         event = _fast.trusted(cls, values, cls._fields_set)
         if bus.backpressure:
@@ -339,7 +342,7 @@ class Loop:
         if self.status is LoopStatus.done:
             return
         if self._done is None:
-            self._done = anyio.Event()
+            self._done = self._runtime._primitives.event()
         await self._done.wait()
 
     # ------------------------------------------------------------------ driver
@@ -374,7 +377,11 @@ class Loop:
     def _final_answer(self, payload: TransitionPayload) -> None:
         """A handler rewrote the answer at `finish`: the context, the result and a
         second `model.answer` carry the new one."""
-        if not isinstance(payload, ModelMessageItem) or payload == self.answer:
+        if (
+            payload is self.answer
+            or not isinstance(payload, ModelMessageItem)
+            or payload == self.answer
+        ):
             return
         items = self.input.context.items
         at = self._answer_at

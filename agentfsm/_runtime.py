@@ -22,6 +22,7 @@ from typing import Self, Unpack
 import anyio
 from anyio.abc import TaskGroup
 
+from . import _fast
 from ._bus import EventBus
 from ._ids import uuid7
 from ._loop import Loop
@@ -102,6 +103,8 @@ class Runtime:
         self._tasks = 0
         self._event_log_path = event_log
         self._event_log: EventLogWriter | None = None
+        # anyio's own classes (each use finds the backend); the backend's once running.
+        self._primitives = _fast.Primitives(anyio.CancelScope, anyio.Event)
 
     async def __aenter__(self) -> Self:
         if self._tg is not None or self._closed:
@@ -114,6 +117,8 @@ class Runtime:
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
+        self._primitives = _fast.primitives()
+        self.bus._event = self._primitives.event
         self._token = _current.set(self)
         return self
 

@@ -263,10 +263,21 @@ class Tool:
             ToolTimeout: the call ran past `timeout`.
             Exception: whatever the function raised.
         """
+        return await self._invoke(arguments, anyio.CancelScope)
+
+    async def _invoke(
+        self,
+        arguments: str | Mapping[str, Any],
+        cancel_scope: Callable[[], anyio.CancelScope],
+    ) -> ToolResult:
+        """`invoke`, making its scope with `cancel_scope` (the loop passes the
+        running backend's class, found once per runtime)."""
         kwargs = self.validate_arguments(arguments)
         if self.timeout is None:
             return ToolResult.of(await self._call(kwargs))
-        with anyio.CancelScope() as scope:
+        # The scope is entered before the first step: a step may open scopes of
+        # its own, and scopes must nest.
+        with cancel_scope() as scope:
             if self._is_async:
                 # Take the coroutine's first step inside the scope but before arming
                 # its deadline: most async tools finish without waiting on anything

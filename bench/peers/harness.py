@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import gc
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -250,10 +251,20 @@ def import_ms(imports: list[str]) -> float:
         + "".join(f"import {m}\n" for m in imports)
         + "print(time.perf_counter() - t)"
     )
+    # As installed: pip compiles every module to .pyc when it installs a
+    # package, and the first run below writes them for an editable install,
+    # unless the environment forbids it (PYTHONDONTWRITEBYTECODE, set on some
+    # CI machines), which would time agentfsm compiled from source on every
+    # import and its installed peers from .pyc.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     samples = []
     for i in range(IMPORT_SAMPLES + 1):
         out = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=env,
         )
         if i:  # the first one may still write .pyc files
             samples.append(float(out.stdout.strip()) * 1e3)
