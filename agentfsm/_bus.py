@@ -195,6 +195,7 @@ class EventBus:
         "backpressure",
         "delivered",
         "dropped",
+        "listening",
         "published",
     )
 
@@ -207,6 +208,8 @@ class EventBus:
         """What wakes waiting subscribers (the runtime sets its backend's class)."""
         self.backpressure = False
         """Whether any subscriber asked for backpressure (publishers must `await`)."""
+        self.listening = False
+        """Whether there is any subscriber (loops build no event while there is none)."""
         self.published = 0
         self.delivered = 0
         self.dropped = 0
@@ -259,6 +262,7 @@ class EventBus:
 
     def _changed(self) -> None:
         self._routes.clear()
+        self.listening = bool(self._global or self._by_loop)
         self.backpressure = any(s.backpressure for s in self._subscriptions())
 
     def _subscriptions(self) -> Iterable[Subscription]:

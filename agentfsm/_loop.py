@@ -21,7 +21,6 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
-from anyio import TaskHandle
 
 from . import _fast
 from . import events as ev
@@ -57,6 +56,7 @@ if TYPE_CHECKING:
 
     from ._bus import Subscription
     from ._runtime import Runtime
+    from ._workers import Worker
 
 __all__ = ("Loop", "current_loop_id")
 
@@ -73,6 +73,9 @@ _NO_USAGE: Final = _fast.trusted(
     },
     set(),
 )
+
+_RESULT_FIELDS: Final = set(LoopResult.model_fields)
+"""Every field `Loop.result` sets (shared: pydantic copies it before changing it)."""
 
 _current_loop: ContextVar[str | None] = ContextVar("agentfsm_loop_id", default=None)
 
@@ -95,7 +98,6 @@ class Loop:
         "_done",
         "_follow_ups",
         "_gated",
-        "_handle",
         "_handlers",
         "_last_tools",
         "_metadata",
@@ -114,6 +116,7 @@ class Loop:
         "_tool_chain",
         "_tool_index",
         "_truncated",
+        "_worker",
         "agent_id",
         "answer",
         "ended_at",
@@ -191,7 +194,7 @@ class Loop:
         self._deadline_at: float | None = None
         self._paused: tuple[PendingTransition, int, str, LoopState] | None = None
         self._resume: tuple[Decision, int, LoopState] | None = None
-        self._handle: TaskHandle[None] | None = None  # the running task, if any
+        self._worker: Worker | None = None  # the worker running the loop, if any
         self._cancel_requested = False
         self._cancel_reason: str | None = None
         self._outbox: list[ev.AgentEvent] = []
@@ -218,6 +221,8 @@ class Loop:
     def _emit(self, cls: type[ev.AgentEvent], /, **fields: Any) -> None:
         seq = self.seq = self.seq + 1
         bus = self._bus
+        if not bus.listening:
+            return
         # `bus.targets()`, its common case inlined: this runs for every event.
         targets: Sequence[Subscription] | None = bus._routes.get(cls._type)
         if targets is None or bus._by_loop:
@@ -310,8 +315,8 @@ class Loop:
             return False
         self._cancel_requested = True
         self._cancel_reason = reason
-        if self._handle is not None:
-            self._handle.cancel()
+        if self._worker is not None:
+            self._worker.scope.cancel()
             return False
         if self.status is LoopStatus.paused:
             self.status = LoopStatus.running
@@ -487,7 +492,7 @@ class Loop:
             "started_at": self.started_at,
             "ended_at": self.ended_at,
         }
-        return _fast.trusted(LoopResult, values, set(values))
+        return _fast.trusted(LoopResult, values, _RESULT_FIELDS)
 
     def view(self) -> LoopView:
         """A snapshot of the loop."""

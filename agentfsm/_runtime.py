@@ -6,7 +6,8 @@ async with Runtime(providers={"scripted": provider}) as runtime:
     result = await runtime.wait(loop_id)
 ```
 
-Loops run as tasks of the runtime's task group. Leaving the block waits for
+Loops run in worker tasks of the runtime's task group (reused: see `_workers`),
+each in a copy of the context that started it. Leaving the block waits for
 running loops; loops still paused then are cancelled. An exception leaving the
 block cancels every loop (each still ends in `idle` with outcome `cancelled`).
 """
@@ -26,6 +27,7 @@ from . import _fast
 from ._bus import EventBus
 from ._ids import uuid7
 from ._loop import Loop
+from ._workers import WorkerPool
 from .eventlog import EventLogWriter
 from .exceptions import (
     ConfigurationError,
@@ -100,7 +102,7 @@ class Runtime:
         self._token: Token[Runtime | None] | None = None
         self._closed = False
         self._closing = False
-        self._tasks = 0
+        self._workers: WorkerPool | None = None
         self._event_log_path = event_log
         self._event_log: EventLogWriter | None = None
         # anyio's own classes (each use finds the backend); the backend's once running.
@@ -119,6 +121,11 @@ class Runtime:
         self._tg = tg
         self._primitives = _fast.primitives()
         self.bus._event = self._primitives.event
+        self._workers = WorkerPool(
+            lambda work, worker: tg.start_soon(work, worker, name="agentfsm-worker"),
+            self._primitives,
+            self._cancel_paused_if_idle,
+        )
         self._token = _current.set(self)
         return self
 
@@ -134,6 +141,8 @@ class Runtime:
                 # Running loops finish; loops left paused once none runs are
                 # cancelled, since nobody is left to resume them.
                 self._closing = True
+                if self._workers is not None:
+                    self._workers.close()
                 self._cancel_paused_if_idle()
             return await self._tg.__aexit__(exc_type, exc, tb)
         except BaseExceptionGroup as group:
@@ -165,20 +174,16 @@ class Runtime:
                 await self.providers.aclose()
 
     def _spawn(self, loop: Loop) -> None:
-        assert self._tg is not None
-        self._tasks += 1
-        loop._handle = self._tg.start_soon(self._run_task, loop)
+        assert self._workers is not None
+        self._workers.run(loop)
 
-    async def _run_task(self, loop: Loop) -> None:
-        try:
-            await loop.run()
-        finally:
-            loop._handle = None
-            self._tasks -= 1
-            self._cancel_paused_if_idle()
+    @property
+    def _running(self) -> int:
+        """How many loops are running (a paused loop is not: it holds no task)."""
+        return 0 if self._workers is None else self._workers.running
 
     def _cancel_paused_if_idle(self) -> None:
-        if self._closing and self._tasks == 0:
+        if self._closing and not self._running:
             for loop in list(self._loops.values()):
                 if loop.status is LoopStatus.paused:
                     self.cancel(

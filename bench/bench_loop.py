@@ -15,7 +15,7 @@ measured is the runtime's own overhead.
 Printed: CPU µs per run (median of REPEATS x RUNS sequential runs, after a
 warm-up), the ratio agentfsm / bare, and the traced memory per loop with
 CONCURRENT loops in flight at once. The last line is machine-readable:
-`ratio_vs_floor=<x> kb_per_concurrent_loop=<y>`. See bench/README.md.
+`ratio_vs_floor=<x> kb_per_concurrent_loop=<y> ratio_without_subscriber=<z>`. See bench/README.md.
 
 Run with `make bench` (or `.venv/bin/python bench/bench_loop.py`); add `--profile`
 to run only the agentfsm loop for ~20 s, under a profiler.
@@ -132,20 +132,26 @@ async def drain(subscription: agentfsm.Subscription, counter: list[int]) -> None
         counter[0] += 1
 
 
-async def agentfsm_runs(runs: int) -> float:
-    """CPU seconds for `runs` sequential loops (runtime setup and teardown excluded)."""
+async def agentfsm_runs(runs: int, *, subscriber: bool = True) -> float:
+    """CPU seconds for `runs` sequential loops (runtime setup and teardown excluded).
+
+    With `subscriber`, one task drains every event of every loop; without, no
+    event is built (nobody listens), as when no one watches the loops.
+    """
     provider = scripted_provider()
     seen = [0]
     runtime = agentfsm.Runtime(providers={"scripted": provider})
     async with anyio.create_task_group() as tg, runtime:
-        tg.start_soon(drain, runtime.bus.subscribe("*"), seen)
+        if subscriber:
+            tg.start_soon(drain, runtime.bus.subscribe("*"), seen)
         start = time.process_time()
         for _ in range(runs):
             loop_id = runtime.run_loop("agent", PROMPT, inference_input())
             check(await runtime.wait(loop_id))
         elapsed = time.process_time() - start
         stats = runtime.bus.statistics()
-    assert seen[0] == stats.published == runs * EVENTS_PER_RUN, (seen[0], stats)
+    if subscriber:
+        assert seen[0] == stats.published == runs * EVENTS_PER_RUN, (seen[0], stats)
     assert stats.dropped == 0, stats
     return elapsed
 
@@ -212,22 +218,27 @@ async def bare_concurrent(loops: int) -> int:
 # ---------------------------------------------------------------------- main
 
 
-async def timed() -> tuple[float, float]:
-    """Median µs per run (bare, agentfsm) over REPEATS x RUNS, after a warm-up.
+async def timed() -> tuple[float, float, float]:
+    """Median µs per run (bare, agentfsm, agentfsm without a subscriber) over
+    REPEATS x RUNS, after a warm-up.
 
-    The repetitions alternate between the two, so a change in the machine's
-    speed during the benchmark (shared 2-core VMs drift by +-30%) hits both.
+    The repetitions alternate, so a change in the machine's speed during the
+    benchmark (shared 2-core VMs drift by +-30%) hits all three.
     """
     await bare_runs(WARMUP_RUNS)
     await agentfsm_runs(WARMUP_RUNS)
+    await agentfsm_runs(WARMUP_RUNS, subscriber=False)
     bare: list[float] = []
     fsm: list[float] = []
+    quiet: list[float] = []
     for _ in range(REPEATS):
         gc.collect()
         bare.append(await bare_runs(RUNS) / RUNS * 1e6)
         gc.collect()
         fsm.append(await agentfsm_runs(RUNS) / RUNS * 1e6)
-    return statistics.median(bare), statistics.median(fsm)
+        gc.collect()
+        quiet.append(await agentfsm_runs(RUNS, subscriber=False) / RUNS * 1e6)
+    return statistics.median(bare), statistics.median(fsm), statistics.median(quiet)
 
 
 async def profile_target(seconds: float = 20.0) -> None:
@@ -245,10 +256,15 @@ async def main() -> None:
     print(f"workload: {MODEL_CALLS} model calls + {TOOL_CALLS} tool calls per run")
     print(f"cpu: median of {REPEATS} x {RUNS:,} sequential runs (process_time)")
 
-    bare_us, fsm_us = await timed()
+    bare_us, fsm_us, quiet_us = await timed()
     ratio = fsm_us / bare_us
+    quiet_ratio = quiet_us / bare_us
     print(f"  bare asyncio  {bare_us:8.1f} µs/run")
     print(f"  agentfsm      {fsm_us:8.1f} µs/run   ({ratio:.1f}x the floor)")
+    print(
+        f"  agentfsm      {quiet_us:8.1f} µs/run   ({quiet_ratio:.1f}x the floor)"
+        "   without a subscriber (no event built)"
+    )
 
     print(f"memory: traced peak - baseline, {CONCURRENT:,} loops in flight at once")
     bare_kb = await bare_concurrent(CONCURRENT) / CONCURRENT / 1024
@@ -256,7 +272,10 @@ async def main() -> None:
     print(f"  bare asyncio  {bare_kb:8.1f} KB/loop")
     print(f"  agentfsm      {fsm_kb:8.1f} KB/loop")
 
-    print(f"ratio_vs_floor={ratio:.1f} kb_per_concurrent_loop={fsm_kb:.1f}")
+    print(
+        f"ratio_vs_floor={ratio:.1f} kb_per_concurrent_loop={fsm_kb:.1f} "
+        f"ratio_without_subscriber={quiet_ratio:.1f}"
+    )
 
 
 if __name__ == "__main__":

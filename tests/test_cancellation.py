@@ -56,7 +56,7 @@ async def test_cancel_during_inference() -> None:
         result = await runtime.wait(loop_id)
         assert closed.is_set()
         await anyio.wait_all_tasks_blocked()
-        assert runtime._tasks == 0
+        assert runtime._running == 0
     assert (result.outcome, result.reason) == (Outcome.cancelled, "user pressed stop")
     assert_path(result, "idle context_update inference idle")
     assert result.path[-1].trigger is Trigger.cancel

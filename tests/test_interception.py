@@ -372,7 +372,7 @@ async def test_pause_holds_no_task_and_resume_continues() -> None:
         assert view.pause_reason == "approve tools"
         assert view.pending is not None
         assert view.pending.trigger is Trigger.call_tools
-        assert runtime._tasks == 0  # nothing runs on the paused loop's behalf
+        assert runtime._running == 0  # nothing runs on the paused loop's behalf
         paused = [e for e in recorder.events if isinstance(e, LoopPaused)]
         assert isinstance(paused[0].payload, ToolBatch)
         batch = view.pending.payload
@@ -411,7 +411,7 @@ async def test_pause_a_hundred_loops_and_resume_each() -> None:
         with anyio.fail_after(10):
             while len(runtime.loops(status=LoopStatus.paused)) < 100:
                 await anyio.wait_all_tasks_blocked()
-        assert runtime._tasks == 0
+        assert runtime._running == 0
         assert all(runtime.get(i).state is LoopState.idle for i in ids)
         for loop_id in reversed(ids):
             runtime.resume(loop_id)

@@ -1,0 +1,146 @@
+"""The tasks loops run in: a pool of reused workers.
+
+Starting an anyio task costs more than a loop's whole first step (anyio builds a
+task handle, a cancel scope and an event for each), so a loop is handed to an
+idle worker task when there is one and a new worker is started only when none
+is idle. A worker runs one loop at a time, in a copy of the context of whoever
+started (or resumed) the loop, as if it were the loop's own task: context
+variables set by the caller are seen by the loop, and what the loop sets stays
+with the loop.
+
+A worker is not reused after its loop was cancelled (cancelling a loop cancels
+its worker's scope), nor while the runtime is closing, nor when enough workers
+are already idle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine, Generator
+from contextvars import Context, copy_context
+from typing import TYPE_CHECKING, Any, Final
+
+import anyio
+
+if TYPE_CHECKING:
+    from ._fast import Primitives
+    from ._loop import Loop
+
+__all__ = ("MAX_IDLE", "Worker", "WorkerPool")
+
+MAX_IDLE: Final = 64
+"""Idle workers kept for the next loops; more exit once their loop has ended."""
+
+
+class Worker:
+    """One worker task: the loop it runs next, its scope and what wakes it."""
+
+    __slots__ = ("context", "loop", "scope", "wake")
+
+    def __init__(self, scope: anyio.CancelScope) -> None:
+        self.scope = scope
+        """Cancelled to cancel the running loop (the worker then ends)."""
+        self.loop: Loop | None = None
+        self.context: Context | None = None
+        self.wake: anyio.Event | None = None
+
+
+class WorkerPool:
+    """Hands loops to idle workers, starting workers when none is idle."""
+
+    __slots__ = ("_idle", "_on_loop_end", "_primitives", "_start", "closing", "running")
+
+    def __init__(
+        self,
+        start: Callable[
+            [Callable[[Worker], Coroutine[Any, Any, None]], Worker], object
+        ],
+        primitives: Primitives,
+        on_loop_end: Callable[[], None],
+    ) -> None:
+        self._start = start
+        self._primitives = primitives
+        self._on_loop_end = on_loop_end
+        self._idle: list[Worker] = []
+        self.running = 0
+        """Loops running (handed to a worker and not yet returned)."""
+        self.closing = False
+
+    def run(self, loop: Loop) -> None:
+        """Run `loop` in a worker, in a copy of the current context."""
+        self.running += 1
+        if self._idle:
+            worker = self._idle.pop()
+        else:
+            worker = Worker(self._primitives.cancel_scope())
+            self._start(self._work, worker)
+        worker.loop = loop
+        worker.context = copy_context()
+        if worker.wake is not None:
+            worker.wake.set()
+
+    def close(self) -> None:
+        """No more reuse: wake the idle workers so that they end."""
+        self.closing = True
+        idle, self._idle = self._idle, []
+        for worker in idle:
+            assert worker.wake is not None
+            worker.wake.set()
+
+    async def _work(self, worker: Worker) -> None:
+        with worker.scope:
+            while True:
+                loop, context = worker.loop, worker.context
+                if loop is None or context is None:
+                    return  # woken by `close`
+                worker.loop = worker.context = worker.wake = None
+                loop._worker = worker
+                try:
+                    await InContext(context, loop.run())
+                finally:
+                    loop._worker = None
+                    self.running -= 1
+                    self._on_loop_end()
+                if (
+                    worker.scope.cancel_called
+                    or self.closing
+                    or len(self._idle) >= MAX_IDLE
+                ):
+                    return
+                wake = worker.wake = self._primitives.event()
+                self._idle.append(worker)
+                await wake.wait()
+
+
+class InContext:
+    """Awaits `coro`, running each of its steps in `context`.
+
+    What an asyncio or trio task does for its own coroutine: every step runs
+    inside `context.run`, whatever the coroutine yields goes up to the event
+    loop, and whatever the event loop sends or throws (cancellation included)
+    goes back down into it.
+    """
+
+    __slots__ = ("_context", "_coro")
+
+    def __init__(self, context: Context, coro: Coroutine[Any, Any, None]) -> None:
+        self._context = context
+        self._coro = coro
+
+    def __await__(self) -> Generator[Any, Any, None]:
+        run, coro = self._context.run, self._coro
+        step: Callable[[Any], Any] = coro.send
+        value: Any = None
+        while True:
+            try:
+                yielded = run(step, value)
+            except StopIteration:
+                return
+            try:
+                value = yield yielded
+            except GeneratorExit:
+                run(coro.close)
+                raise
+            except BaseException as exc:  # noqa: BLE001 - forwarded into the coroutine
+                step, value = coro.throw, exc
+            else:
+                step = coro.send
