@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from . import events as ev
 from ._machine import ALLOWED
+from ._request import metadata
 from ._states import _T
 from .exceptions import LoopAborted, TransitionRejected
 from .interception import (
@@ -59,7 +60,9 @@ def pending_of(
         model_requests=loop.model_requests,
         tool_calls=loop.tool_calls,
         usage=loop.usage,
-        metadata=loop._metadata if trigger in REQUEST_TRIGGERS else None,
+        metadata=metadata(loop._metadata, loop.input)
+        if trigger in REQUEST_TRIGGERS
+        else None,
     )
 
 

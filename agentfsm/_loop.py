@@ -404,13 +404,16 @@ class Loop:
     ) -> None:
         self.path.append(_tuple_new(PathStep, (source, trigger, dest, rewritten_from)))
         self.state = dest
-        self._emit(
-            ev.LoopTransition,
-            source=source,
-            trigger=trigger,
-            dest=dest,
-            rewritten_from=rewritten_from,
-        )
+        if self._bus.listening:
+            self._emit(
+                ev.LoopTransition,
+                source=source,
+                trigger=trigger,
+                dest=dest,
+                rewritten_from=rewritten_from,
+            )
+        else:
+            self.seq += 1  # what `_emit` does when nobody listens, without the call
 
     # ------------------------------------------------------------------ queues
 

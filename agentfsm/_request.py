@@ -40,6 +40,7 @@ __all__ = (
     "ContextScan",
     "ModelChain",
     "chain_model_wrappers",
+    "metadata",
     "normalized",
     "request_model",
 )
@@ -95,12 +96,13 @@ def context_scan(context: ModelContext) -> ContextScan:
 
 def normalized(
     request: InferenceInput, scan: ContextScan
-) -> tuple[InferenceInput, RequestMetadata]:
-    """The request to send (a repaired copy when calls lack outputs) and its metadata."""
+) -> tuple[InferenceInput, RequestMetadata | None]:
+    """The request to send (a repaired copy when calls lack outputs) and, for a
+    repaired one, its metadata (see `metadata`)."""
     items = request.context.items
     open_calls = scan.open_calls(items)
     if not open_calls:
-        return request, RequestMetadata(len(items))
+        return request, None
     # Each synthetic output goes after the run of calls and outputs holding its
     # call, so providers that group a turn's calls still see them together.
     inserts: dict[int, list[tuple[int, str]]] = {}
@@ -123,6 +125,14 @@ def normalized(
     return request.model_copy(update={"context": context}), RequestMetadata(
         len(items), repairs
     )
+
+
+def metadata(
+    repaired: RequestMetadata | None, request: InferenceInput
+) -> RequestMetadata:
+    """The metadata of `request`: `normalized`'s for a repaired request, else made
+    here (most requests have no handler or wrapper to read it)."""
+    return repaired or RequestMetadata(len(request.context.items))
 
 
 def chain_model_wrappers(

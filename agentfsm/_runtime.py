@@ -377,7 +377,10 @@ def _user_message(
     message: UserMessage | str | None, inference_input: InferenceInput
 ) -> UserMessage | None:
     if isinstance(message, str):
-        return UserMessage(content=message)
+        # Built without validation: a str is all a UserMessage's content is.
+        return _fast.trusted(
+            UserMessage, {"type": "user_message", "content": message}, {"content"}
+        )
     if isinstance(message, UserMessage):
         return message
     if message is not None:

@@ -19,7 +19,7 @@ from . import _fast
 from . import events as ev
 from ._batch import INTERRUPTED, run_batch
 from ._batch import Outcome as CallOutcome
-from ._request import normalized, request_model
+from ._request import metadata, normalized, request_model
 from .exceptions import StructuredOutputError
 from .interception import ToolBatch, TransitionPayload
 from .messages import (
@@ -30,7 +30,7 @@ from .messages import (
     UserMessage,
 )
 from .options import QueueMode, TurnSnapshot
-from .providers import InferenceInput, InferenceOutput, ModelRequest, RequestMetadata
+from .providers import InferenceInput, InferenceOutput, ModelRequest
 from .states import LoopState, Trigger
 from .tools import Tool, format_validation_error
 
@@ -118,10 +118,9 @@ async def inference(loop: Loop, payload: TransitionPayload) -> None:
     if loop._model_chain is None:
         output = await request_model(loop, payload, streaming)
     else:
-        metadata = loop._metadata or RequestMetadata(len(payload.context.items))
         values = {
             "input": payload,
-            "metadata": metadata,
+            "metadata": metadata(loop._metadata, payload),
             "streaming": streaming,
             "loop_id": loop.loop_id,
             "agent_id": loop.agent_id,
@@ -157,9 +156,11 @@ def completed(loop: Loop, request: InferenceInput, output: InferenceOutput) -> N
 async def function_call(loop: Loop, payload: TransitionPayload) -> None:
     batch = payload if isinstance(payload, ToolBatch) else ToolBatch(calls=())
     output, loop._output = loop._output, None
-    items: list[ContextItem] = []
-    if output is not None:
-        items.extend(i for i in output.items if not isinstance(i, FunctionCallItem))
+    items: list[ContextItem] = (
+        []
+        if output is None
+        else [i for i in output.items if not isinstance(i, FunctionCallItem)]
+    )
     loop._last_tools.clear()
     results: list[CallOutcome | None] = [None] * len(batch.calls)
     try:
@@ -177,8 +178,7 @@ async def function_call(loop: Loop, payload: TransitionPayload) -> None:
         write(loop, items)
     if loop.options.finish_turn is not None:
         await finish_turn(loop, output, outputs)
-    terminate = bool(results) and all(r is not None and r[1] for r in results)
-    stop = "terminated" if terminate else stop_check(loop)
+    stop = "terminated" if _all_terminate(results) else stop_check(loop)
     if stop is not None:
         loop._stop_reason = stop
         loop._next = (_T.stop, None)
@@ -189,6 +189,14 @@ async def function_call(loop: Loop, payload: TransitionPayload) -> None:
         )
     else:
         loop._next = infer_step(loop)
+
+
+def _all_terminate(results: list[CallOutcome | None]) -> bool:
+    """Whether the batch ran calls and every one asked to end the loop."""
+    for result in results:
+        if result is None or not result[1]:
+            return False
+    return bool(results)
 
 
 def tool_index(loop: Loop) -> dict[str, Tool]:

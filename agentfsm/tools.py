@@ -242,10 +242,11 @@ class Tool:
             ToolArgumentsError: naming each field that is wrong and why.
         """
         try:
+            validator = self._args_model.__pydantic_validator__
             if isinstance(arguments, str):
-                model = self._args_model.model_validate_json(arguments or "{}")
+                model = validator.validate_json(arguments or "{}")
             else:
-                model = self._args_model.model_validate(arguments)
+                model = validator.validate_python(arguments)
         except ValidationError as exc:
             raise ToolArgumentsError(
                 f"invalid arguments for tool {self.name!r}: "

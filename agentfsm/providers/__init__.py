@@ -146,7 +146,7 @@ class InferenceOutput(BaseModel):
     @property
     def function_calls(self) -> tuple[FunctionCallItem, ...]:
         """The function calls in the output, in order."""
-        return tuple(i for i in self.items if isinstance(i, FunctionCallItem))
+        return tuple([i for i in self.items if isinstance(i, FunctionCallItem)])
 
     @property
     def message(self) -> ModelMessageItem | None:
