@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Final
 
 import anyio
 from pydantic import JsonValue
+from pydantic_core import to_json
 
 from . import _fast
 from . import events as ev
@@ -134,14 +135,18 @@ async def _run_call(
     denial = batch.denied.get(call.call_id)
     tool = tools.get(call.name)
     chain = loop._tool_chain
+    outcome: tuple[str, bool, bool]  # output, is_error, terminate
     if denial is not None:
-        result = ToolResult.error(f"the call was denied: {denial}")
+        outcome = (f"the call was denied: {denial}", True, False)
     elif truncated:
-        result = ToolResult.error(TRUNCATED)
+        outcome = (TRUNCATED, True, False)
     elif tool is None and chain is None:
-        result = ToolResult.error(_unknown(call, tools))
+        outcome = (_unknown(call, tools), True, False)
     else:
-        loop._emit(ev.FunctionCallStarted, call=call)
+        if loop._bus.listening:
+            loop._emit(ev.FunctionCallStarted, call=call)
+        else:
+            loop.seq += 1  # what `_emit` does when nobody listens, without the call
         loop.tool_calls += 1
         if tool is not None:
             loop._last_tools.append(tool.name)
@@ -150,7 +155,7 @@ async def _run_call(
         try:
             if chain is None:
                 assert tool is not None
-                result = await tool._invoke(
+                value = await tool._invoke(
                     call.arguments, loop._runtime._primitives.cancel_scope
                 )
             else:
@@ -161,36 +166,47 @@ async def _run_call(
                     loop_id=loop.loop_id,
                     agent_id=loop.agent_id,
                 )
-                result = ToolResult.of(await chain(tool_call))
+                value = await chain(tool_call)
+            if isinstance(value, ToolResult):
+                outcome = (value.output, value.is_error, value.terminate)
+            else:  # what `ToolResult.of` holds, without making one
+                text = value if isinstance(value, str) else to_json(value).decode()
+                outcome = (text, False, False)
         except UnknownTool:
-            result = ToolResult.error(_unknown(call, tools))
+            outcome = (_unknown(call, tools), True, False)
         except ToolError as exc:
-            result = ToolResult.error(str(exc))
+            outcome = (str(exc), True, False)
         except Exception as exc:  # noqa: BLE001 - a raising tool (or wrapper) becomes an error output
-            result = ToolResult.error(
-                f"tool {call.name!r} raised {type(exc).__name__}: {exc}"
+            outcome = (
+                f"tool {call.name!r} raised {type(exc).__name__}: {exc}",
+                True,
+                False,
             )
         finally:
             progress.done = True
             _progress.reset(token)
+    output, is_error, terminate = outcome
     values = {
         "type": "function_call_output",
         "call_id": call.call_id,
-        "output": result.output,
-        "is_error": result.is_error,
+        "output": output,
+        "is_error": is_error,
     }
     out = _fast.trusted(FunctionCallOutputItem, values, _OUTPUT_FIELDS)
-    if out.is_error:
+    if is_error:
         loop._log.info(
-            "tool_call_error", call_id=call.call_id, tool=call.name, error=out.output
+            "tool_call_error", call_id=call.call_id, tool=call.name, error=output
         )
-    loop._emit(
-        ev.FunctionCallCompleted,
-        call=call,
-        output=out,
-        duration=time.perf_counter() - started,
-    )
-    return out, result.terminate
+    if loop._bus.listening:
+        loop._emit(
+            ev.FunctionCallCompleted,
+            call=call,
+            output=out,
+            duration=time.perf_counter() - started,
+        )
+    else:
+        loop.seq += 1
+    return out, terminate
 
 
 def _unknown(call: FunctionCallItem, tools: Mapping[str, Tool]) -> str:

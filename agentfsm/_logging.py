@@ -6,6 +6,7 @@ structlog is imported on first use, not with agentfsm: importing it costs about
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -14,6 +15,7 @@ if TYPE_CHECKING:
 __all__ = ("bind_contextvars", "get_logger")
 
 _logger: FilteringBoundLogger | None = None
+_bind: Callable[..., Any] | None = None
 
 
 def get_logger() -> FilteringBoundLogger:
@@ -28,6 +30,9 @@ def get_logger() -> FilteringBoundLogger:
 
 def bind_contextvars(**values: Any) -> None:
     """Bind `values` in structlog's context variables (for every log line of this task)."""
-    import structlog.contextvars
+    global _bind
+    if _bind is None:
+        import structlog.contextvars
 
-    structlog.contextvars.bind_contextvars(**values)
+        _bind = structlog.contextvars.bind_contextvars
+    _bind(**values)

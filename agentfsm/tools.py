@@ -264,18 +264,19 @@ class Tool:
             ToolTimeout: the call ran past `timeout`.
             Exception: whatever the function raised.
         """
-        return await self._invoke(arguments, anyio.CancelScope)
+        return ToolResult.of(await self._invoke(arguments, anyio.CancelScope))
 
     async def _invoke(
         self,
         arguments: str | Mapping[str, Any],
         cancel_scope: Callable[[], anyio.CancelScope],
-    ) -> ToolResult:
-        """`invoke`, making its scope with `cancel_scope` (the loop passes the
-        running backend's class, found once per runtime)."""
+    ) -> Any:
+        """`invoke`, returning what the function returned (the loop turns it into
+        an output itself), and making its scope with `cancel_scope` (the loop
+        passes the running backend's class, found once per runtime)."""
         kwargs = self.validate_arguments(arguments)
         if self.timeout is None:
-            return ToolResult.of(await self._call(kwargs))
+            return await self._call(kwargs)
         # The scope is entered before the first step: a step may open scopes of
         # its own, and scopes must nest.
         with cancel_scope() as scope:
@@ -287,7 +288,7 @@ class Tool:
                 try:
                     first = coro.send(None)
                 except StopIteration as done:
-                    return ToolResult.of(done.value)
+                    return done.value
                 scope.deadline = anyio.current_time() + self.timeout
                 result = await _Resume(coro, first)
             else:
@@ -297,7 +298,7 @@ class Tool:
             raise ToolTimeout(
                 f"tool {self.name!r} timed out after {self.timeout:g}s", tool=self.name
             )
-        return ToolResult.of(result)
+        return result
 
     async def _call(self, kwargs: dict[str, Any]) -> Any:
         if self._is_async:
