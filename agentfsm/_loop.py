@@ -224,24 +224,23 @@ class Loop:
         if not bus.listening:
             return
         # `bus.targets()`, its common case inlined: this runs for every event.
-        targets: Sequence[Subscription] | None = bus._routes.get(cls._type)
+        event_type, template, fields_set = ev._SPECS[cls]
+        targets: Sequence[Subscription] | None = bus._routes.get(event_type)
         if targets is None or bus._by_loop:
-            targets = bus.targets(cls._type, self.loop_id)
+            targets = bus.targets(event_type, self.loop_id)
         if not targets:
             return  # nobody listens: the event is not even built
         loop_id = self.loop_id
-        values = {
-            "event_id": f"{loop_id}:{seq}",
-            "loop_id": loop_id,
-            "agent_id": self.agent_id,
-            "seq": seq,
-            "ts": datetime.now(UTC),
-            "state": self.state,
-            **cls._defaults,
-            **fields,
-        }
+        values = template.copy()
+        values["event_id"] = f"{loop_id}:{seq}"
+        values["loop_id"] = loop_id
+        values["agent_id"] = self.agent_id
+        values["seq"] = seq
+        values["ts"] = datetime.now(UTC)
+        values["state"] = self.state
+        values.update(fields)
         # The loop made every value itself, in the right type: no validation.
-        event = _fast.trusted(cls, values, cls._fields_set)
+        event = _fast.trusted(cls, values, fields_set)
         if bus.backpressure:
             self._outbox.append(event)
         else:

@@ -23,7 +23,7 @@ reads any of them back from JSON.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any, ClassVar, Literal, TypeAlias, final
+from typing import Annotated, Any, Literal, TypeAlias, final
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter
 
@@ -104,16 +104,20 @@ class _Event(BaseModel):
     state: LoopState
     """The loop's state when the event was published."""
 
-    _type: ClassVar[str] = ""
-    _defaults: ClassVar[dict[str, Any]] = {}
-    _fields_set: ClassVar[set[str]] = set()
-
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
         super().__pydantic_init_subclass__(**kwargs)
-        cls._defaults = _fast.defaults(cls)
-        cls._type = cls._defaults["type"]
-        cls._fields_set = set(cls.model_fields)
+        defaults = _fast.defaults(cls)
+        # Every field in declaration order, holding its default (None until set).
+        template = {name: defaults.get(name) for name in cls.model_fields}
+        _SPECS[cls] = (defaults["type"], template, set(cls.model_fields))
+
+
+_SPECS: dict[type[_Event], tuple[str, dict[str, Any], set[str]]] = {}
+"""Per event class, what `Loop._emit` builds its events from: the type, a dict of
+every field (defaults filled in) to copy, and the set of fields it sets.
+(Kept in a plain dict: class attributes of a pydantic model are looked up
+through its metaclass, several times slower.)"""
 
 
 @final
