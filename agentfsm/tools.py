@@ -165,6 +165,7 @@ class Tool:
     __slots__ = (
         "_aliases",
         "_args_model",
+        "_awaits",
         "_is_async",
         "definition",
         "execution_mode",
@@ -199,6 +200,7 @@ class Tool:
         self.needs_approval = needs_approval
         self.execution_mode = execution_mode
         self._is_async = inspect.iscoroutinefunction(function)
+        self._awaits = self._is_async and _awaits(function)
         self._args_model = _arguments_model(function, self.name)
         self._aliases = tuple(
             (name, field.alias or name)
@@ -275,7 +277,12 @@ class Tool:
         an output itself), and making its scope with `cancel_scope` (the loop
         passes the running backend's class, found once per runtime)."""
         kwargs = self.validate_arguments(arguments)
-        if self.timeout is None:
+        if self.timeout is None or not (
+            self._awaits if self._is_async else self.run_in_thread
+        ):
+            # No scope where nothing could be interrupted: a call that never
+            # suspends (an async function without an await, a sync function run
+            # in the loop's thread) cannot be cancelled, so no deadline can end it.
             return await self._call(kwargs)
         # The scope is entered before the first step: a step may open scopes of
         # its own, and scopes must nest.
@@ -348,6 +355,17 @@ class _Resume:
                     value = coro.send(sent)
                 except StopIteration as done:
                     return done.value
+
+
+def _awaits(function: Callable[..., Any]) -> bool:
+    """Whether an async function may suspend: whether its code has a yield point
+    (any `await`, `async for` or `async with`). Unknown code counts as yes."""
+    code = getattr(function, "__code__", None)
+    if code is None:
+        return True
+    import dis  # only when a tool is made
+
+    return any(i.opname == "YIELD_VALUE" for i in dis.get_instructions(code))
 
 
 def _arguments_model(function: ToolFunction, name: str) -> type[BaseModel]:

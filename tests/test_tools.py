@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import warnings
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -327,6 +328,52 @@ class TestTimeout:
             assert not finished.is_set()  # the thread was abandoned, not waited for
         finally:
             release.set()
+
+    async def test_a_wait_inside_async_for_or_async_with_times_out_too(self) -> None:
+        """Whatever the await is written as, a call that waits gets its deadline."""
+
+        async def never() -> AsyncIterator[int]:
+            await anyio.sleep_forever()
+            yield 1
+
+        @tool(timeout=0.05)
+        async def iterate() -> str:
+            async for _ in never():
+                pass
+            return "never"
+
+        @tool(timeout=0.05)
+        async def hold() -> str:
+            async with anyio.Lock():
+                await anyio.sleep_forever()
+            return "never"
+
+        for hangs in (iterate, hold):
+            with anyio.fail_after(5), pytest.raises(ToolTimeout):
+                await hangs.invoke("{}")
+
+    def test_which_calls_can_be_interrupted(self) -> None:
+        """Only a call that can suspend gets a cancel scope: an async function
+        without an await (or a sync one run in the loop's thread) cannot be
+        interrupted, so a scope would never end it."""
+
+        async def pure(a: int) -> int:
+            def helper() -> int:  # an inner function's code is not the tool's
+                return a
+
+            return helper()
+
+        async def waits(a: int) -> int:
+            await anyio.lowlevel.checkpoint()
+            return a
+
+        class Methods:
+            async def waits(self) -> None:
+                await anyio.lowlevel.checkpoint()
+
+        assert not Tool.from_function(pure)._awaits
+        assert Tool.from_function(waits)._awaits
+        assert Tool.from_function(Methods().waits)._awaits
 
     async def test_no_timeout(self) -> None:
         """`timeout=None` means no limit."""
