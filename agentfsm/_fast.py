@@ -20,6 +20,7 @@ __all__ = ("Primitives", "defaults", "primitives", "trusted")
 
 M = TypeVar("M", bound=BaseModel)
 
+_new = object.__new__  # what `cls.__new__` is for a model, without the metaclass lookup
 _setattr = object.__setattr__
 
 
@@ -34,7 +35,7 @@ def defaults(cls: type[BaseModel]) -> dict[str, Any]:
 
 def trusted(cls: type[M], values: dict[str, Any], fields_set: set[str]) -> M:
     """An instance of `cls` holding `values` (every field, already valid) as they are."""
-    model = cls.__new__(cls)
+    model = _new(cls)
     _setattr(model, "__dict__", values)
     _setattr(model, "__pydantic_fields_set__", fields_set)
     _setattr(model, "__pydantic_extra__", None)

@@ -77,6 +77,11 @@ class ContextScan:
         self._scanned = len(items)
         return open_calls
 
+    def clean(self, items: list[ContextItem]) -> bool:
+        """Whether `items` is known to have no call without an output (the scan
+        read every item and found none open): then `open_calls` has nothing to do."""
+        return items is self._items and self._scanned == len(items) and not self._open
+
     def skip(self, items: list[ContextItem], before: int, after: int) -> None:
         """Mark `items[before:after]` scanned: the loop wrote them, calls with outputs.
 

@@ -107,8 +107,13 @@ async def context_update(loop: Loop, payload: TransitionPayload) -> None:
 
 
 def infer_step(loop: Loop) -> Step:
-    request, loop._metadata = normalized(loop.input, loop._scan)
-    return (_T.infer_streaming if loop.input.streaming else _T.infer, request)
+    request = loop.input
+    scan = loop._scan
+    if scan.clean(request.context.items):
+        loop._metadata = None  # nothing to repair: the request as it is
+    else:
+        request, loop._metadata = normalized(request, scan)
+    return (_T.infer_streaming if request.streaming else _T.infer, request)
 
 
 async def inference(loop: Loop, payload: TransitionPayload) -> None:

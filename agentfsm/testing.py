@@ -133,10 +133,10 @@ class ScriptedProvider:
         else:
             self._cursors[key] = index + 1
         step = self.script[index]
-        if isinstance(step, BaseException):
-            raise step
         if isinstance(step, InferenceOutput):
             return step
+        if isinstance(step, BaseException):
+            raise step
         return step(request)
 
     async def complete(self, request: InferenceInput, /) -> InferenceOutput:

@@ -163,10 +163,10 @@ class Tool:
     """
 
     __slots__ = (
-        "_aliases",
         "_args_model",
         "_awaits",
         "_is_async",
+        "_parameters",
         "definition",
         "execution_mode",
         "function",
@@ -202,9 +202,8 @@ class Tool:
         self._is_async = inspect.iscoroutinefunction(function)
         self._awaits = self._is_async and _awaits(function)
         self._args_model = _arguments_model(function, self.name)
-        self._aliases = tuple(
-            (name, field.alias or name)
-            for name, field in self._args_model.model_fields.items()
+        self._parameters = tuple(
+            field.alias or name for name, field in self._args_model.model_fields.items()
         )
         schema = self._args_model.model_json_schema()
         schema.pop("title", None)
@@ -255,8 +254,8 @@ class Tool:
                 f"{format_validation_error(exc)}",
                 tool=self.name,
             ) from exc
-        values = model.__dict__  # fields in parameter order, named p0, p1, ...
-        return {alias: values[name] for name, alias in self._aliases}
+        # The model's fields are the parameters in order, named p0, p1, ...
+        return dict(zip(self._parameters, model.__dict__.values(), strict=True))
 
     async def invoke(self, arguments: str | Mapping[str, Any]) -> ToolResult:
         """Validate the arguments, run the function and return its result.
