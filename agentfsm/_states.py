@@ -141,7 +141,10 @@ def completed(loop: Loop, request: InferenceInput, output: InferenceOutput) -> N
         loop.usage = loop.usage + output.token_usage
     loop._request = request
     loop._output = output
-    loop._emit(ev.InferenceCompleted, model=request.model, output=output)
+    if loop._bus.listening:
+        loop._emit(ev.InferenceCompleted, model=request.model, output=output)
+    else:
+        loop.seq += 1  # what `_emit` does when nobody listens, without the call
     calls = output.function_calls
     if calls:
         # A response cut by the token limit may hold truncated arguments.

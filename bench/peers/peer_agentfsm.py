@@ -2,8 +2,10 @@
 
 `Runtime.run_loop` + `Runtime.wait` with a `ScriptedProvider(record=False)`, an
 async `@agentfsm.tool` and one bus subscriber draining every event; the script,
-the tool and the checks are bench_loop.py's own. Run by `run.py` with the main
-venv's python (see harness.py).
+the tool and the checks are bench_loop.py's own. With `--no-subscriber` (run by
+`run.py` as the subject `agentfsm_quiet`) nobody subscribes, so no event is
+built: the same conditions as the peers and the bare loop, which publish
+nothing. Run by `run.py` with the python of `bench/.venvs/agentfsm`.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 from harness import Counter, Subject, main
@@ -37,7 +40,8 @@ class Runner:
     nothing once a run has returned.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, subscriber: bool) -> None:
+        self.subscriber = subscriber
         self.counter = Counter()  # agentfsm counts tool calls: LoopResult.tool_calls
         self.providers = {
             "scripted": bench_loop.scripted_provider(),
@@ -56,13 +60,15 @@ class Runner:
 
         def check_events() -> None:
             published = runtime.bus.statistics().published
-            expected = (self.counter.n - runs) // 3 * bench_loop.EVENTS_PER_RUN
+            loops = (self.counter.n - runs) // 3
+            expected = loops * bench_loop.EVENTS_PER_RUN if self.subscriber else 0
             assert seen[0] == published == expected, (seen[0], published, expected)
 
         stack.callback(check_events)  # once the drain task has ended
         tg = await stack.enter_async_context(anyio.create_task_group())
         await stack.enter_async_context(runtime)
-        tg.start_soon(bench_loop.drain, runtime.bus.subscribe("*"), seen)
+        if self.subscriber:
+            tg.start_soon(bench_loop.drain, runtime.bus.subscribe("*"), seen)
         await anyio.lowlevel.checkpoint()
 
     async def close(self) -> None:
@@ -97,20 +103,27 @@ class Runner:
             await self.finish(loop_id, context)
 
 
-@asynccontextmanager
-async def make_subject() -> AsyncIterator[Subject]:
-    runner = Runner()
-    await runner.open()
-    try:
-        yield Subject("agentfsm", runner.one, runner.many, runner.counter, runner.reset)
-    finally:
-        await runner.close()
+def subject_maker(name: str, subscriber: bool) -> Any:
+    @asynccontextmanager
+    async def make_subject() -> AsyncIterator[Subject]:
+        runner = Runner(subscriber)
+        await runner.open()
+        try:
+            yield Subject(name, runner.one, runner.many, runner.counter, runner.reset)
+        finally:
+            await runner.close()
+
+    return make_subject
 
 
 if __name__ == "__main__":
+    quiet = "--no-subscriber" in sys.argv
+    if quiet:
+        sys.argv.remove("--no-subscriber")
+    name = "agentfsm (no subscriber)" if quiet else "agentfsm"
     main(
-        make_subject,
-        name="agentfsm",
+        subject_maker(name, subscriber=not quiet),
+        name=name,
         version=agentfsm.__version__,
         imports=["agentfsm"],
     )

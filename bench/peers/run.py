@@ -34,7 +34,17 @@ BENCH: Final = HERE.parent
 ROOT: Final = BENCH.parent
 VENVS: Final = BENCH / ".venvs"
 
-SUBJECTS: Final = ("agentfsm", "burr", "openai_agents", "pydantic_ai", "langgraph")
+SUBJECTS: Final = (
+    "agentfsm",
+    "agentfsm_quiet",
+    "burr",
+    "openai_agents",
+    "pydantic_ai",
+    "langgraph",
+)
+RUN_AS: Final = {"agentfsm_quiet": ("agentfsm", ["--no-subscriber"])}
+"""Subjects run by another subject's script and venv, with extra arguments."""
+QUIET: Final = "agentfsm (no subscriber)"
 MODEL_CALLS: Final = 4
 CONCURRENT: Final = 2_000
 BEGIN: Final = "<!-- bench-peers:begin (written by `make bench-peers`) -->"
@@ -52,12 +62,13 @@ def venv_python(name: str) -> Path:
 
 
 def run_subject(name: str, quick: bool) -> dict[str, Any]:
-    python = venv_python(name)
+    script, extra = RUN_AS.get(name, (name, []))
+    python = venv_python(script)
     if not python.exists():
         sys.exit(f"{python} is missing: run `make bench-peers` (it creates the venvs)")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "figures.json"
-        cmd = [str(python), str(HERE / f"peer_{name}.py"), "--json", str(out)]
+        cmd = [str(python), str(HERE / f"peer_{script}.py"), "--json", str(out), *extra]
         if quick:
             cmd.append("--quick")
         start = time.monotonic()
@@ -94,7 +105,8 @@ def rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         "kb": fsm["bare_kb_per_run_in_flight"],
         "import_ms": None,
     }
-    out.sort(key=lambda r: (r["name"] != "agentfsm", r["ratio"]))
+    order = {"agentfsm": 0, QUIET: 1}
+    out.sort(key=lambda r: (order.get(r["name"], 2), r["ratio"]))
     return [bare, *out]
 
 
@@ -117,15 +129,25 @@ def table(table_rows: list[dict[str, Any]], in_flight: int) -> str:
     return head + "\n".join(lines) + "\n"
 
 
-def targets(fsm: dict[str, Any]) -> list[str]:
+def targets(fsm: dict[str, Any], quiet: dict[str, Any] | None) -> list[str]:
     def mark(ok: bool) -> str:
         return "met" if ok else "MISSED"
 
     ratio, concurrent = fsm["ratio"], fsm["cus"] / fsm["us"]
     kb, ms = fsm["kb"], fsm["import_ms"]
+    without = (
+        []
+        if quiet is None
+        else [
+            f"target: agentfsm <= {MAX_RATIO:g}x the bare loop, without a subscriber "
+            f"(no event built, as the peers and the bare loop publish none): "
+            f"{quiet['ratio']:.1f}x, " + mark(quiet["ratio"] <= MAX_RATIO)
+        ]
+    )
     return [
-        f"target: agentfsm <= {MAX_RATIO:g}x the bare loop: {ratio:.1f}x, "
-        + mark(ratio <= MAX_RATIO),
+        f"target: agentfsm <= {MAX_RATIO:g}x the bare loop, with one subscriber "
+        f"receiving every event: {ratio:.1f}x, " + mark(ratio <= MAX_RATIO),
+        *without,
         f"target: {CONCURRENT:,} in flight <= {MAX_CONCURRENT_RATIO}x sequential "
         f"per run: {concurrent:.2f}x, " + mark(concurrent <= MAX_CONCURRENT_RATIO),
         f"target: <= {MAX_KB:g} KB per run in flight: {kb:.1f} KB, "
@@ -173,8 +195,11 @@ def main() -> None:
     table_rows = rows(results)
     text = table(table_rows, in_flight)
     fsm = next(r for r in table_rows if r["name"] == "agentfsm")
+    quiet = next((r for r in table_rows if r["name"] == QUIET), None)
     peers = [
-        r for r in table_rows if r["name"] not in ("agentfsm", "bare asyncio loop")
+        r
+        for r in table_rows
+        if r["name"] not in ("agentfsm", QUIET, "bare asyncio loop")
     ]
     fastest = min(peers, key=lambda r: r["ratio"]) if peers else None
     machine = (
@@ -187,7 +212,7 @@ def main() -> None:
     print()
     print(text)
     print(machine)
-    for line in targets(fsm):
+    for line in targets(fsm, quiet):
         print(line)
     full = not args.quick and not args.only
     data = BENCH / "peers.json"
@@ -205,10 +230,12 @@ def main() -> None:
                 + "\n"
                 + machine
                 + ".\n\n"
-                + "".join(f"- {line}\n" for line in targets(fsm))
+                + "".join(f"- {line}\n" for line in targets(fsm, quiet))
             )
     print(f"total {time.monotonic() - start:.0f} s")
     y = fastest["ratio"] / fsm["ratio"] if fastest else float("nan")
+    if quiet is not None:
+        print(f"agentfsm_without_subscriber_vs_floor={quiet['ratio']:.1f}")
     print(f"agentfsm_vs_floor={fsm['ratio']:.1f} fastest_peer_vs_agentfsm={y:.1f}")
 
 
