@@ -20,8 +20,6 @@ reads any of them back from JSON.
 | `loop.idle` | the loop ended, with its outcome and totals |
 """
 
-from __future__ import annotations
-
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, TypeAlias, final
 

@@ -38,8 +38,6 @@ Example:
     ```
 """
 
-from __future__ import annotations
-
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Annotated, Any, Literal, TypeAlias
 
@@ -81,12 +79,12 @@ class ToolBatch(BaseModel):
     """Calls of tools that need approval; set while the loop waits for it.
     Resuming approves those not denied."""
 
-    def deny(self, call_id: str, reason: str) -> ToolBatch:
+    def deny(self, call_id: str, reason: str) -> "ToolBatch":
         """This batch with one more call denied."""
         self._check(call_id)
         return self.model_copy(update={"denied": {**self.denied, call_id: reason}})
 
-    def approve(self, call_id: str) -> ToolBatch:
+    def approve(self, call_id: str) -> "ToolBatch":
         """This batch with one call approved (no longer denied or awaiting approval)."""
         self._check(call_id)
         denied = {k: v for k, v in self.denied.items() if k != call_id}
@@ -95,7 +93,7 @@ class ToolBatch(BaseModel):
 
     def with_arguments(
         self, call_id: str, arguments: Mapping[str, Any] | str
-    ) -> ToolBatch:
+    ) -> "ToolBatch":
         """This batch with the arguments of one call replaced."""
         self._check(call_id)
         text = arguments if isinstance(arguments, str) else to_json(arguments).decode()

@@ -7,8 +7,6 @@ loops share one context (each append is a single list operation between
 checkpoints).
 """
 
-from __future__ import annotations
-
 from collections.abc import Iterable
 from typing import Annotated, Any, Literal, TypeAlias
 
@@ -99,7 +97,7 @@ class FunctionCallOutputItem(BaseModel):
     """Whether the call failed (unknown tool, bad arguments, raised, timed out, denied)."""
 
     @classmethod
-    def error(cls, call_id: str, message: str) -> FunctionCallOutputItem:
+    def error(cls, call_id: str, message: str) -> "FunctionCallOutputItem":
         """An error output for a call."""
         return cls(call_id=call_id, output=message, is_error=True)
 
@@ -176,7 +174,7 @@ class TokenUsage(BaseModel):
         """Input plus output tokens."""
         return self.input_tokens + self.output_tokens
 
-    def __add__(self, other: TokenUsage) -> TokenUsage:
+    def __add__(self, other: "TokenUsage") -> "TokenUsage":
         values = {
             "input_tokens": self.input_tokens + other.input_tokens,
             "output_tokens": self.output_tokens + other.output_tokens,

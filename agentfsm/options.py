@@ -15,8 +15,6 @@ Example:
     ```
 """
 
-from __future__ import annotations
-
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal, TypeAlias, TypedDict
@@ -186,7 +184,7 @@ class LoopOptions:
             )
 
     @classmethod
-    def of(cls, options: LoopOptionsDict) -> LoopOptions:
+    def of(cls, options: LoopOptionsDict) -> "LoopOptions":
         """Options from `run_loop`'s keyword arguments (naming any unknown one)."""
         if not options:
             return _DEFAULT

@@ -1,7 +1,5 @@
 """What the runtime tells about a loop: its view while it runs, its result when done."""
 
-from __future__ import annotations
-
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, NamedTuple, final
@@ -89,7 +87,7 @@ class LoopResult(BaseModel):
         """The states visited, `idle` first and last."""
         return (LoopState.idle, *(step.dest for step in self.path))
 
-    def raise_for_outcome(self) -> LoopResult:
+    def raise_for_outcome(self) -> "LoopResult":
         """Return self if the loop answered or stopped; raise for the other outcomes.
 
         Raises:

@@ -16,8 +16,6 @@ Example:
     ```
 """
 
-from __future__ import annotations
-
 import inspect
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
 from contextvars import ContextVar
@@ -117,7 +115,7 @@ class ToolResult(BaseModel):
     """Ask the loop to stop after this batch (it stops only if every call asks)."""
 
     @classmethod
-    def of(cls, value: Any) -> ToolResult:
+    def of(cls, value: Any) -> "ToolResult":
         """A result holding `value` (text as is, anything else as JSON)."""
         if isinstance(value, ToolResult):
             return value
@@ -127,7 +125,7 @@ class ToolResult(BaseModel):
         )
 
     @classmethod
-    def error(cls, message: str) -> ToolResult:
+    def error(cls, message: str) -> "ToolResult":
         """An error result."""
         return cls(output=message, is_error=True)
 
@@ -217,7 +215,7 @@ class Tool:
     @classmethod
     def from_function(
         cls, function: ToolFunction, **options: Unpack[ToolOptions]
-    ) -> Tool:
+    ) -> "Tool":
         """Build a tool from a typed function (its docstring is the description)."""
         return cls(function, **options)
 
@@ -457,7 +455,7 @@ class ToolCall(BaseModel):
     loop_id: str
     agent_id: str
 
-    def with_arguments(self, arguments: Mapping[str, Any] | str) -> ToolCall:
+    def with_arguments(self, arguments: Mapping[str, Any] | str) -> "ToolCall":
         """This call with other arguments."""
         text = arguments if isinstance(arguments, str) else to_json(arguments).decode()
         return self.model_copy(update={"arguments": text})

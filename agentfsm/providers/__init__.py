@@ -21,8 +21,6 @@ creates a default provider on first use, importing its module only then (so
 Registering a provider under one of these prefixes replaces the default.
 """
 
-from __future__ import annotations
-
 import importlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
