@@ -18,7 +18,7 @@ import os
 from collections.abc import Mapping, Sequence
 from contextvars import ContextVar, Token
 from types import TracebackType
-from typing import Self, Unpack
+from typing import TYPE_CHECKING, Self, Unpack
 
 import anyio
 from anyio.abc import TaskGroup
@@ -28,7 +28,6 @@ from ._bus import EventBus
 from ._ids import uuid7
 from ._loop import Loop
 from ._workers import WorkerPool
-from .eventlog import EventLogWriter
 from .exceptions import (
     ConfigurationError,
     LoopStateError,
@@ -41,6 +40,9 @@ from .options import LoopOptions, LoopOptionsDict
 from .providers import InferenceInput, Provider, ProviderRegistry
 from .results import LoopResult, LoopStatus, LoopView
 from .states import LoopState
+
+if TYPE_CHECKING:
+    from .eventlog import EventLogWriter
 
 __all__ = (
     "Runtime",
@@ -114,6 +116,8 @@ class Runtime:
         if self._event_log_path is not None:
             # Entered before the loops' task group and left after it (see
             # EventLogWriter): the writer outlives every loop, cancelled ones too.
+            from .eventlog import EventLogWriter  # only runtimes that keep a log
+
             writer = EventLogWriter(self.bus, self._event_log_path)
             self._event_log = await writer.__aenter__()
         tg = anyio.create_task_group()
