@@ -19,8 +19,10 @@ section says otherwise; CPU is `time.process_time()`, memory is tracemalloc.
   runtime for `wait` (its `keep_finished` store, full at 10,000 by default);
   CPU µs per run and the part spent in the garbage collector.
 - paused: 1,000 → 100,000 loops paused at once by a handler returning
-  `Pause(...)` at the start transition; traced KB per paused loop, tasks alive
-  while they wait, then µs per loop to resume them all to their answer.
+  `Pause(...)` at the start transition; traced KB per paused loop, how many
+  loops hold a task while they wait (none should) and how many tasks are alive
+  (the benchmark's own and the idle workers), then µs per loop to resume them
+  all to their answer.
 - bus: events per second from `bus.publish_nowait` through each subscriber's
   buffer to its `async for`, with 1, 10 and 100 subscribers.
 
@@ -430,8 +432,9 @@ class PauseAtStart:
         return Pause("held for the benchmark")
 
 
-async def paused(n: int) -> tuple[float, int, float, float]:
-    """(traced KB per paused loop, tasks alive while paused, µs/loop to pause, to resume)."""
+async def paused(n: int) -> tuple[float, int, int, float, float]:
+    """(traced KB per paused loop, loops holding a task and tasks alive while
+    paused, µs/loop to pause, to resume)."""
     runtime = agentfsm.Runtime(
         providers={"scripted": scripted_provider()}, keep_finished=n
     )
@@ -455,35 +458,45 @@ async def paused(n: int) -> tuple[float, int, float, float]:
         gc.collect()
         current, _ = tracemalloc.get_traced_memory()
         tracemalloc.stop()
-        tasks = len(asyncio.all_tasks())
+        running = runtime._running  # loops holding a (worker) task
+        tasks = len(asyncio.all_tasks())  # this one, and workers kept idle for reuse
         start = time.process_time()
         for loop_id in ids:
             runtime.resume(loop_id)
         for loop_id in ids:
             check(await runtime.wait(loop_id))
         resume_us = (time.process_time() - start) / n * 1e6
-    return (current - baseline) / n / 1024, tasks, pause_us, resume_us
+    return (current - baseline) / n / 1024, running, tasks, pause_us, resume_us
 
 
 async def section_paused() -> None:
     print("\npaused loops held at once (paused by a handler at the start transition)")
     rows = []
     for n in PAUSED:
-        kb, tasks, pause_us, resume_us = await paused(n)
+        kb, running, tasks, pause_us, resume_us = await paused(n)
         rows.append(
-            [f"{n:,}", f"{kb:.2f}", f"{tasks}", f"{pause_us:,.0f}", f"{resume_us:,.0f}"]
+            [
+                f"{n:,}",
+                f"{kb:.2f}",
+                f"{running}",
+                f"{tasks}",
+                f"{pause_us:,.0f}",
+                f"{resume_us:,.0f}",
+            ]
         )
     table(
         [
             "paused",
             "KB/paused loop",
-            "tasks alive",
+            "loops holding a task",
+            "tasks alive**",
             "µs/loop to pause*",
             "µs/loop to resume",
         ],
         rows,
     )
     print("  * under tracemalloc, which slows allocation ~2x; resuming runs untraced")
+    print("  ** the benchmark's own task and the worker tasks kept idle for reuse")
 
 
 # ---------------------------------------------------------------------- bus
