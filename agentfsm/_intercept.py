@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from . import events as ev
 from ._machine import ALLOWED
-from ._request import metadata
-from ._states import _T
+from ._states import _T, request_metadata
 from .exceptions import LoopAborted, TransitionRejected
 from .interception import (
     Abort,
@@ -60,9 +59,7 @@ def pending_of(
         model_requests=loop.model_requests,
         tool_calls=loop.tool_calls,
         usage=loop.usage,
-        metadata=metadata(loop._metadata, loop.input)
-        if trigger in REQUEST_TRIGGERS
-        else None,
+        metadata=request_metadata(loop) if trigger in REQUEST_TRIGGERS else None,
     )
 
 

@@ -1,11 +1,12 @@
 """One loop's driver: intercept the pending transition, take it, run the state.
 
-A loop is a small record plus a pending transition (`_next`). Its task runs
-`_drive`, which repeats: `_intercept` (handlers may rewrite, pause or abort),
-`_commit` (record the edge, publish `loop.transition`), then the state's
-coroutine, which leaves the next pending transition behind. A paused loop's
-task simply returns: nothing waits on its behalf, and `Runtime.resume` starts
-a new task that picks up at the same pending transition.
+A loop is a small record plus a pending transition (`_next`). A worker task
+(`_workers`) runs `_drive`, which repeats: `_intercept` (handlers may rewrite,
+pause or abort), `_commit` (record the edge, publish `loop.transition`), then
+the state's coroutine, which leaves the next pending transition behind. A
+paused loop's run simply returns: nothing waits on its behalf, and
+`Runtime.resume` hands the loop to a worker again, which picks up at the same
+pending transition.
 
 Handlers run in `_intercept`, the states in `_states`, tool batches in `_batch`,
 model requests in `_request`.
@@ -99,6 +100,7 @@ class Loop:
         "_follow_ups",
         "_gated",
         "_handlers",
+        "_history",
         "_last_tools",
         "_metadata",
         "_model_chain",
@@ -182,7 +184,8 @@ class Loop:
         self._output: InferenceOutput | None = None
         self._answer_at: int | None = None  # where the answer sits in the context
         self._request: InferenceInput = inference_input
-        self._metadata: RequestMetadata | None = None
+        self._metadata: RequestMetadata | None = None  # made when first read
+        self._history = 0  # items in the context when the last request was made
         self._scan = context_scan(inference_input.context)
         self._steering: deque[UserMessage] | None = None  # made on first use
         self._follow_ups: deque[UserMessage] | None = None
@@ -254,15 +257,16 @@ class Loop:
     # ------------------------------------------------------------------ task
 
     async def run(self) -> None:
-        """The loop's task: drive until idle or paused; never raises but cancellation."""
-        # Each task runs in its own copy of the context, so binding needs no reset.
+        """The loop's run: drive until idle or paused; never raises but cancellation."""
+        # Each run is in its own copy of the starter's context (see `_workers`),
+        # so binding needs no reset.
         _current_loop.set(self.loop_id)
         bind_contextvars(loop_id=self.loop_id, agent_id=self.agent_id)
         await self._run()
 
     async def _run(self) -> None:
-        # `Runtime.cancel` cancels the scope anyio gives each task (the task
-        # handle's); the cancellation arrives here like the runtime closing does.
+        # `Runtime.cancel` cancels the scope of the worker running the loop; the
+        # cancellation arrives here like the runtime closing does.
         try:
             if not self._cancel_requested:
                 if self.options.deadline is None:
@@ -309,7 +313,8 @@ class Loop:
             )
 
     def cancel(self, reason: str | None) -> bool:
-        """Ask the loop to cancel; returns whether a task must be started to finish it."""
+        """Ask the loop to cancel; returns whether it must be handed to a worker to
+        finish (a paused loop)."""
         if self.status is LoopStatus.done or self._cancel_requested:
             return False
         self._cancel_requested = True
@@ -321,7 +326,7 @@ class Loop:
             self.status = LoopStatus.running
             self._paused = None
             return True
-        return False  # not started yet: its task will see the flag
+        return False  # not started yet: its run will see the flag
 
     async def end_paused(self, reason: str) -> None:
         """End a paused loop as cancelled, without a task (the runtime is closing)."""

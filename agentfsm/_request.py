@@ -40,7 +40,6 @@ __all__ = (
     "ContextScan",
     "ModelChain",
     "chain_model_wrappers",
-    "metadata",
     "normalized",
     "request_model",
 )
@@ -130,14 +129,6 @@ def normalized(
     return request.model_copy(update={"context": context}), RequestMetadata(
         len(items), repairs
     )
-
-
-def metadata(
-    repaired: RequestMetadata | None, request: InferenceInput
-) -> RequestMetadata:
-    """The metadata of `request`: `normalized`'s for a repaired request, else made
-    here (most requests have no handler or wrapper to read it)."""
-    return repaired or RequestMetadata(len(request.context.items))
 
 
 def chain_model_wrappers(

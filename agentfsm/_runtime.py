@@ -381,9 +381,10 @@ def _user_message(
     message: UserMessage | str | None, inference_input: InferenceInput
 ) -> UserMessage | None:
     if isinstance(message, str):
-        # Built without validation: a str is all a UserMessage's content is.
+        # Built without validation: a str is all a UserMessage's content is
+        # (`str()` makes a str subclass, a StrEnum say, a plain one, as validating would).
         return _fast.trusted(
-            UserMessage, {"type": "user_message", "content": message}, {"content"}
+            UserMessage, {"type": "user_message", "content": str(message)}, {"content"}
         )
     if isinstance(message, UserMessage):
         return message

@@ -19,7 +19,7 @@ from . import _fast
 from . import events as ev
 from ._batch import INTERRUPTED, run_batch
 from ._batch import Outcome as CallOutcome
-from ._request import metadata, normalized, request_model
+from ._request import normalized, request_model
 from .exceptions import StructuredOutputError
 from .interception import ToolBatch, TransitionPayload
 from .messages import (
@@ -30,7 +30,7 @@ from .messages import (
     UserMessage,
 )
 from .options import QueueMode, TurnSnapshot
-from .providers import InferenceInput, InferenceOutput, ModelRequest
+from .providers import InferenceInput, InferenceOutput, ModelRequest, RequestMetadata
 from .states import LoopState, Trigger
 from .tools import Tool, format_validation_error
 
@@ -108,12 +108,23 @@ async def context_update(loop: Loop, payload: TransitionPayload) -> None:
 
 def infer_step(loop: Loop) -> Step:
     request = loop.input
+    items = request.context.items
     scan = loop._scan
-    if scan.clean(request.context.items):
+    loop._history = len(items)
+    if scan.clean(items):
         loop._metadata = None  # nothing to repair: the request as it is
     else:
         request, loop._metadata = normalized(request, scan)
     return (_T.infer_streaming if request.streaming else _T.infer, request)
+
+
+def request_metadata(loop: Loop) -> RequestMetadata:
+    """The metadata of the request `infer_step` made: made on first read (most
+    requests have no handler or wrapper to read it), then the same object."""
+    metadata = loop._metadata
+    if metadata is None:
+        metadata = loop._metadata = RequestMetadata(loop._history)
+    return metadata
 
 
 async def inference(loop: Loop, payload: TransitionPayload) -> None:
@@ -125,7 +136,7 @@ async def inference(loop: Loop, payload: TransitionPayload) -> None:
     else:
         values = {
             "input": payload,
-            "metadata": metadata(loop._metadata, payload),
+            "metadata": request_metadata(loop),
             "streaming": streaming,
             "loop_id": loop.loop_id,
             "agent_id": loop.agent_id,

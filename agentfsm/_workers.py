@@ -15,6 +15,7 @@ are already idle.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Coroutine, Generator
 from contextvars import Context, copy_context
 from typing import TYPE_CHECKING, Any, Final
@@ -87,6 +88,7 @@ class WorkerPool:
             worker.wake.set()
 
     async def _work(self, worker: Worker) -> None:
+        trio_task = _trio_task()
         with worker.scope:
             while True:
                 loop, context = worker.loop, worker.context
@@ -95,11 +97,15 @@ class WorkerPool:
                 worker.loop = worker.context = worker.wake = None
                 loop._worker = worker
                 try:
-                    await InContext(context, loop.run())
+                    if trio_task is None:
+                        await InContext(context, loop.run())
+                    else:
+                        await _in_trio_context(trio_task, context, loop.run())
                 finally:
                     loop._worker = None
                     self.running -= 1
                     self._on_loop_end()
+                loop = context = None  # an idle worker keeps no loop alive
                 if (
                     worker.scope.cancel_called
                     or self.closing
@@ -108,13 +114,61 @@ class WorkerPool:
                     return
                 wake = worker.wake = self._primitives.event()
                 self._idle.append(worker)
-                await wake.wait()
+                try:
+                    await wake.wait()
+                except BaseException:
+                    self._ended_idle(worker)
+                    raise
+
+    def _ended_idle(self, worker: Worker) -> None:
+        """`worker` ended while idle (the runtime left with an error, an outer
+        scope was cancelled): it must not be handed a loop, and a loop handed to
+        it meanwhile goes to a new worker (where it ends as cancelled if the
+        cancellation reaches it too)."""
+        if worker in self._idle:
+            self._idle.remove(worker)
+        elif worker.loop is not None:
+            spare = Worker(self._primitives.cancel_scope())
+            spare.loop, spare.context = worker.loop, worker.context
+            self._start(self._work, spare)
+
+
+def _trio_task() -> Any:
+    """The running trio task, or None when the event loop is not trio's."""
+    trio = sys.modules.get("trio")
+    if trio is None:
+        return None
+    try:
+        return trio.lowlevel.current_task()
+    except RuntimeError:
+        return None
+
+
+async def _in_trio_context(
+    task: Any, context: Context, coro: Coroutine[Any, Any, None]
+) -> None:
+    """Await `coro` with the trio task running in `context`.
+
+    trio runs each step of a task in `task.context` and swaps it itself when a
+    thread calls back in (`from_thread.run` runs in the waiting task, in the
+    thread's context), which stepping the coroutine inside `Context.run` would
+    override: so on trio the task's own context is switched instead.
+    """
+    import trio
+
+    own = task.context
+    task.context = context
+    try:
+        await trio.lowlevel.cancel_shielded_checkpoint()  # the next step runs in it
+        await coro
+    finally:
+        task.context = own
 
 
 class InContext:
-    """Awaits `coro`, running each of its steps in `context`.
+    """Awaits `coro`, running each of its steps in `context` (on asyncio).
 
-    What an asyncio or trio task does for its own coroutine: every step runs
+    What an asyncio task does for its own coroutine: every step runs
     inside `context.run`, whatever the coroutine yields goes up to the event
     loop, and whatever the event loop sends or throws (cancellation included)
     goes back down into it.

@@ -358,8 +358,8 @@ def _awaits(function: Callable[..., Any]) -> bool:
     """Whether an async function may suspend: whether its code has a yield point
     (any `await`, `async for` or `async with`). Unknown code counts as yes."""
     code = getattr(function, "__code__", None)
-    if code is None:
-        return True
+    if code is None or not code.co_flags & inspect.CO_COROUTINE:
+        return True  # e.g. a sync function marked as a coroutine function
     import dis  # only when a tool is made
 
     return any(i.opname == "YIELD_VALUE" for i in dis.get_instructions(code))

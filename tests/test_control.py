@@ -847,6 +847,45 @@ class TestContextAndErrors:
             )
         assert [s.kind for s in seen[0].sources] == ["history", "repair", "history"]
 
+    async def test_handlers_and_wrappers_share_one_metadata_of_the_request(
+        self,
+    ) -> None:
+        """The metadata counts the context when the request was made, whatever a
+        handler then does to the payload, and every reader gets the same object."""
+        seen: list[RequestMetadata] = []
+
+        def grow(pending: PendingTransition) -> Rewrite | None:
+            if pending.trigger is not Trigger.infer:
+                return None
+            assert pending.metadata is not None
+            seen.append(pending.metadata)
+            request = pending.payload
+            assert isinstance(request, InferenceInput)
+            bigger = ModelContext(
+                items=[*request.context.items, UserMessage(content="more")]
+            )
+            return Rewrite(payload=request.model_copy(update={"context": bigger}))
+
+        async def spy(req: ModelRequest, next: ModelNext) -> InferenceOutput:
+            seen.append(req.metadata)
+            return await next(req)
+
+        async with Runtime(
+            providers={"scripted": ScriptedProvider([text("ok")])}
+        ) as rt:
+            await rt.wait(
+                rt.run_loop(
+                    "a",
+                    "hi",
+                    InferenceInput(model="scripted:x", context=ModelContext()),
+                    grow,
+                    model_wrappers=[spy],
+                )
+            )
+        handler_saw, wrapper_saw = seen
+        assert handler_saw is wrapper_saw
+        assert handler_saw.history_count == 1
+
     async def test_structured_output_invalid_then_valid(self) -> None:
         """An invalid answer goes back with the error; the valid one is parsed."""
 

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from enum import StrEnum
+
 import anyio
 import pytest
 
@@ -388,3 +390,18 @@ async def test_finished_loops_are_kept_as_results_up_to_a_limit() -> None:
         assert (await runtime.wait(ids[1])).answer == ModelMessageItem(content="a")
         assert runtime.loops() == ids[1:]
         assert runtime._loops == {}  # nothing but results is kept for finished loops
+
+
+async def test_a_str_subclass_message_becomes_a_plain_str() -> None:
+    """A `StrEnum` (or any str subclass) message is stored as its plain text."""
+
+    class Prompt(StrEnum):
+        HELLO = "hello"
+
+    inference_input = request()
+    async with Runtime(providers={"scripted": ScriptedProvider([text("hi")])}) as rt:
+        await rt.wait(rt.run_loop("agent", Prompt.HELLO, inference_input))
+    first = inference_input.context.items[0]
+    assert isinstance(first, UserMessage)
+    assert type(first.content) is str
+    assert first.content == "hello"

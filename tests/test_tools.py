@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+import sys
 import threading
 import warnings
 from collections.abc import AsyncIterator
@@ -374,6 +376,23 @@ class TestTimeout:
         assert not Tool.from_function(pure)._awaits
         assert Tool.from_function(waits)._awaits
         assert Tool.from_function(Methods().waits)._awaits
+
+    @pytest.mark.skipif(
+        sys.version_info < (3, 12), reason="inspect.markcoroutinefunction is 3.12+"
+    )
+    def test_a_sync_function_marked_as_a_coroutine_function_can_suspend(self) -> None:
+        """Its own code has no yield point, but the coroutine it returns may wait:
+        it keeps its deadline."""
+
+        async def wait() -> str:
+            await anyio.lowlevel.checkpoint()
+            return "done"
+
+        def marked() -> Any:
+            return wait()
+
+        inspect.markcoroutinefunction(marked)  # type: ignore[attr-defined,unused-ignore]
+        assert Tool.from_function(marked, name="marked")._awaits
 
     async def test_no_timeout(self) -> None:
         """`timeout=None` means no limit."""

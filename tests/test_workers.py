@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
 from contextvars import ContextVar
 
 import anyio
+import anyio.from_thread
 import anyio.lowlevel
+import anyio.to_thread
 
 from agentfsm import (
+    InferenceInput,
+    ModelContext,
     Outcome,
     Pause,
     PendingTransition,
@@ -117,10 +123,14 @@ async def test_workers_are_reused_and_a_cancelled_loops_worker_is_not() -> None:
         block[0] = False
         runtime.cancel(waiting)
         assert (await runtime.wait(waiting)).outcome is Outcome.cancelled
+        await anyio.wait_all_tasks_blocked()
+        # Its scope was cancelled: it ended with its loop instead of going idle.
+        assert worker_tasks() == []
         await runtime.wait(runtime.run_loop("agent", "go", request(where)))
-    first, second, cancelled, after = tasks
+        await anyio.wait_all_tasks_blocked()
+        assert len(worker_tasks()) == 1  # a new worker ran the last loop
+    first, second, cancelled, _ = tasks
     assert first == second == cancelled  # one worker ran the three loops in turn
-    assert after != cancelled  # its scope was cancelled: it ended with its loop
 
 
 async def test_idle_workers_are_capped_and_end_with_the_runtime() -> None:
@@ -142,3 +152,77 @@ async def test_idle_workers_are_capped_and_end_with_the_runtime() -> None:
         await anyio.wait_all_tasks_blocked()
         assert len(worker_tasks()) == MAX_IDLE  # the others ended
     assert worker_tasks() == []  # leaving the runtime ends the idle ones
+
+
+@tool
+async def answer() -> str:
+    """Answer."""
+    return "ok"
+
+
+def start_watched(runtime: Runtime) -> tuple[str, weakref.ref[ModelContext]]:
+    """Start a loop on a context only the loop holds (made in this frame, not the
+    test's: pydantic keeps the namespace of a frame that defines a model)."""
+    context = ModelContext()
+    request_ = InferenceInput(model="scripted:test", context=context, tools=[answer])
+    return runtime.run_loop("agent", "go", request_), weakref.ref(context)
+
+
+async def test_an_idle_worker_keeps_no_finished_loop_alive() -> None:
+    provider = ScriptedProvider([calls(call("answer")), text("done")], record=False)
+    async with Runtime(providers={"scripted": provider}, keep_finished=0) as runtime:
+        loop_id, alive = start_watched(runtime)
+        await runtime.wait(loop_id)
+        await anyio.wait_all_tasks_blocked()
+        assert len(worker_tasks()) == 1  # idle, kept for the next loop
+        gc.collect()
+        assert alive() is None
+
+
+async def test_a_loop_handed_to_a_worker_ending_with_the_runtime_still_ends() -> None:
+    """A loop started just as an outer cancellation reaches the runtime (its idle
+    worker is being cancelled) still runs and ends in `idle` (answered here: it
+    never waits, so the cancellation never reaches it)."""
+
+    @tool
+    async def ok() -> str:
+        """Answer."""
+        return "ok"
+
+    runtime = Runtime(providers={"scripted": one_call("ok")})
+    with anyio.CancelScope() as outer:
+        async with runtime:
+            await runtime.wait(runtime.run_loop("agent", "go", request(ok)))
+            outer.cancel()
+            late = runtime.run_loop("agent", "go", request(ok))  # to the idle worker
+            await anyio.sleep_forever()
+    with anyio.fail_after(5):
+        result = await runtime.wait(late)
+    assert result.outcome in (Outcome.answered, Outcome.cancelled)
+    assert result.states[-1] == "idle"
+
+
+async def test_a_coroutine_a_tools_thread_runs_sees_the_threads_context() -> None:
+    """`from_thread.run` from a tool's worker thread runs in the thread's context:
+    it sees what the thread set, and what it sets stays out of the loop."""
+    seen: list[str] = []
+
+    async def in_event_loop() -> None:
+        seen.append(request_id.get())
+        request_id.set("set by the coroutine")
+
+    def in_thread() -> None:
+        request_id.set("thread")
+        anyio.from_thread.run(in_event_loop)
+
+    @tool
+    async def hop() -> str:
+        """Call back into the event loop from a thread."""
+        request_id.set("tool")
+        await anyio.to_thread.run_sync(in_thread)
+        seen.append(request_id.get())
+        return "ok"
+
+    async with Runtime(providers={"scripted": one_call("hop")}) as runtime:
+        await runtime.wait(runtime.run_loop("agent", "go", request(hop)))
+    assert seen == ["thread", "tool"]
