@@ -69,15 +69,17 @@ class WorkerPool:
     def run(self, loop: Loop) -> None:
         """Run `loop` in a worker, in a copy of the current context."""
         self.running += 1
+        context = copy_context()
         if self._idle:
             worker = self._idle.pop()
-        else:
-            worker = Worker(self._primitives.cancel_scope())
-            self._start(self._work, worker)
-        worker.loop = loop
-        worker.context = copy_context()
-        if worker.wake is not None:
+            worker.loop, worker.context = loop, context
+            assert worker.wake is not None
             worker.wake.set()
+        else:
+            # Given its loop before it starts (an eager task factory starts it here).
+            worker = Worker(self._primitives.cancel_scope())
+            worker.loop, worker.context = loop, context
+            self._start(self._work, worker)
 
     def close(self) -> None:
         """No more reuse: wake the idle workers so that they end."""
