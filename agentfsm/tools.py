@@ -268,7 +268,7 @@ class Tool:
     async def _invoke(
         self,
         arguments: str | Mapping[str, Any],
-        cancel_scope: Callable[[], anyio.CancelScope],
+        cancel_scope: "Callable[[], anyio.CancelScope]",  # quoted: anyio loads it lazily
     ) -> Any:
         """`invoke`, returning what the function returned (the loop turns it into
         an output itself), and making its scope with `cancel_scope` (the loop
