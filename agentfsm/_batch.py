@@ -19,6 +19,7 @@ from pydantic_core import to_json
 
 from . import _fast
 from . import events as ev
+from ._request import chain_wrappers
 from .exceptions import ToolError, UnknownTool
 from .interception import ToolBatch
 from .messages import FunctionCallItem, FunctionCallOutputItem
@@ -43,19 +44,7 @@ Outcome = tuple[FunctionCallOutputItem, bool]
 
 def chain_tool_wrappers(wrappers: Sequence[ToolWrapper]) -> ToolChain | None:
     """Compose `(call, next)` wrappers around running the tool, first outermost."""
-    if not wrappers:
-        return None
-    chain: ToolChain = _innermost
-    for wrapper in reversed(wrappers):
-        chain = _bind(wrapper, chain)
-    return chain
-
-
-def _bind(wrapper: ToolWrapper, inner: ToolChain) -> ToolChain:
-    def call(tool_call: ToolCall) -> Awaitable[ToolResult]:
-        return wrapper(tool_call, inner)
-
-    return call
+    return chain_wrappers(wrappers, _innermost) if wrappers else None
 
 
 async def _innermost(tool_call: ToolCall) -> ToolResult:

@@ -29,7 +29,7 @@ from ._batch import chain_tool_wrappers
 from ._intercept import approval_gate, intercept
 from ._logging import bind_contextvars, get_logger
 from ._machine import TABLE
-from ._request import chain_model_wrappers, context_scan, request_model
+from ._request import chain_wrappers, context_scan, request_model
 from ._states import _S, _T, STATES, Step
 from .exceptions import (
     LoopAborted,
@@ -161,7 +161,7 @@ class Loop:
         self._handlers = tuple(handlers)
         self._tool_chain = chain_tool_wrappers(options.tool_wrappers)
         self._model_chain = (
-            chain_model_wrappers(options.model_wrappers, self._request_model)
+            chain_wrappers(options.model_wrappers, self._request_model)
             if options.model_wrappers
             else None
         )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, TypeVar
 
 import anyio
 
@@ -27,7 +27,6 @@ from .providers import (
     InferenceInput,
     InferenceOutput,
     ModelRequest,
-    ModelWrapper,
     OutputCompleted,
     RequestMetadata,
     StreamEvent,
@@ -39,7 +38,7 @@ if TYPE_CHECKING:
 __all__ = (
     "ContextScan",
     "ModelChain",
-    "chain_model_wrappers",
+    "chain_wrappers",
     "normalized",
     "request_model",
 )
@@ -50,6 +49,8 @@ REPAIRED: Final = (
 _MAX_BACKOFF: Final = 8.0
 
 ModelChain = Callable[[ModelRequest], Awaitable[InferenceOutput]]
+In = TypeVar("In")
+Out = TypeVar("Out")
 
 
 class ContextScan:
@@ -131,19 +132,24 @@ def normalized(
     )
 
 
-def chain_model_wrappers(
-    wrappers: Sequence[ModelWrapper], innermost: ModelChain
-) -> ModelChain:
-    """Compose `(request, next)` wrappers around the provider call, first outermost."""
+def chain_wrappers(
+    wrappers: Sequence[Callable[[In, Callable[[In], Awaitable[Out]]], Awaitable[Out]]],
+    innermost: Callable[[In], Awaitable[Out]],
+) -> Callable[[In], Awaitable[Out]]:
+    """Compose `(value, next)` wrappers around `innermost`, the first outermost
+    (the model wrappers around the provider call, the tool wrappers around a tool)."""
     chain = innermost
     for wrapper in reversed(wrappers):
         chain = _bind(wrapper, chain)
     return chain
 
 
-def _bind(wrapper: ModelWrapper, inner: ModelChain) -> ModelChain:
-    def call(request: ModelRequest) -> Awaitable[InferenceOutput]:
-        return wrapper(request, inner)
+def _bind(
+    wrapper: Callable[[In, Callable[[In], Awaitable[Out]]], Awaitable[Out]],
+    inner: Callable[[In], Awaitable[Out]],
+) -> Callable[[In], Awaitable[Out]]:
+    def call(value: In) -> Awaitable[Out]:
+        return wrapper(value, inner)
 
     return call
 
