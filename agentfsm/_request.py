@@ -26,7 +26,6 @@ from .messages import (
 from .providers import (
     InferenceInput,
     InferenceOutput,
-    ModelRequest,
     OutputCompleted,
     RequestMetadata,
     StreamEvent,
@@ -37,7 +36,6 @@ if TYPE_CHECKING:
 
 __all__ = (
     "ContextScan",
-    "ModelChain",
     "chain_wrappers",
     "normalized",
     "request_model",
@@ -48,7 +46,6 @@ REPAIRED: Final = (
 )
 _MAX_BACKOFF: Final = 8.0
 
-ModelChain = Callable[[ModelRequest], Awaitable[InferenceOutput]]
 In = TypeVar("In")
 Out = TypeVar("Out")
 

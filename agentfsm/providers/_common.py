@@ -9,9 +9,10 @@ from __future__ import annotations
 import os
 import re
 import uuid
-from collections.abc import Mapping
-from typing import Any, Final
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Mapping
+from typing import Any, Final, Protocol, TypeVar
 
+import anyio
 from pydantic import BaseModel
 from pydantic_core import from_json
 
@@ -19,23 +20,39 @@ from agentfsm.exceptions import ProviderError
 from agentfsm.messages import FunctionCallItem
 
 __all__ = (
+    "CLOSE_TIMEOUT",
     "TOOL_CHOICE_MODES",
+    "Closable",
+    "close_stream",
     "count",
     "env",
     "error_detail",
     "new_call_id",
+    "next_or_none",
     "retryable_status",
     "schema_name",
     "status_error",
+    "stream_error",
     "strict_compatible",
     "structured_schema",
     "tool_input",
 )
 
+T = TypeVar("T")
+
+CLOSE_TIMEOUT: Final = 5.0
+"""Seconds a provider waits for a stream to close."""
+
 TOOL_CHOICE_MODES: Final = frozenset({"auto", "required", "none"})
 """`InferenceInput.tool_choice` values that are modes; anything else names a tool."""
 
 _RETRYABLE_STATUS: Final = frozenset({408, 409, 425, 429})
+
+
+class Closable(Protocol):
+    def close(self) -> Awaitable[None]: ...
+
+
 _NAME_CHARS: Final = re.compile(r"[^a-zA-Z0-9_-]+")
 
 
@@ -79,6 +96,37 @@ def new_call_id() -> str:
 def retryable_status(status: int) -> bool:
     """Whether an HTTP status is transient: timeouts, conflicts, rate limits, 5xx."""
     return status in _RETRYABLE_STATUS or status >= 500
+
+
+def stream_error(
+    vendor: str, kind: str | None, message: str, *, retryable: bool
+) -> ProviderError:
+    """A `ProviderError` for an error the server sent inside a streamed answer."""
+    detail = f"{kind}: {message}" if kind else message
+    return ProviderError(f"{vendor} stream error: {detail}", retryable=retryable)
+
+
+async def next_or_none(stream: AsyncIterator[T]) -> T | None:
+    """The stream's next item, or `None` at its end.
+
+    `async for` over an SDK stream makes an async generator (its `__aiter__`)
+    that nobody closes when the stream is left early; `__anext__` makes none.
+    """
+    try:
+        return await stream.__anext__()
+    except StopAsyncIteration:
+        return None
+
+
+async def close_stream(deltas: AsyncGenerator[Any, None], stream: Closable) -> None:
+    """Close a provider's deltas and the SDK stream under them.
+
+    Shielded: it runs when the loop is cancelled too, and the HTTP response is
+    then closed rather than left to the garbage collector.
+    """
+    with anyio.move_on_after(CLOSE_TIMEOUT, shield=True):
+        await deltas.aclose()
+        await stream.close()
 
 
 def status_error(

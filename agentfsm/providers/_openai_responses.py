@@ -18,7 +18,7 @@ storing responses, that is the only form the API accepts it in.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal, TypeAlias, assert_never
+from typing import Any, Final, Literal, TypeAlias, assert_never
 
 from openai.lib._pydantic import to_strict_json_schema
 from openai.types.responses import (
@@ -79,7 +79,8 @@ ReasoningSummary: TypeAlias = Literal["auto", "concise", "detailed"]
 """How much of its reasoning a model summarizes (`reasoning.summary`)."""
 
 _SUMMARY_SEPARATOR = "\n\n"
-_RETRYABLE_CODES = frozenset({"server_error", "rate_limit_exceeded"})
+RETRYABLE_CODES: Final = frozenset({"server_error", "rate_limit_exceeded"})
+"""Error codes of a failed response that a retry may clear."""
 
 # --------------------------------------------------------------------- requests
 
@@ -298,7 +299,7 @@ def _failure(response: Response) -> ProviderError:
     code = getattr(error, "code", None) or "error"  # servers may leave it out
     return ProviderError(
         f"the response failed ({code}): {getattr(error, 'message', '')}",
-        retryable=code in _RETRYABLE_CODES,
+        retryable=code in RETRYABLE_CODES,
     )
 
 
@@ -353,7 +354,7 @@ class ResponsesStream:
             code = event.code or "error"
             raise ProviderError(
                 f"the response stream failed ({code}): {event.message}",
-                retryable=code in _RETRYABLE_CODES,
+                retryable=code in RETRYABLE_CODES,
             )
         return []
 

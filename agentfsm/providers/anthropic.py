@@ -58,9 +58,8 @@ from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Final, Literal, Self, TypeAlias
 
-import anyio
 from anthropic import AsyncAnthropic
-from anthropic.lib.streaming import AsyncMessageStream, ParsedMessageStreamEvent
+from anthropic.lib.streaming import AsyncMessageStream
 from anthropic.types import (
     InputJSONDelta,
     RawContentBlockDeltaEvent,
@@ -82,7 +81,14 @@ from agentfsm.providers import (
     split_model,
 )
 from agentfsm.providers import _anthropic_messages as mapping
-from agentfsm.providers._common import env, error_detail, status_error
+from agentfsm.providers._common import (
+    close_stream,
+    env,
+    error_detail,
+    next_or_none,
+    status_error,
+    stream_error,
+)
 
 __all__ = (
     "DEFAULT_MAX_TOKENS",
@@ -108,7 +114,6 @@ ThinkingMode: TypeAlias = Literal["budget", "adaptive"]
 """How `reasoning_effort` turns into thinking: a token budget, or adaptive thinking."""
 
 _VENDOR: Final = "Anthropic"
-_CLOSE_TIMEOUT: Final = 5.0
 _OFF: Final = frozenset({"none", "off", "disabled"})
 _RETRYABLE_TYPES: Final = frozenset(
     {"overloaded_error", "rate_limit_error", "api_error"}
@@ -296,11 +301,7 @@ class AnthropicProvider:
                 try:
                     yield deltas
                 finally:
-                    # Shielded: the response is closed even when the loop is
-                    # being cancelled, rather than left to the garbage collector.
-                    with anyio.move_on_after(_CLOSE_TIMEOUT, shield=True):
-                        await deltas.aclose()
-                        await events.close()
+                    await close_stream(deltas, events)
 
 
 # --------------------------------------------------------------------- helpers
@@ -324,7 +325,7 @@ async def _deltas(
 ) -> AsyncGenerator[StreamEvent, None]:
     calls: dict[int, int] = {}  # content block index -> call index, for tool_use
     with _mapped_errors():
-        while (event := await _next(events)) is not None:
+        while (event := await next_or_none(events)) is not None:
             if isinstance(event, RawContentBlockStartEvent):
                 block = event.content_block
                 if isinstance(block, ToolUseBlock):
@@ -344,20 +345,6 @@ async def _deltas(
     yield OutputCompleted(output=mapping.output_of(message))
 
 
-async def _next(
-    events: AsyncMessageStream[Any],
-) -> ParsedMessageStreamEvent[Any] | None:
-    """The stream's next event, or `None` at its end.
-
-    `async for` over the stream makes an async generator (its `__aiter__`) that
-    nobody closes when the stream is closed early; `__anext__` makes none.
-    """
-    try:
-        return await events.__anext__()
-    except StopAsyncIteration:
-        return None
-
-
 @contextmanager
 def _mapped_errors() -> Iterator[None]:
     """Turn the SDK's exceptions into agentfsm's."""
@@ -371,8 +358,7 @@ def _mapped_errors() -> Iterator[None]:
     except anthropic.APIStatusError as exc:
         kind, message = error_detail(exc.body, exc.message)
         if exc.status_code < 400:  # an error event inside a streamed 200 response
-            raise ProviderError(
-                f"{_VENDOR} stream error: {f'{kind}: ' if kind else ''}{message}",
-                retryable=kind in _RETRYABLE_TYPES,
+            raise stream_error(
+                _VENDOR, kind, message, retryable=kind in _RETRYABLE_TYPES
             ) from exc
         raise status_error(_VENDOR, exc.status_code, kind, message) from exc

@@ -48,12 +48,9 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
 
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any, Final, Literal, Self, TypeAlias, TypeVar
+from typing import Any, Final, Literal, Protocol, Self, TypeAlias, TypeVar
 
-import anyio
 from openai import AsyncOpenAI, AsyncStream
-from openai.types.chat import ChatCompletionChunk
-from openai.types.responses import ResponseStreamEvent
 
 from agentfsm.exceptions import ConfigurationError, ProviderError, ProviderTimeout
 from agentfsm.providers import (
@@ -61,11 +58,19 @@ from agentfsm.providers import (
     InferenceOutput,
     OutputCompleted,
     StreamEvent,
+    StreamingDelta,
     split_model,
 )
 from agentfsm.providers import _openai_chat as chat
 from agentfsm.providers import _openai_responses as responses
-from agentfsm.providers._common import env, error_detail, status_error
+from agentfsm.providers._common import (
+    close_stream,
+    env,
+    error_detail,
+    next_or_none,
+    status_error,
+    stream_error,
+)
 from agentfsm.providers._openai_responses import ReasoningSummary
 
 __all__ = (
@@ -78,9 +83,9 @@ __all__ = (
 MaxTokensField: TypeAlias = Literal["max_completion_tokens", "max_tokens"]
 """The Chat Completions field that carries `max_output_tokens`."""
 
-_T = TypeVar("_T")
+_E = TypeVar("_E")
+_E_contra = TypeVar("_E_contra", contravariant=True)
 _VENDOR: Final = "OpenAI"
-_CLOSE_TIMEOUT: Final = 5.0
 _PLACEHOLDER_KEY: Final = "EMPTY"
 """Sent to compatible servers when no key is set: they take any key, the SDK wants one."""
 
@@ -234,11 +239,11 @@ class OpenAIResponsesProvider(_OpenAIProvider):
         params = self.request_params(request)
         with _mapped_errors():
             events = await self._client.responses.create(**params, stream=True)
-        deltas = _response_deltas(events)
+        deltas = _deltas(events, responses.ResponsesStream())
         try:
             yield deltas
         finally:
-            await _close(deltas, events)
+            await close_stream(deltas, events)
 
 
 class OpenAIChatProvider(_OpenAIProvider):
@@ -329,56 +334,29 @@ class OpenAIChatProvider(_OpenAIProvider):
             chunks = await self._client.chat.completions.create(
                 **params, stream=True, stream_options={"include_usage": True}
             )
-        deltas = _chat_deltas(chunks)
+        deltas = _deltas(chunks, chat.ChatStream())
         try:
             yield deltas
         finally:
-            await _close(deltas, chunks)
+            await close_stream(deltas, chunks)
 
 
-async def _response_deltas(
-    events: AsyncStream[ResponseStreamEvent],
+class _Feed(Protocol[_E_contra]):
+    """`responses.ResponsesStream` and `chat.ChatStream`: SDK events in, deltas out."""
+
+    def feed(self, event: _E_contra) -> list[StreamingDelta]: ...
+
+    def output(self) -> InferenceOutput: ...
+
+
+async def _deltas(
+    events: AsyncStream[_E], state: _Feed[_E]
 ) -> AsyncGenerator[StreamEvent, None]:
-    state = responses.ResponsesStream()
     with _mapped_errors():
-        while (event := await _next(events)) is not None:
+        while (event := await next_or_none(events)) is not None:
             for delta in state.feed(event):
                 yield delta
     yield OutputCompleted(output=state.output())
-
-
-async def _chat_deltas(
-    chunks: AsyncStream[ChatCompletionChunk],
-) -> AsyncGenerator[StreamEvent, None]:
-    state = chat.ChatStream()
-    with _mapped_errors():
-        while (chunk := await _next(chunks)) is not None:
-            for delta in state.feed(chunk):
-                yield delta
-    yield OutputCompleted(output=state.output())
-
-
-async def _next(stream: AsyncStream[_T]) -> _T | None:
-    """The stream's next item, or `None` at its end.
-
-    `async for` over an `AsyncStream` makes an async generator (its `__aiter__`)
-    that nobody closes when a mapping error ends the loop early; `__anext__`
-    makes none.
-    """
-    try:
-        return await stream.__anext__()
-    except StopAsyncIteration:
-        return None
-
-
-async def _close(
-    deltas: AsyncGenerator[StreamEvent, None], stream: AsyncStream[Any]
-) -> None:
-    # Runs when the loop is cancelled too: shielded, so the HTTP response is
-    # closed rather than left to the garbage collector.
-    with anyio.move_on_after(_CLOSE_TIMEOUT, shield=True):
-        await deltas.aclose()
-        await stream.close()
 
 
 @contextmanager
@@ -396,7 +374,6 @@ def _mapped_errors() -> Iterator[None]:
         raise status_error(_VENDOR, exc.status_code, kind, message) from exc
     except openai.APIError as exc:  # an error sent inside a stream
         kind, message = error_detail(exc.body, exc.message)
-        raise ProviderError(
-            f"{_VENDOR} stream error: {f'{kind}: ' if kind else ''}{message}",
-            retryable=kind in ("server_error", "rate_limit_exceeded"),
+        raise stream_error(
+            _VENDOR, kind, message, retryable=kind in responses.RETRYABLE_CODES
         ) from exc
