@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -36,7 +36,7 @@ from .exceptions import ProviderError
 from .interception import Decision, PendingTransition
 from .messages import FunctionCallItem, ModelMessageItem, ReasoningItem, TokenUsage
 from .providers import InferenceInput, InferenceOutput, StreamEvent
-from .providers.function import output_deltas
+from .providers.function import replay
 from .results import LoopResult, LoopView
 from .states import LoopState
 
@@ -148,16 +148,8 @@ class ScriptedProvider:
         self, request: InferenceInput, /
     ) -> AsyncIterator[AsyncIterator[StreamEvent]]:
         """The next step as deltas, ending with the same output `complete` returns."""
-        events = _iterate(output_deltas(self._step(request)))
-        try:
+        async with replay(self._step(request)) as events:
             yield events
-        finally:
-            await events.aclose()
-
-
-async def _iterate(items: Iterable[StreamEvent]) -> AsyncGenerator[StreamEvent, None]:
-    for item in items:
-        yield item
 
 
 class EventRecorder:

@@ -57,12 +57,12 @@ from agentfsm.providers import (
     TextDelta,
     split_model,
 )
+from agentfsm.providers._common import TOOL_CHOICE_MODES
 from agentfsm.providers.local import DEFAULT_MODEL, LoadProgress, LocalProvider
 from agentfsm.states import Outcome
 
 __all__ = ("add_parser", "load_tool", "release_tool_choice", "run")
 
-_MODES = ("auto", "required", "none")
 DEFAULT_INSTRUCTIONS = (
     "You are a helpful assistant. Answer with the results of the tools you call."
 )
@@ -175,16 +175,10 @@ def load_tool(spec: str) -> Tool:
 
 def _request(args: argparse.Namespace, tools: Sequence[Tool]) -> InferenceInput:
     split_model(args.model)  # a name without a prefix fails here, clearly
-    choice = args.tool_choice
-    named = choice is not None and choice not in _MODES
-    if named and not any(t.name == choice for t in tools):
-        offered = ", ".join(t.name for t in tools) or "none (use --tool)"
-        raise ConfigurationError(
-            f"--tool-choice {choice!r} names no tool offered (offered: {offered})"
-        )
     if args.max_turns < 1 or args.max_output_tokens < 1:
         raise ConfigurationError("--max-turns and --max-output-tokens must be >= 1")
-    return InferenceInput(
+    choice = args.tool_choice
+    request = InferenceInput(
         model=args.model,
         context=ModelContext(instructions=args.instructions),
         tools=tuple(tools),
@@ -192,6 +186,13 @@ def _request(args: argparse.Namespace, tools: Sequence[Tool]) -> InferenceInput:
         streaming=args.stream,
         max_output_tokens=args.max_output_tokens,
     )
+    named = choice is not None and choice not in TOOL_CHOICE_MODES
+    if named and request.tool_named(choice) is None:
+        offered = ", ".join(t.name for t in tools) or "none (use --tool)"
+        raise ConfigurationError(
+            f"--tool-choice {choice!r} names no tool offered (offered: {offered})"
+        )
+    return request
 
 
 def release_tool_choice(then: Literal["auto", "none"] = "none") -> ModelWrapper:

@@ -9,7 +9,6 @@ uses them, and re-exports them.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from agentfsm.exceptions import ConfigurationError
@@ -248,7 +247,7 @@ class ChunkAssembler:
                 {"id": c, "type": "function", "function": {"name": n, "arguments": a}}
                 for c, n, a in calls
             ]
-        raw = {
+        raw: dict[str, Any] = {
             "id": self.response_id,
             "object": "chat.completion",
             "model": self.model,
@@ -266,6 +265,6 @@ class ChunkAssembler:
         return InferenceOutput(
             items=_output_items(content, [(c, n, a) for c, n, a in calls]),
             token_usage=usage,
-            raw_response=json.loads(json.dumps(raw)),
+            raw_response=raw,
             finish_reason=self.finish_reason,
         )

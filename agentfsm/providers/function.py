@@ -26,7 +26,13 @@ from agentfsm.providers import (
     ToolCallDelta,
 )
 
-__all__ = ("FunctionProvider", "InferenceFunction", "StreamFunction", "output_deltas")
+__all__ = (
+    "FunctionProvider",
+    "InferenceFunction",
+    "StreamFunction",
+    "output_deltas",
+    "replay",
+)
 
 InferenceFunction: TypeAlias = Callable[
     [InferenceInput], InferenceOutput | Awaitable[InferenceOutput]
@@ -106,14 +112,20 @@ class FunctionProvider:
                 if aclose is not None:
                     await aclose()
             return
-        output = await self.complete(request)
-        replay = _replay(output_deltas(output))
-        try:
-            yield replay
-        finally:
-            await replay.aclose()
+        async with replay(await self.complete(request)) as deltas:
+            yield deltas
 
 
-async def _replay(deltas: list[StreamEvent]) -> AsyncGenerator[StreamEvent, None]:
+@asynccontextmanager
+async def replay(output: InferenceOutput) -> AsyncIterator[AsyncIterator[StreamEvent]]:
+    """`output` streamed as deltas (`output_deltas`), as a provider's `stream` yields them."""
+    deltas = _iterate(output_deltas(output))
+    try:
+        yield deltas
+    finally:
+        await deltas.aclose()
+
+
+async def _iterate(deltas: list[StreamEvent]) -> AsyncGenerator[StreamEvent, None]:
     for delta in deltas:
         yield delta
