@@ -24,8 +24,9 @@ from agentfsm.diagrams import (
     render_svg,
 )
 from agentfsm.eventlog import read_events
-from agentfsm.exceptions import AgentFSMError, EventLogError
-from agentfsm.timeline import find_loop
+from agentfsm.exceptions import AgentFSMError
+
+from .inspect import loop_of
 
 FORMATS = ("mermaid", "dot", "svg", "png")
 
@@ -102,12 +103,7 @@ def _draw(args: argparse.Namespace) -> str | bytes:
     path: LoopPath | None = None
     if args.events is not None:
         events = list(read_events(args.events))
-        try:
-            loop_id = find_loop(events, args.loop)
-        except EventLogError as exc:
-            hint = "" if args.loop is not None else " with --loop ID"
-            raise EventLogError(f"{args.events}: {exc}{hint}") from None
-        path = LoopPath.from_events(events, loop_id)
+        path = LoopPath.from_events(events, loop_of(args, events))
     match args.format:
         case "mermaid" if path is None:
             return render_markdown() if args.markdown else render_mermaid()

@@ -69,13 +69,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         events = list(read_events(args.events))
         if args.html is not None:
-            loop_id = _find(args, events)
+            loop_id = loop_of(args, events)
             timeline = build_timeline(events, loop_id, width=_HTML_WIDTH)
             page = render_html(timeline, render_svg(timeline.path))
             Path(args.html).write_text(page, encoding="utf-8")
             print(f"wrote {args.html} (loop {loop_id})")
         elif args.loop is not None:
-            loop_id = _find(args, events)
+            loop_id = loop_of(args, events)
             timeline = build_timeline(events, loop_id, width=max(args.width, 10))
             sys.stdout.write(format_timeline(timeline))
         else:
@@ -86,7 +86,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _find(args: argparse.Namespace, events: list[AgentEvent]) -> str:
+def loop_of(args: argparse.Namespace, events: list[AgentEvent]) -> str:
+    """The loop `--loop` picks from the events of `--events` (the only one when
+    it is left out), with an error naming the file."""
     try:
         return find_loop(events, args.loop)
     except EventLogError as exc:
