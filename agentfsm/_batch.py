@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Final
 
 import anyio
 from pydantic import JsonValue
-from pydantic_core import to_json
 
 from . import _fast
 from . import events as ev
@@ -132,10 +131,7 @@ async def _run_call(
     elif tool is None and chain is None:
         outcome = (_unknown(call, tools), True, False)
     else:
-        if loop._bus.listening:
-            loop._emit(ev.FunctionCallStarted, call=call)
-        else:
-            loop.seq += 1  # what `_emit` does when nobody listens, without the call
+        loop._emit(ev.FunctionCallStarted, call=call)
         loop.tool_calls += 1
         if tool is not None:
             loop._last_tools.append(tool.name)
@@ -159,8 +155,7 @@ async def _run_call(
             if isinstance(value, ToolResult):
                 outcome = (value.output, value.is_error, value.terminate)
             else:  # what `ToolResult.of` holds, without making one
-                text = value if isinstance(value, str) else to_json(value).decode()
-                outcome = (text, False, False)
+                outcome = (_fast.json_text(value), False, False)
         except UnknownTool:
             outcome = (_unknown(call, tools), True, False)
         except ToolError as exc:
@@ -186,15 +181,12 @@ async def _run_call(
         loop._log.info(
             "tool_call_error", call_id=call.call_id, tool=call.name, error=output
         )
-    if loop._bus.listening:
-        loop._emit(
-            ev.FunctionCallCompleted,
-            call=call,
-            output=out,
-            duration=time.perf_counter() - started,
-        )
-    else:
-        loop.seq += 1
+    loop._emit(
+        ev.FunctionCallCompleted,
+        call=call,
+        output=out,
+        duration=time.perf_counter() - started,
+    )
     return out, terminate
 
 

@@ -1,4 +1,5 @@
-"""Building pydantic models from data the library made itself, without validating it again.
+"""Small pieces of the hot path: pydantic models built from data the library
+made itself without validating it again, the backend's anyio classes, JSON text.
 
 The loop builds a dozen models per step (events, results, tool outputs) from
 values it already holds in the right types; validating them again was the
@@ -14,9 +15,9 @@ from typing import Any, TypeVar
 
 import anyio
 from pydantic import BaseModel
-from pydantic_core import PydanticUndefined
+from pydantic_core import PydanticUndefined, to_json
 
-__all__ = ("Primitives", "defaults", "primitives", "trusted")
+__all__ = ("Primitives", "defaults", "json_text", "primitives", "trusted")
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -65,3 +66,9 @@ def primitives() -> Primitives:
     loops call the class directly.
     """
     return Primitives(type(anyio.CancelScope()), type(anyio.Event()))
+
+
+def json_text(value: Any) -> str:
+    """`value` as text: a str as it is, anything else as JSON (tool outputs and
+    arguments)."""
+    return value if isinstance(value, str) else to_json(value).decode()

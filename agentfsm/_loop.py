@@ -78,6 +78,8 @@ _NO_USAGE: Final = _fast.trusted(
 _RESULT_FIELDS: Final = set(LoopResult.model_fields)
 """Every field `Loop.result` sets (shared: pydantic copies it before changing it)."""
 
+_VIEW_FIELDS: Final = set(LoopView.model_fields)
+
 _current_loop: ContextVar[str | None] = ContextVar("agentfsm_loop_id", default=None)
 
 
@@ -117,7 +119,6 @@ class Loop:
         "_structured_failures",
         "_tool_chain",
         "_tool_index",
-        "_truncated",
         "_worker",
         "agent_id",
         "answer",
@@ -191,7 +192,6 @@ class Loop:
         self._follow_ups: deque[UserMessage] | None = None
         self._last_tools: list[str] = []
         self._tool_index: tuple[Sequence[Tool], dict[str, Tool]] | None = None
-        self._truncated = False
         self._structured_failures = 0
         self._stop_reason: str | None = None
         self._deadline_at: float | None = None
@@ -252,7 +252,7 @@ class Loop:
     async def _flush(self) -> None:
         outbox, self._outbox = self._outbox, []
         for event in outbox:
-            await self._runtime.bus.publish(event)
+            await self._bus.publish(event)
 
     # ------------------------------------------------------------------ task
 
@@ -504,17 +504,19 @@ class Loop:
     def view(self) -> LoopView:
         """A snapshot of the loop."""
         paused = self._paused
-        return LoopView(
-            loop_id=self.loop_id,
-            agent_id=self.agent_id,
-            state=self.state,
-            status=self.status,
-            path=tuple(self.path),
-            pending=paused[0] if paused else None,
-            pause_reason=paused[2] if paused else None,
-            outcome=self.outcome,
-            usage=self.usage,
-            model_requests=self.model_requests,
-            tool_calls=self.tool_calls,
-            last_tools=tuple(self._last_tools),
-        )
+        values = {
+            "loop_id": self.loop_id,
+            "agent_id": self.agent_id,
+            "state": self.state,
+            "status": self.status,
+            "path": tuple(self.path),
+            "pending": paused[0] if paused else None,
+            "pause_reason": paused[2] if paused else None,
+            "outcome": self.outcome,
+            "usage": self.usage,
+            "model_requests": self.model_requests,
+            "tool_calls": self.tool_calls,
+            "last_tools": tuple(self._last_tools),
+        }
+        # Built without validation: stop conditions ask for one every turn.
+        return _fast.trusted(LoopView, values, _VIEW_FIELDS)

@@ -152,14 +152,9 @@ def completed(loop: Loop, request: InferenceInput, output: InferenceOutput) -> N
         loop.usage = loop.usage + output.token_usage
     loop._request = request
     loop._output = output
-    if loop._bus.listening:
-        loop._emit(ev.InferenceCompleted, model=request.model, output=output)
-    else:
-        loop.seq += 1  # what `_emit` does when nobody listens, without the call
+    loop._emit(ev.InferenceCompleted, model=request.model, output=output)
     calls = output.function_calls
     if calls:
-        # A response cut by the token limit may hold truncated arguments.
-        loop._truncated = output.finish_reason == "length"
         waiting = awaiting_approval(loop, calls) if loop._gated else ()
         batch = {
             "kind": "tool_batch",
@@ -182,10 +177,10 @@ async def function_call(loop: Loop, payload: TransitionPayload) -> None:
     )
     loop._last_tools.clear()
     results: list[CallOutcome | None] = [None] * len(batch.calls)
+    # A response cut by the token limit may hold truncated arguments.
+    truncated = output is not None and output.finish_reason == "length"
     try:
-        await run_batch(
-            loop, batch, tool_index(loop), results, truncated=loop._truncated
-        )
+        await run_batch(loop, batch, tool_index(loop), results, truncated=truncated)
     finally:
         # Whatever happened, every call gets an output, and calls and outputs
         # enter the context together so loops sharing it never split a pair.

@@ -286,22 +286,5 @@ AgentEventAdapter: TypeAdapter[AgentEvent] = TypeAdapter(
 )
 """(De)serializes any event, e.g. `AgentEventAdapter.validate_json(line)`."""
 
-EVENT_TYPES: tuple[str, ...] = tuple(
-    cls.model_fields["type"].default
-    for cls in (
-        LoopStarted,
-        TransitionIntercepted,
-        LoopPaused,
-        LoopResumed,
-        LoopTransition,
-        InferenceStream,
-        InferenceCompleted,
-        FunctionCallStarted,
-        FunctionCallProgress,
-        FunctionCallCompleted,
-        ModelAnswer,
-        LoopFailed,
-        LoopIdle,
-    )
-)
+EVENT_TYPES: tuple[str, ...] = tuple(event_type for event_type, _, _ in _SPECS.values())
 """Every event type name."""

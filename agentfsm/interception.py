@@ -42,8 +42,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Annotated, Any, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, InstanceOf
-from pydantic_core import to_json
 
+from ._fast import json_text
 from .messages import FunctionCallItem, ModelMessageItem, TokenUsage, UserMessage
 from .providers import InferenceInput, RequestMetadata
 from .states import LoopState, Trigger
@@ -96,7 +96,7 @@ class ToolBatch(BaseModel):
     ) -> "ToolBatch":
         """This batch with the arguments of one call replaced."""
         self._check(call_id)
-        text = arguments if isinstance(arguments, str) else to_json(arguments).decode()
+        text = json_text(arguments)
         calls = tuple(
             c.model_copy(update={"arguments": text}) if c.call_id == call_id else c
             for c in self.calls

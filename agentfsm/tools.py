@@ -44,7 +44,6 @@ from pydantic import (
     create_model,
 )
 from pydantic.fields import FieldInfo
-from pydantic_core import to_json
 
 from . import _fast
 from .exceptions import ConfigurationError, ToolArgumentsError, ToolError, ToolTimeout
@@ -119,7 +118,7 @@ class ToolResult(BaseModel):
         """A result holding `value` (text as is, anything else as JSON)."""
         if isinstance(value, ToolResult):
             return value
-        text = value if isinstance(value, str) else to_json(value).decode()
+        text = _fast.json_text(value)
         return _fast.trusted(
             cls, {"output": text, "is_error": False, "terminate": False}, _RESULT_FIELDS
         )
@@ -457,8 +456,7 @@ class ToolCall(BaseModel):
 
     def with_arguments(self, arguments: Mapping[str, Any] | str) -> "ToolCall":
         """This call with other arguments."""
-        text = arguments if isinstance(arguments, str) else to_json(arguments).decode()
-        return self.model_copy(update={"arguments": text})
+        return self.model_copy(update={"arguments": _fast.json_text(arguments)})
 
 
 ToolNext: TypeAlias = Callable[[ToolCall], Awaitable[ToolResult]]
