@@ -63,7 +63,7 @@ def pending_of(
     )
 
 
-def approval_gate(loop: Loop, pending: PendingTransition) -> Decision | None:
+def approval_gate(pending: PendingTransition) -> Decision | None:
     """Pause a batch holding calls that need approval (runs as the first handler).
 
     The batch lists them in `awaiting_approval`; resuming approves every one

@@ -18,7 +18,6 @@ from collections import deque
 from collections.abc import Awaitable, Sequence
 from contextvars import ContextVar
 from datetime import UTC, datetime
-from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
@@ -158,7 +157,7 @@ class Loop:
         self.options = options
         self._gated = any(t.needs_approval for t in inference_input.tools)
         if self._gated:
-            handlers = (partial(approval_gate, self), *handlers)
+            handlers = (approval_gate, *handlers)
         self._handlers = tuple(handlers)
         self._tool_chain = chain_tool_wrappers(options.tool_wrappers)
         self._model_chain = (
