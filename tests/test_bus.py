@@ -6,7 +6,14 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from agentfsm import InferenceInput, InferenceOutput, Runtime
+from agentfsm import (
+    InferenceInput,
+    InferenceOutput,
+    Pause,
+    PendingTransition,
+    Proceed,
+    Runtime,
+)
 from agentfsm._bus import BusStatistics, EventBus, Subscription, SubscriptionStatistics
 from agentfsm.events import (
     AgentEvent,
@@ -22,7 +29,7 @@ from agentfsm.messages import (
     ModelMessageItem,
 )
 from agentfsm.states import LoopState, Trigger
-from agentfsm.testing import ScriptedProvider, call, calls, text
+from agentfsm.testing import EventRecorder, ScriptedProvider, call, calls, text
 from tests.helpers import add, request
 
 _CALL = FunctionCallItem(call_id="c1", name="add", arguments='{"a":1,"b":2}')
@@ -537,3 +544,52 @@ async def test_backpressure_subscriber_misses_nothing_in_a_run() -> None:
         events = seen[loop_id]
         assert seqs(events) == list(range(1, len(events) + 1))
         assert (events[0].type, events[-1].type) == ("loop.started", "loop.idle")
+
+
+async def test_a_subscriber_to_one_loop_gets_all_of_its_events_and_no_others() -> None:
+    """On a running runtime, alone and beside a subscriber to every loop."""
+    for beside_all in (False, True):
+        async with Runtime(
+            providers={"scripted": ScriptedProvider([text("ok")])}
+        ) as rt:
+            everything = rt.bus.subscribe("*") if beside_all else None
+            first = rt.run_loop("agent", "one", request())
+            mine = rt.bus.subscribe("*", loop_id=first, buffer=1_000)
+            await rt.wait(first)
+            await rt.wait(rt.run_loop("agent", "two", request()))
+            mine.close()
+            got = [event async for event in mine]
+            if everything is not None:
+                everything.close()
+        assert {e.loop_id for e in got} == {first}
+        # Subscribed after loop.started: from the first transition to the end.
+        assert [e.type for e in got][:1] == ["loop.transition"]
+        assert got[-1].type == "loop.idle"
+        assert [e.seq for e in got] == list(range(2, len(got) + 2))
+
+
+async def test_a_late_subscriber_sees_seq_numbers_counted_from_the_start() -> None:
+    """Events nobody received still took their numbers: a subscriber that joins
+    a paused loop sees the seqs a subscriber from the start sees."""
+
+    def hold(pending: PendingTransition) -> Pause | None:
+        return Pause("hold") if pending.trigger is Trigger.call_tools else None
+
+    async def run(late: bool) -> list[tuple[str, int]]:
+        provider = ScriptedProvider([calls(call("add", a=1, b=2)), text("3")])
+        async with Runtime(providers={"scripted": provider}) as rt:
+            recorder = None if late else EventRecorder(rt.bus)
+            loop_id = rt.run_loop("agent", "hi", request(add), hold)
+            with anyio.fail_after(5):
+                while rt.get(loop_id).pending is None:
+                    await anyio.wait_all_tasks_blocked()
+            if late:
+                recorder = EventRecorder(rt.bus)
+            rt.resume(loop_id, Proceed())
+            await rt.wait(loop_id)
+        assert recorder is not None
+        return [(e.type, e.seq) for e in recorder.events]
+
+    from_start, joined = await run(late=False), await run(late=True)
+    assert joined[0][0] == "loop.resumed"
+    assert joined == from_start[-len(joined) :]

@@ -729,6 +729,38 @@ class TestApproval:
         assert paused.reason == "approval required: pay"
         assert [e.type for e in recorder.events] == ["loop.paused", "loop.resumed"]
 
+    async def test_an_approved_batch_still_goes_through_the_users_handlers(
+        self,
+    ) -> None:
+        """Resuming after the approval gate runs the handlers after it: a user's
+        handler can still deny an approved call."""
+        ran: list[str] = []
+
+        @tool(needs_approval=True)
+        async def rm(path: str) -> str:
+            """Deletes."""
+            ran.append(path)
+            return "removed"
+
+        def deny_root(pending: PendingTransition) -> Rewrite | None:
+            batch = pending.payload
+            if pending.trigger is not Trigger.call_tools:
+                return None
+            assert isinstance(batch, ToolBatch)
+            return Rewrite(payload=batch.deny("r", "not the root"))
+
+        provider = ScriptedProvider(
+            [calls(call("rm", call_id="r", path="/")), text("ok")]
+        )
+        async with Runtime(providers={"scripted": provider}) as runtime:
+            inference_input = request(rm)
+            loop_id = runtime.run_loop("agent", "clean up", inference_input, deny_root)
+            await wait_until(lambda: runtime.get(loop_id).status is LoopStatus.paused)
+            runtime.resume(loop_id)
+            await runtime.wait(loop_id)
+        assert ran == []
+        assert "out:r=ERR" in items_of(inference_input.context)
+
     async def test_cancel_during_a_paused_approval(self) -> None:
         """Cancelling a loop waiting for approval ends it cancelled; no call ran."""
 
@@ -846,6 +878,21 @@ class TestContextAndErrors:
                 )
             )
         assert [s.kind for s in seen[0].sources] == ["history", "repair", "history"]
+
+    async def test_each_request_has_its_own_metadata(self) -> None:
+        """Every request counts the context it was made from."""
+        seen: list[RequestMetadata] = []
+
+        def spy(pending: PendingTransition) -> None:
+            if pending.trigger is Trigger.infer:
+                assert pending.metadata is not None
+                seen.append(pending.metadata)
+
+        provider = ScriptedProvider([calls(call("add", a=1, b=2)), text("3")])
+        async with Runtime(providers={"scripted": provider}) as rt:
+            await rt.wait(rt.run_loop("a", "hi", request(add), spy))
+        assert [m.history_count for m in seen] == [1, 3]
+        assert seen[0] is not seen[1]
 
     async def test_handlers_and_wrappers_share_one_metadata_of_the_request(
         self,

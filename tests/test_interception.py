@@ -75,6 +75,17 @@ async def test_handler_sees_every_transition_with_its_payload() -> None:
     assert finish.payload == ModelMessageItem(content="5")
     assert [p.seq for p in handler.seen] == sorted(p.seq for p in handler.seen)
     assert call_tools.model_requests == 1
+    second_infer = handler.seen[3]
+    assert (second_infer.model_requests, second_infer.tool_calls) == (1, 1)
+
+
+async def test_a_pending_transition_carries_the_seq_of_its_event() -> None:
+    """`pending.seq` is the seq the transition's `transition.intercepted` event gets."""
+    handler = RecordingHandler()
+    async with Runtime(providers={"scripted": tool_script()}) as runtime:
+        recorder = EventRecorder(runtime.bus, "transition.intercepted")
+        await runtime.wait(runtime.run_loop("agent", "2+3?", request(), handler))
+    assert [p.seq for p in handler.seen] == [e.seq for e in recorder.events]
 
 
 @pytest.mark.parametrize("style", ["sync", "async"])
@@ -390,6 +401,12 @@ async def test_pause_holds_no_task_and_resume_continues() -> None:
     assert outputs[0].output == "the call was denied: human said no"
     types = recorder.types(loop_id)
     assert types.index("loop.paused") < types.index("loop.resumed")
+    resumed = [
+        e
+        for e in recorder.events
+        if isinstance(e, TransitionIntercepted) and e.trigger is Trigger.call_tools
+    ][-1]
+    assert (resumed.decision, resumed.handler) == ("rewrite", -1)  # -1: resume
 
 
 async def test_pause_a_hundred_loops_and_resume_each() -> None:

@@ -305,12 +305,14 @@ class TestTimeout:
             await anyio.sleep_forever()
             return "never"
 
+        started = anyio.current_time()
         with anyio.fail_after(5):
             with pytest.raises(
                 ToolTimeout, match=r"tool 'hang' timed out after 0\.05s"
             ) as info:
                 await hang.invoke("{}")
         assert info.value.tool == "hang"
+        assert anyio.current_time() - started < 1  # the deadline, not a later one
 
     async def test_sync_tool_timeout(self) -> None:
         """A sync tool in a thread running past its timeout raises `ToolTimeout` at once."""
@@ -324,9 +326,11 @@ class TestTimeout:
             return "late"
 
         try:
+            started = anyio.current_time()
             with anyio.fail_after(5):
                 with pytest.raises(ToolTimeout, match=r"timed out after 0\.05s"):
                     await block.invoke("{}")
+            assert anyio.current_time() - started < 1  # the deadline, not a later one
             assert not finished.is_set()  # the thread was abandoned, not waited for
         finally:
             release.set()
@@ -399,6 +403,7 @@ class TestTimeout:
 
         @tool(timeout=None)
         async def quick() -> str:
+            await anyio.lowlevel.checkpoint()  # a call that could be interrupted
             return "done"
 
         assert quick.timeout is None
