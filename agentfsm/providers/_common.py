@@ -10,19 +10,20 @@ import os
 import re
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Mapping
-from typing import Any, Final, Protocol, TypeVar
+from typing import Any, Final, Generic, Protocol, Self, TypeVar
 
 import anyio
 from pydantic import BaseModel
 from pydantic_core import from_json
 
-from agentfsm.exceptions import ProviderError
+from agentfsm.exceptions import ConfigurationError, ProviderError
 from agentfsm.messages import FunctionCallItem
 
 __all__ = (
     "CLOSE_TIMEOUT",
     "TOOL_CHOICE_MODES",
     "Closable",
+    "OwnedClient",
     "close_stream",
     "count",
     "env",
@@ -54,6 +55,55 @@ class Closable(Protocol):
 
 
 _NAME_CHARS: Final = re.compile(r"[^a-zA-Z0-9_-]+")
+
+
+ClientT = TypeVar("ClientT", bound=Closable)
+
+
+class OwnedClient(Generic[ClientT]):
+    """A provider that sends its requests through an SDK client: one it was
+    given (the caller's to close) or one it made (closed with the provider)."""
+
+    __slots__ = ("_client", "_owns_client")
+
+    _client: ClientT
+    _owns_client: bool
+
+    def _given(
+        self, client: ClientT | None, api_key: str | None, base_url: str | None
+    ) -> bool:
+        """Use `client` if there is one; False when the provider must make its own.
+
+        Raises:
+            ConfigurationError: a client and settings for another one were both given.
+        """
+        if client is None:
+            return False
+        if api_key is not None or base_url is not None:
+            raise ConfigurationError(
+                "pass either client= or api_key=/base_url=, not both"
+            )
+        self._client, self._owns_client = client, False
+        return True
+
+    def _made(self, client: ClientT) -> None:
+        self._client, self._owns_client = client, True
+
+    @property
+    def client(self) -> ClientT:
+        """The SDK client the provider sends its requests with."""
+        return self._client
+
+    async def aclose(self) -> None:
+        """Close the SDK client, if the provider created it."""
+        if self._owns_client:
+            await self._client.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
 
 
 def env(name: str) -> str | None:

@@ -56,7 +56,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
 
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any, Final, Literal, Self, TypeAlias
+from typing import Any, Final, Literal, TypeAlias
 
 from anthropic import AsyncAnthropic
 from anthropic.lib.streaming import AsyncMessageStream
@@ -82,6 +82,7 @@ from agentfsm.providers import (
 )
 from agentfsm.providers import _anthropic_messages as mapping
 from agentfsm.providers._common import (
+    OwnedClient,
     close_stream,
     env,
     error_detail,
@@ -121,7 +122,7 @@ _RETRYABLE_TYPES: Final = frozenset(
 _ADAPTIVE_EFFORTS: Final[Mapping[str, str]] = {"minimal": "low"}
 
 
-class AnthropicProvider:
+class AnthropicProvider(OwnedClient[AsyncAnthropic]):
     """Serves `anthropic:<model>` through Anthropic's Messages API.
 
     Args:
@@ -144,7 +145,7 @@ class AnthropicProvider:
         ```
     """
 
-    __slots__ = ("_client", "_default_max_tokens", "_owns_client", "_thinking")
+    __slots__ = ("_default_max_tokens", "_thinking")
 
     def __init__(
         self,
@@ -167,13 +168,7 @@ class AnthropicProvider:
             )
         self._default_max_tokens = default_max_tokens
         self._thinking: ThinkingMode = thinking
-        if client is not None:
-            if api_key is not None or base_url is not None:
-                raise ConfigurationError(
-                    "pass either client= or api_key=/base_url=, not both"
-                )
-            self._client = client
-            self._owns_client = False
+        if self._given(client, api_key, base_url):
             return
         if api_key is None and not (
             env("ANTHROPIC_API_KEY") or env("ANTHROPIC_AUTH_TOKEN")
@@ -182,29 +177,14 @@ class AnthropicProvider:
                 "no Anthropic API key: set ANTHROPIC_API_KEY or pass api_key= "
                 "(or pass a configured client=)"
             )
-        self._client = AsyncAnthropic(
-            api_key=api_key,
-            base_url=base_url or env("ANTHROPIC_BASE_URL"),
-            timeout=timeout if timeout is not None else anthropic.DEFAULT_TIMEOUT,
-            max_retries=max_retries,
+        self._made(
+            AsyncAnthropic(
+                api_key=api_key,
+                base_url=base_url or env("ANTHROPIC_BASE_URL"),
+                timeout=timeout if timeout is not None else anthropic.DEFAULT_TIMEOUT,
+                max_retries=max_retries,
+            )
         )
-        self._owns_client = True
-
-    @property
-    def client(self) -> AsyncAnthropic:
-        """The SDK client the provider sends its requests with."""
-        return self._client
-
-    async def aclose(self) -> None:
-        """Close the SDK client, if the provider created it."""
-        if self._owns_client:
-            await self._client.close()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
 
     def request_params(self, request: InferenceInput) -> dict[str, Any]:
         """The arguments `client.messages.create` gets for `request`.

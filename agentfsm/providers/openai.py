@@ -48,7 +48,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
 
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any, Final, Literal, Protocol, Self, TypeAlias, TypeVar
+from typing import Any, Final, Literal, Protocol, TypeAlias, TypeVar
 
 from openai import AsyncOpenAI, AsyncStream
 
@@ -64,6 +64,7 @@ from agentfsm.providers import (
 from agentfsm.providers import _openai_chat as chat
 from agentfsm.providers import _openai_responses as responses
 from agentfsm.providers._common import (
+    OwnedClient,
     close_stream,
     env,
     error_detail,
@@ -90,10 +91,10 @@ _PLACEHOLDER_KEY: Final = "EMPTY"
 """Sent to compatible servers when no key is set: they take any key, the SDK wants one."""
 
 
-class _OpenAIProvider:
+class _OpenAIProvider(OwnedClient[AsyncOpenAI]):
     """The client and error handling the two OpenAI providers share."""
 
-    __slots__ = ("_client", "_owns_client")
+    __slots__ = ()
 
     def __init__(
         self,
@@ -104,13 +105,7 @@ class _OpenAIProvider:
         timeout: float | None,
         max_retries: int,
     ) -> None:
-        if client is not None:
-            if api_key is not None or base_url is not None:
-                raise ConfigurationError(
-                    "pass either client= or api_key=/base_url=, not both"
-                )
-            self._client = client
-            self._owns_client = False
+        if self._given(client, api_key, base_url):
             return
         api_key = api_key or env("OPENAI_API_KEY")
         base_url = base_url or env("OPENAI_BASE_URL")
@@ -121,29 +116,14 @@ class _OpenAIProvider:
                     "base_url= (OPENAI_BASE_URL) at an OpenAI-compatible server"
                 )
             api_key = _PLACEHOLDER_KEY
-        self._client = AsyncOpenAI(
-            api_key=api_key,
-            base_url=base_url,
-            timeout=timeout if timeout is not None else openai.DEFAULT_TIMEOUT,
-            max_retries=max_retries,
+        self._made(
+            AsyncOpenAI(
+                api_key=api_key,
+                base_url=base_url,
+                timeout=timeout if timeout is not None else openai.DEFAULT_TIMEOUT,
+                max_retries=max_retries,
+            )
         )
-        self._owns_client = True
-
-    @property
-    def client(self) -> AsyncOpenAI:
-        """The SDK client the provider sends its requests with."""
-        return self._client
-
-    async def aclose(self) -> None:
-        """Close the SDK client, if the provider created it."""
-        if self._owns_client:
-            await self._client.close()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
 
 
 class OpenAIResponsesProvider(_OpenAIProvider):
