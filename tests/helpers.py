@@ -1,8 +1,27 @@
-"""Shared test helpers: a typed `add` tool and request builders."""
+"""Shared test helpers: a typed `add` tool, request builders, handlers."""
 
 from __future__ import annotations
 
-from agentfsm import InferenceInput, ModelContext, Tool, tool
+import shutil
+
+import pytest
+
+from agentfsm import (
+    InferenceInput,
+    LoopState,
+    ModelContext,
+    Pause,
+    PendingTransition,
+    Rewrite,
+    Tool,
+    Trigger,
+    tool,
+)
+
+needs_dot = pytest.mark.skipif(
+    shutil.which("dot") is None,
+    reason="graphviz's `dot` is not installed (apt-get install graphviz)",
+)
 
 
 @tool
@@ -18,3 +37,15 @@ def request(
     return InferenceInput(
         model=model, context=ModelContext(), tools=tools or (add,), streaming=streaming
     )
+
+
+def stream_after_tools(pending: PendingTransition) -> Rewrite | None:
+    """Rewrite `function_call --infer--> inference` to the streaming edge."""
+    if pending.source is LoopState.function_call and pending.trigger is Trigger.infer:
+        return Rewrite(dest=LoopState.inference_streaming)
+    return None
+
+
+def pause_tools(pending: PendingTransition) -> Pause | None:
+    """Pause before every tool batch."""
+    return Pause("approval required") if pending.trigger is Trigger.call_tools else None

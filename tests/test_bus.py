@@ -461,10 +461,6 @@ def test_statistics() -> None:
     bus.close()
 
 
-def _numbers_request() -> InferenceInput:
-    return request(add)
-
-
 def _ask_for_sum(req: InferenceInput) -> InferenceOutput:
     first = req.context.items[0]
     assert first.type == "user_message"
@@ -497,7 +493,7 @@ async def test_stuck_and_failing_subscribers_do_not_stop_loops() -> None:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(consume_and_fail, runtime.bus.subscribe(buffer=1))
                     loop_ids = [
-                        runtime.run_loop(f"agent-{n % 3}", str(n), _numbers_request())
+                        runtime.run_loop(f"agent-{n % 3}", str(n), request(add))
                         for n in range(count)
                     ]
             results = [await runtime.wait(loop_id) for loop_id in loop_ids]
@@ -530,8 +526,7 @@ async def test_backpressure_subscriber_misses_nothing_in_a_run() -> None:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(consume, careful)
                 loop_ids = [
-                    runtime.run_loop("agent", str(n), _numbers_request())
-                    for n in range(10)
+                    runtime.run_loop("agent", str(n), request(add)) for n in range(10)
                 ]
                 results = [await runtime.wait(loop_id) for loop_id in loop_ids]
                 await anyio.wait_all_tasks_blocked()

@@ -71,7 +71,7 @@ def items_of(context: ModelContext) -> list[str]:
     return view
 
 
-async def wait_until(predicate: object, what: str = "condition") -> None:
+async def wait_until(predicate: object) -> None:
     assert callable(predicate)
     with anyio.fail_after(5):
         while not predicate():

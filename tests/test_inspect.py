@@ -12,12 +12,8 @@ import pytest
 from agentfsm import (
     LoopState,
     LoopStatus,
-    Pause,
-    PendingTransition,
-    Rewrite,
     Runtime,
     TokenUsage,
-    Trigger,
 )
 from agentfsm.cli import main
 from agentfsm.diagrams import render_path_mermaid
@@ -26,8 +22,7 @@ from agentfsm.events import FunctionCallCompleted, LoopStarted
 from agentfsm.exceptions import EventLogError
 from agentfsm.testing import ScriptedProvider, call, calls, text
 from agentfsm.timeline import build_timeline, find_loop, format_table, summarize
-from tests.helpers import request
-from tests.test_path_diagrams import needs_dot
+from tests.helpers import needs_dot, pause_tools, request, stream_after_tools
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -90,16 +85,6 @@ PAUSED_ROWS = (
     "    +0.080s  transition   #3 inference --cancel--> idle  [0.040s in inference]",
     "    +0.090s  idle         cancelled (the runtime closed while the loop was paused)",
 )
-
-
-def stream_after_tools(pending: PendingTransition) -> Rewrite | None:
-    if pending.source is LoopState.function_call and pending.trigger is Trigger.infer:
-        return Rewrite(dest=LoopState.inference_streaming)
-    return None
-
-
-def pause_tools(pending: PendingTransition) -> Pause | None:
-    return Pause("approval required") if pending.trigger is Trigger.call_tools else None
 
 
 def script() -> ScriptedProvider:
@@ -212,7 +197,6 @@ def test_ambiguous_or_unknown_loop(
 
 def test_a_loop_found_by_the_end_of_its_id() -> None:
     """Ids made in the same second share their start; a unique end finds the loop."""
-    from agentfsm.timeline import find_loop
 
     ids = [
         "01a22b54-a012-7000-b4d5-31bce8e74e50",

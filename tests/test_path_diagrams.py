@@ -18,7 +18,6 @@ from agentfsm import (
     LoopStatus,
     Outcome,
     PathStep,
-    Pause,
     PendingTransition,
     Rewrite,
     Runtime,
@@ -37,16 +36,11 @@ from agentfsm.eventlog import read_events
 from agentfsm.events import LoopStarted
 from agentfsm.exceptions import EventLogError, GraphvizError
 from agentfsm.testing import EventRecorder, ScriptedProvider, call, calls, text
-from tests.helpers import request
+from tests.helpers import needs_dot, pause_tools, request, stream_after_tools
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMITTED_SVG = ROOT / "diagrams" / "agent_loop.svg"
 SVG = "{http://www.w3.org/2000/svg}"
-needs_dot = pytest.mark.skipif(
-    shutil.which("dot") is None,
-    reason="graphviz's `dot` is not installed (apt-get install graphviz)",
-)
-
 S, T = LoopState, Trigger
 
 REWRITTEN = LoopPath(
@@ -220,23 +214,12 @@ def started(loop_id: str) -> LoopStarted:
     )
 
 
-def stream_after_tools(pending: PendingTransition) -> Rewrite | None:
-    """Rewrite `function_call --infer--> inference` to the streaming edge."""
-    if pending.source is S.function_call and pending.trigger is T.infer:
-        return Rewrite(dest=S.inference_streaming)
-    return None
-
-
 def cheaper_model(pending: PendingTransition) -> Rewrite | None:
     """Rewrite only the payload of the second request (its model)."""
     payload = pending.payload
     if pending.source is S.function_call and isinstance(payload, InferenceInput):
         return Rewrite(payload=payload.model_copy(update={"model": "scripted:mini"}))
     return None
-
-
-def pause_tools(pending: PendingTransition) -> Pause | None:
-    return Pause("approval required") if pending.trigger is T.call_tools else None
 
 
 def tool_script() -> ScriptedProvider:

@@ -184,17 +184,14 @@ async def test_a_loop_handed_to_a_worker_ending_with_the_runtime_still_ends() ->
     worker is being cancelled) still runs and ends in `idle` (answered here: it
     never waits, so the cancellation never reaches it)."""
 
-    @tool
-    async def ok() -> str:
-        """Answer."""
-        return "ok"
-
-    runtime = Runtime(providers={"scripted": one_call("ok")})
+    runtime = Runtime(providers={"scripted": one_call("answer")})
     with anyio.CancelScope() as outer:
         async with runtime:
-            await runtime.wait(runtime.run_loop("agent", "go", request(ok)))
+            await runtime.wait(runtime.run_loop("agent", "go", request(answer)))
             outer.cancel()
-            late = runtime.run_loop("agent", "go", request(ok))  # to the idle worker
+            late = runtime.run_loop(
+                "agent", "go", request(answer)
+            )  # to the idle worker
             await anyio.sleep_forever()
     with anyio.fail_after(5):
         result = await runtime.wait(late)
