@@ -111,7 +111,9 @@ class Subscription:
             anyio.EndOfStream: the subscription is closed and drained.
         """
         if self._buffer:
-            return self._pop()
+            if self._space is not None:
+                self._made_space()
+            return self._buffer.popleft()
         if self._closed:
             raise anyio.EndOfStream
         raise anyio.WouldBlock
@@ -139,16 +141,16 @@ class Subscription:
                 raise StopAsyncIteration
             waiter = self._waiter = self._bus._event()
             await waiter.wait()
-        return self._pop()
+        if self._space is not None:
+            self._made_space()
+        return buffer.popleft()
 
-    def _pop(self) -> AgentEvent:
-        """The oldest buffered event (there is one), waking a publisher waiting for room."""
-        event = self._buffer.popleft()
+    def _made_space(self) -> None:
+        """Wake the publisher waiting for room (an event is leaving the buffer)."""
         space = self._space
-        if space is not None:
-            self._space = None
-            space.set()
-        return event
+        assert space is not None
+        self._space = None
+        space.set()
 
     def close(self) -> None:
         """Unsubscribe; events already buffered can still be received."""

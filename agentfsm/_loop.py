@@ -61,6 +61,8 @@ if TYPE_CHECKING:
 __all__ = ("Loop", "current_loop_id")
 
 _tuple_new = tuple.__new__
+_new = object.__new__  # events are made as `_fast.trusted` makes models
+_setattr = object.__setattr__
 # Built without validation: validating at import would build TokenUsage's schema
 # (and load pydantic's plugins) before anyone needs it.
 _NO_USAGE: Final = _fast.trusted(
@@ -232,8 +234,12 @@ class Loop:
             targets = bus.targets(event_type, self.loop_id)
         if not targets:
             return  # nobody listens: the event is not even built
+        # What `_fast.trusted` does, for an event (see `events._Event`): the loop
+        # made every value itself, in the right type, so nothing is validated.
+        event = _new(cls)
+        values = event.__dict__  # a new, empty dict
+        values.update(template)
         loop_id = self.loop_id
-        values = template.copy()
         values["event_id"] = f"{loop_id}:{seq}"
         values["loop_id"] = loop_id
         values["agent_id"] = self.agent_id
@@ -241,8 +247,7 @@ class Loop:
         values["ts"] = datetime.now(UTC)
         values["state"] = self.state
         values.update(fields)
-        # The loop made every value itself, in the right type: no validation.
-        event = _fast.trusted(cls, values, fields_set)
+        _setattr(event, "__pydantic_fields_set__", fields_set)
         if bus.backpressure:
             self._outbox.append(event)
         else:

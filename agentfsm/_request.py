@@ -88,11 +88,17 @@ class ContextScan:
             self._scanned = after
 
 
+# The slot's descriptor: reading the slot through it skips the model's `__getattr__`.
+_scan_slot = ModelContext.__dict__["_scan"]
+
+
 def context_scan(context: ModelContext) -> ContextScan:
     """The scan kept with `context`, shared by every loop appending to it."""
-    scan = context._scan
-    if not isinstance(scan, ContextScan):
-        scan = context._scan = ContextScan()
+    try:
+        scan: ContextScan = _scan_slot.__get__(context)
+    except AttributeError:  # the context's first loop
+        scan = ContextScan()
+        _scan_slot.__set__(context, scan)
     return scan
 
 

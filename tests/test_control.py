@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import anyio
 import pytest
 from pydantic import BaseModel
@@ -34,6 +36,7 @@ from agentfsm import (
     tool,
     tool_called,
 )
+from agentfsm._request import context_scan
 from agentfsm.events import (
     FunctionCallCompleted,
     FunctionCallProgress,
@@ -853,6 +856,21 @@ class TestContextAndErrors:
             "user:second",
         ]
         assert "out:lost=ERR" not in items_of(context)
+
+    def test_the_scan_is_kept_with_its_context_and_not_with_copies(self) -> None:
+        """The scan lives in a slot of the context: one per context, shared by
+        its loops, absent from copies, dumps and equality; contexts stay weakref-able."""
+        context = ModelContext(items=[UserMessage(content="hi")])
+        scan = context_scan(context)
+        assert context_scan(context) is scan
+        copy = context.model_copy(deep=True)
+        assert context_scan(copy) is not scan
+        assert copy == context
+        assert context.model_dump() == {
+            "instructions": None,
+            "items": [{"type": "user_message", "content": "hi"}],
+        }
+        assert weakref.ref(context)() is context
 
     async def test_handlers_see_the_request_metadata(self) -> None:
         """An infer transition's pending carries the request's metadata."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
 from datetime import UTC, datetime
 from typing import Any, get_args
 
@@ -329,6 +331,15 @@ def test_events_are_frozen() -> None:
         event.seq = 99  # type: ignore[misc]
 
 
+def test_events_hold_no_extra_or_private_values() -> None:
+    """Those two pydantic slots are None, read from the class; a value is refused."""
+    event = example_events()[0]
+    assert event.__pydantic_extra__ is None
+    assert event.__pydantic_private__ is None
+    with pytest.raises(TypeError, match="no extra or private values"):
+        object.__setattr__(event, "__pydantic_extra__", {"surprise": 1})
+
+
 def test_unknown_type_rejected() -> None:
     """JSON with an unknown `type` does not validate."""
     data = example_events()[0].model_dump(mode="json")
@@ -430,6 +441,10 @@ async def test_events_of_a_real_run() -> None:
     assert set(EVENT_TYPES) - {e.type for e in events} == {"function_call.progress"}
     for event in events:
         assert AgentEventAdapter.validate_json(event.model_dump_json()) == event
+        # Built by the loop without validation: copies and pickles still work.
+        assert copy.deepcopy(event) == event == pickle.loads(pickle.dumps(event))
+        assert event.model_copy(update={"seq": 0}).seq == 0
+        assert event.model_fields_set == set(type(event).model_fields)
     for loop_id in ids:
         mine = [e for e in events if e.loop_id == loop_id]
         assert [e.seq for e in mine] == list(range(1, len(mine) + 1))
