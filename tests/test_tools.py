@@ -12,7 +12,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import pytest
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from agentfsm.exceptions import (
     ConfigurationError,
@@ -20,6 +20,8 @@ from agentfsm.exceptions import (
     ToolError,
     ToolTimeout,
 )
+from agentfsm.messages import ModelContext
+from agentfsm.providers import InferenceInput
 from agentfsm.tools import DEFAULT_TOOL_TIMEOUT, Tool, tool
 
 
@@ -483,3 +485,32 @@ class TestConfiguration:
         f.__annotations__["x"] = "Nowhere"
         with pytest.raises(ConfigurationError, match="cannot resolve annotation"):
             Tool.from_function(f)
+
+
+class TestOffered:
+    """How a request takes its tools."""
+
+    def test_a_list_or_tuple_is_kept_as_a_tuple_in_order(self) -> None:
+        @tool
+        async def first() -> str:
+            return "1"
+
+        @tool
+        def second() -> str:
+            return "2"
+
+        for given in ([first, second], (first, second)):
+            request = InferenceInput(model="m:x", context=ModelContext(), tools=given)
+            assert request.tools == (first, second)
+        request = InferenceInput(model="m:x", context=ModelContext(), tools=[first])
+        definition = first.definition.model_dump()
+        assert request.model_dump()["tools"] == (definition,)
+        assert request.model_dump(mode="json")["tools"] == [definition]
+
+    @pytest.mark.parametrize(
+        ("tools", "error"),
+        [("abc", "valid tuple"), ([len], "instance of Tool")],
+    )
+    def test_anything_else_is_refused_by_name(self, tools: Any, error: str) -> None:
+        with pytest.raises(ValidationError, match=f"tools(.0)?\n.*{error}"):
+            InferenceInput(model="m:x", context=ModelContext(), tools=tools)

@@ -36,11 +36,11 @@ from typing import (
 )
 
 from pydantic import (
-    AfterValidator,
     AliasChoices,
     BaseModel,
     ConfigDict,
     Field,
+    GetPydanticSchema,
     InstanceOf,
     JsonValue,
     PlainSerializer,
@@ -106,7 +106,13 @@ class InferenceInput(BaseModel):
     """Upper bound on generated tokens."""
     reasoning_effort: str | None = None
     """Provider-specific reasoning effort (`low`, `medium`, `high`, ...)."""
-    tools: Annotated[Sequence[_ToolField], AfterValidator(tuple)] = ()
+    tools: Annotated[
+        Sequence[_ToolField],
+        # Validated as a tuple (a list becomes one), in pydantic-core: the
+        # `Sequence` schema wraps its items' validation in a Python function,
+        # ~3 µs of every `InferenceInput(tools=[...])`.
+        GetPydanticSchema(lambda _, handler: handler(tuple[_ToolField, ...])),
+    ] = ()
     """Tools the model may call (kept as a tuple)."""
     tool_choice: str | None = None
     """`auto`, `required`, `none`, or the name of one tool to force."""

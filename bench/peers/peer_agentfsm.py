@@ -1,11 +1,12 @@
 """The workload on agentfsm, exactly as `bench/bench_loop.py` runs it.
 
-`Runtime.run_loop` + `Runtime.wait` with a `ScriptedProvider(record=False)`, an
-async `@agentfsm.tool` and one bus subscriber draining every event; the script,
-the tool and the checks are bench_loop.py's own. With `--no-subscriber` (run by
-`run.py` as the subject `agentfsm_quiet`) nobody subscribes, so no event is
-built: the same conditions as the peers and the bare loop, which publish
-nothing. Run by `run.py` with the python of `bench/.venvs/agentfsm`.
+`Runtime.run_loop` + `Runtime.wait` with a `ScriptedProvider(record=False)` and
+an async `@agentfsm.tool`; the script, the tool and the checks are
+bench_loop.py's own. Nobody subscribes to the bus, so no event is built: the
+conditions of the peers and the bare loop, which publish nothing. With
+`--subscriber` (run by `run.py` as the subject `agentfsm_observed`) one bus
+subscriber drains every event of every run. Run by `run.py` with the python of
+`bench/.venvs/agentfsm`.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def outputs(context: ModelContext) -> list[str]:
 
 
 class Runner:
-    """A runtime with its draining subscriber, renewed by `reset` before each round.
+    """A runtime (with its draining subscriber, if any), renewed by `reset` before each round.
 
     As in bench_loop.py, each timed round gets a fresh `Runtime` (set up outside
     the timed region): a runtime keeps up to `keep_finished` (10,000) finished
@@ -117,12 +118,12 @@ def subject_maker(name: str, subscriber: bool) -> Any:
 
 
 if __name__ == "__main__":
-    quiet = "--no-subscriber" in sys.argv
-    if quiet:
-        sys.argv.remove("--no-subscriber")
-    name = "agentfsm (no subscriber)" if quiet else "agentfsm"
+    observed = "--subscriber" in sys.argv
+    if observed:
+        sys.argv.remove("--subscriber")
+    name = "agentfsm (one subscriber)" if observed else "agentfsm"
     main(
-        subject_maker(name, subscriber=not quiet),
+        subject_maker(name, subscriber=observed),
         name=name,
         version=agentfsm.__version__,
         imports=["agentfsm"],
