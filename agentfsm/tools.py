@@ -199,9 +199,10 @@ class Tool:
         self._is_async = inspect.iscoroutinefunction(function)
         self._awaits = self._is_async and _awaits(function)
         self._args_model = _arguments_model(function, self.name)
-        self._parameters = tuple(
-            field.alias or name for name, field in self._args_model.model_fields.items()
-        )
+        fields = self._args_model.model_fields
+        names = tuple(field.alias or name for name, field in fields.items())
+        # The parameter names, when some field is not named after its parameter.
+        self._parameters = None if names == tuple(fields) else names
         schema = self._args_model.model_json_schema()
         schema.pop("title", None)
         doc = inspect.getdoc(function) or ""
@@ -251,7 +252,9 @@ class Tool:
                 f"{format_validation_error(exc)}",
                 tool=self.name,
             ) from exc
-        # The model's fields are the parameters in order, named p0, p1, ...
+        if self._parameters is None:  # each field is named after its parameter
+            values: dict[str, Any] = model.__dict__  # the model is dropped: the caller's
+            return values
         return dict(zip(self._parameters, model.__dict__.values(), strict=True))
 
     async def invoke(self, arguments: str | Mapping[str, Any]) -> ToolResult:
@@ -385,12 +388,18 @@ def _arguments_model(function: ToolFunction, name: str) -> type[BaseModel]:
             )
         annotation = hints.get(param.name, Any)
         default = ... if param.default is param.empty else param.default
-        # Fields get neutral names and the parameter as alias, so a parameter may be
-        # called `schema`, `json` or `model_config` without clashing with BaseModel.
         info = Field(default, alias=param.name)
         if isinstance(default, FieldInfo):  # `n: int = Field(1, ge=1)`
             info = FieldInfo.merge_field_infos(default, Field(alias=param.name))
-        fields[f"p{len(fields)}"] = (annotation, info)
+        # A field is named after its parameter, unless BaseModel has that name
+        # (`schema`, `json`, `model_config`, ...) or pydantic reserves it (`_x`):
+        # then it gets a neutral name, p<position>, and the parameter as alias.
+        free = not param.name.startswith(("_", "model_"))
+        fields[
+            param.name
+            if free and not hasattr(BaseModel, param.name)
+            else f"p{len(fields)}"
+        ] = (annotation, info)
     return create_model(
         f"{name}_arguments",
         __config__=ConfigDict(extra="forbid", defer_build=True),
