@@ -201,7 +201,9 @@ class Loop:
         self._worker: Worker | None = None  # the worker running the loop, if any
         self._cancel_requested = False
         self._cancel_reason: str | None = None
-        self._outbox: list[ev.AgentEvent] = []
+        self._outbox: list[ev.AgentEvent] | None = (
+            None  # while a subscriber has backpressure
+        )
         self._done: anyio.Event | None = None  # made when someone waits
         self._emit(
             ev.LoopStarted,
@@ -249,13 +251,15 @@ class Loop:
         values.update(fields)
         _setattr(event, "__pydantic_fields_set__", fields_set)
         if bus.backpressure:
+            if self._outbox is None:
+                self._outbox = []
             self._outbox.append(event)
         else:
             bus._deliver(event, targets)
 
     async def _flush(self) -> None:
-        outbox, self._outbox = self._outbox, []
-        for event in outbox:
+        outbox, self._outbox = self._outbox, None
+        for event in outbox or ():
             await self._bus.publish(event)
 
     # ------------------------------------------------------------------ task
@@ -266,9 +270,6 @@ class Loop:
         # so binding needs no reset.
         _current_loop.set(self.loop_id)
         bind_contextvars(loop_id=self.loop_id, agent_id=self.agent_id)
-        await self._run()
-
-    async def _run(self) -> None:
         # `Runtime.cancel` cancels the scope of the worker running the loop; the
         # cancellation arrives here like the runtime closing does.
         try:
