@@ -252,8 +252,10 @@ class Tool:
                 f"{format_validation_error(exc)}",
                 tool=self.name,
             ) from exc
-        if self._parameters is None:  # each field is named after its parameter
-            values: dict[str, Any] = model.__dict__  # the model is dropped: the caller's
+        if self._parameters is None:
+            # Each field is named after its parameter, and the model is dropped:
+            # its dict is the caller's.
+            values: dict[str, Any] = model.__dict__
             return values
         return dict(zip(self._parameters, model.__dict__.values(), strict=True))
 
