@@ -17,9 +17,13 @@ from agentfsm import (
     ModelMessageItem,
     NoRuntimeError,
     Outcome,
+    PathStep,
+    PendingTransition,
     ReasoningItem,
+    Rewrite,
     Runtime,
     TokenUsage,
+    Trigger,
     UserMessage,
     run_loop,
     tool,
@@ -405,3 +409,27 @@ async def test_a_str_subclass_message_becomes_a_plain_str() -> None:
     assert isinstance(first, UserMessage)
     assert type(first.content) is str
     assert first.content == "hello"
+
+
+async def test_loops_share_their_path_steps_and_a_rewrite_has_its_own() -> None:
+    """Each edge taken is one shared `PathStep`: equal paths hold the same steps,
+    and a rewritten transition's step records where it was headed."""
+
+    def stream(pending: PendingTransition) -> Rewrite | None:
+        if pending.trigger is Trigger.infer:
+            return Rewrite(dest=LoopState.inference_streaming)
+        return None
+
+    async with Runtime(providers={"scripted": seed_script()}) as runtime:
+        first = await runtime.wait(runtime.run_loop("a", "2+3?", request()))
+        second = await runtime.wait(runtime.run_loop("a", "2+3?", request()))
+        rewritten = await runtime.wait(runtime.run_loop("a", "2+3?", request(), stream))
+    assert first.path == second.path
+    assert all(a is b for a, b in zip(first.path, second.path, strict=True))
+    assert rewritten.path[1] == PathStep(
+        LoopState.context_update,
+        Trigger.infer_streaming,
+        LoopState.inference_streaming,
+        rewritten_from=LoopState.inference,
+    )
+    assert rewritten.path[1] not in first.path
