@@ -274,7 +274,7 @@ class Loop:
         # so binding needs no reset.
         _current_loop.set(self.loop_id)
         bind_contextvars(loop_id=self.loop_id, agent_id=self.agent_id)
-        # `Runtime.cancel` cancels the scope of the worker running the loop; the
+        # `Runtime.cancel` cancels the task of the worker running the loop; the
         # cancellation arrives here like the runtime closing does.
         try:
             if not self._cancel_requested:
@@ -329,7 +329,7 @@ class Loop:
         self._cancel_requested = True
         self._cancel_reason = reason
         if self._worker is not None:
-            self._worker.scope.cancel()
+            self._worker.cancel()
             return False
         if self.status is LoopStatus.paused:
             self.status = LoopStatus.running

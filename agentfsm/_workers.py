@@ -9,7 +9,7 @@ variables set by the caller are seen by the loop, and what the loop sets stays
 with the loop.
 
 A worker is not reused after its loop was cancelled (cancelling a loop cancels
-its worker's scope), nor while the runtime is closing, nor when enough workers
+its worker's task), nor while the runtime is closing, nor when enough workers
 are already idle.
 """
 
@@ -34,16 +34,24 @@ MAX_IDLE: Final = 64
 
 
 class Worker:
-    """One worker task: the loop it runs next, its scope and what wakes it."""
+    """One worker task: the loop it runs next, its task and what wakes it."""
 
-    __slots__ = ("context", "loop", "scope", "wake")
+    __slots__ = ("cancelled", "context", "handle", "loop", "wake")
 
-    def __init__(self, scope: anyio.CancelScope) -> None:
-        self.scope = scope
-        """Cancelled to cancel the running loop (the worker then ends)."""
+    def __init__(self) -> None:
+        self.handle: anyio.TaskHandle[None] | None = None
+        """The worker's task, once started (its scope is the one `cancel` cancels:
+        a scope of the worker's own would be three more objects per loop in flight)."""
+        self.cancelled = False
         self.loop: Loop | None = None
         self.context: Context | None = None
         self.wake: anyio.Event | None = None
+
+    def cancel(self) -> None:
+        """Cancel the worker's task, and with it the loop it runs (the worker then ends)."""
+        self.cancelled = True
+        if self.handle is not None:
+            self.handle.cancel()
 
 
 class WorkerPool:
@@ -54,7 +62,8 @@ class WorkerPool:
     def __init__(
         self,
         start: Callable[
-            [Callable[[Worker], Coroutine[Any, Any, None]], Worker], object
+            [Callable[[Worker], Coroutine[Any, Any, None]], Worker],
+            anyio.TaskHandle[None],
         ],
         primitives: Primitives,
         on_loop_end: Callable[[], None],
@@ -78,9 +87,14 @@ class WorkerPool:
             worker.wake.set()
         else:
             # Given its loop before it starts (an eager task factory starts it here).
-            worker = Worker(self._primitives.cancel_scope())
+            worker = Worker()
             worker.loop, worker.context = loop, context
-            self._start(self._work, worker)
+            self._launch(worker)
+
+    def _launch(self, worker: Worker) -> None:
+        worker.handle = self._start(self._work, worker)
+        if worker.cancelled:  # while its first step ran, under an eager task factory
+            worker.handle.cancel()
 
     def close(self) -> None:
         """No more reuse: wake the idle workers so that they end."""
@@ -92,36 +106,31 @@ class WorkerPool:
 
     async def _work(self, worker: Worker) -> None:
         trio_task = _trio_task()
-        with worker.scope:
-            while True:
-                loop, context = worker.loop, worker.context
-                if loop is None or context is None:
-                    return  # woken by `close`
-                worker.loop = worker.context = worker.wake = None
-                loop._worker = worker
-                try:
-                    if trio_task is None:
-                        await in_context(context, loop.run())
-                    else:
-                        await _in_trio_context(trio_task, context, loop.run())
-                finally:
-                    loop._worker = None
-                    self.running -= 1
-                    self._on_loop_end()
-                loop = context = None  # an idle worker keeps no loop alive
-                if (
-                    worker.scope.cancel_called
-                    or self.closing
-                    or len(self._idle) >= MAX_IDLE
-                ):
-                    return
-                wake = worker.wake = self._primitives.event()
-                self._idle.append(worker)
-                try:
-                    await wake.wait()
-                except BaseException:
-                    self._ended_idle(worker)
-                    raise
+        while True:
+            loop, context = worker.loop, worker.context
+            if loop is None or context is None:
+                return  # woken by `close`
+            worker.loop = worker.context = worker.wake = None
+            loop._worker = worker
+            try:
+                if trio_task is None:
+                    await in_context(context, loop.run())
+                else:
+                    await _in_trio_context(trio_task, context, loop.run())
+            finally:
+                loop._worker = None
+                self.running -= 1
+                self._on_loop_end()
+            loop = context = None  # an idle worker keeps no loop alive
+            if worker.cancelled or self.closing or len(self._idle) >= MAX_IDLE:
+                return
+            wake = worker.wake = self._primitives.event()
+            self._idle.append(worker)
+            try:
+                await wake.wait()
+            except BaseException:
+                self._ended_idle(worker)
+                raise
 
     def _ended_idle(self, worker: Worker) -> None:
         """`worker` ended while idle (the runtime left with an error, an outer
@@ -131,9 +140,9 @@ class WorkerPool:
         if worker in self._idle:
             self._idle.remove(worker)
         elif worker.loop is not None:
-            spare = Worker(self._primitives.cancel_scope())
+            spare = Worker()
             spare.loop, spare.context = worker.loop, worker.context
-            self._start(self._work, spare)
+            self._launch(spare)
 
 
 def _trio_task() -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import weakref
 from contextvars import ContextVar
+from typing import Any
 
 import anyio
 import anyio.from_thread
@@ -22,7 +23,8 @@ from agentfsm import (
     Trigger,
     tool,
 )
-from agentfsm._workers import MAX_IDLE
+from agentfsm._fast import Primitives
+from agentfsm._workers import MAX_IDLE, Worker, WorkerPool
 from agentfsm.testing import ScriptedProvider, call, calls, text
 from tests.helpers import request
 
@@ -223,3 +225,29 @@ async def test_a_coroutine_a_tools_thread_runs_sees_the_threads_context() -> Non
     async with Runtime(providers={"scripted": one_call("hop")}) as runtime:
         await runtime.wait(runtime.run_loop("agent", "go", request(hop)))
     assert seen == ["thread", "tool"]
+
+
+def test_a_worker_cancelled_before_its_task_handle_exists_is_cancelled_then() -> None:
+    """Under an eager task factory a worker's loop takes its first step inside
+    `start_soon`, before the worker has its task handle: a cancel then (the loop
+    cancelling itself) is carried out once the handle is there."""
+    handles: list[Any] = []
+
+    def start(work: Any, worker: Worker) -> Any:
+        work(worker).close()  # the step itself is not the point here
+        worker.cancel()  # no handle yet
+        handles.append(_Handle())
+        return handles[-1]
+
+    pool = WorkerPool(start, Primitives(anyio.CancelScope, anyio.Event), lambda: None)
+    worker = Worker()
+    pool._launch(worker)
+    assert [h.cancelled for h in handles] == [True]
+    assert worker.handle is handles[0]
+
+
+class _Handle:
+    cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
