@@ -9,7 +9,10 @@ which measures, in this one process:
   that alternate with rounds of the bare floor, median reported (so each peer
   has a floor measured in its own process: machine speed drifts between runs);
 - the same with CONCURRENT runs in flight at once (the scripted model yields
-  once per call, so the runs advance in lockstep), CONCURRENT_ROUNDS rounds;
+  once per call, so the runs advance in lockstep), CONCURRENT_ROUNDS rounds,
+  each right after a sequential round of its own: "in flight / sequential" is
+  the median of these pairs' ratios, which a drift in machine speed between
+  the two phases does not bias;
 - traced memory per run in flight: tracemalloc peak above the baseline / CONCURRENT;
 - import time of the framework: `import ...` timed in fresh subprocesses.
 
@@ -55,7 +58,7 @@ MODEL_CALLS: Final = TOOL_CALLS + 1
 CONCURRENT: Final = 2_000
 """Runs in flight at once for the concurrent CPU and the memory figures."""
 ROUNDS: Final = 7
-CONCURRENT_ROUNDS: Final = 3
+CONCURRENT_ROUNDS: Final = 5
 ROUND_SECONDS: Final = 0.4
 """Target CPU seconds of one sequential round (its run count is calibrated)."""
 IMPORT_SAMPLES: Final = 5
@@ -204,6 +207,10 @@ class Figures:
     kb_per_run_in_flight: float = 0.0
     bare_kb_per_run_in_flight: float = 0.0
     import_ms: float = 0.0
+    concurrent_over_sequential: float = 0.0
+    """Median over the rounds in flight of (µs/run in flight / µs/run of the
+    sequential round just before it)."""
+    bare_concurrent_over_sequential: float = 0.0
     seq_runs_per_round: int = 0
     in_flight: int = CONCURRENT
     samples: dict[str, list[float]] = field(default_factory=dict)
@@ -296,9 +303,15 @@ async def measure(subject: Subject, figures: Figures, quick: bool) -> None:
     log(f"  {subject.name}: sequential {statistics.median(seq):.1f} µs/run")
     bare_many_: list[float] = []
     many: list[float] = []
+    bare_pairs: list[float] = []
+    pairs: list[float] = []
     for _ in range(concurrent_rounds):
+        before = await seq_round(BARE, 2_000)
         bare_many_.append(await many_round(BARE, n))
+        bare_pairs.append(bare_many_[-1] / before)
+        before = await seq_round(subject, runs)
         many.append(await many_round(subject, n))
+        pairs.append(many[-1] / before)
     log(f"  {subject.name}: {n:,} in flight {statistics.median(many):.1f} µs/run")
     figures.bare_kb_per_run_in_flight = await traced_kb(BARE, n)
     figures.kb_per_run_in_flight = await traced_kb(subject, n)
@@ -306,11 +319,15 @@ async def measure(subject: Subject, figures: Figures, quick: bool) -> None:
     figures.bare_us_per_run = statistics.median(bare)
     figures.concurrent_us_per_run = statistics.median(many)
     figures.bare_concurrent_us_per_run = statistics.median(bare_many_)
+    figures.concurrent_over_sequential = statistics.median(pairs)
+    figures.bare_concurrent_over_sequential = statistics.median(bare_pairs)
     figures.samples = {
         "seq": seq,
         "bare_seq": bare,
         "concurrent": many,
         "bare_concurrent": bare_many_,
+        "concurrent_over_sequential": pairs,
+        "bare_concurrent_over_sequential": bare_pairs,
     }
 
 
