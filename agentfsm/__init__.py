@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from ._bus import BusStatistics as BusStatistics
 from ._bus import EventBus as EventBus
 from ._bus import Subscription as Subscription
@@ -10,8 +12,6 @@ from ._loop import current_loop_id as current_loop_id
 from ._runtime import Runtime as Runtime
 from ._runtime import current_runtime as current_runtime
 from ._runtime import run_loop as run_loop
-from .events import AgentEvent as AgentEvent
-from .events import AgentEventAdapter as AgentEventAdapter
 from .exceptions import AgentFSMError as AgentFSMError
 from .exceptions import ConfigurationError as ConfigurationError
 from .exceptions import LoopAborted as LoopAborted
@@ -60,7 +60,23 @@ from .tools import ToolResult as ToolResult
 from .tools import report_progress as report_progress
 from .tools import tool as tool
 
+if TYPE_CHECKING:
+    from .events import AgentEvent as AgentEvent
+    from .events import AgentEventAdapter as AgentEventAdapter
+
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    # The event classes are imported on first use (a subscription imports them
+    # too): a program that runs loops without watching their events never needs
+    # them, and they are the largest part of `import agentfsm`.
+    if name in ("AgentEvent", "AgentEventAdapter"):
+        from . import events
+
+        return getattr(events, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = (
     # runtime

@@ -17,7 +17,6 @@ import anyio
 from pydantic import JsonValue
 
 from . import _fast
-from . import events as ev
 from ._request import chain_wrappers
 from .exceptions import ToolError, UnknownTool
 from .interception import ToolBatch
@@ -72,7 +71,7 @@ class _Progress:
             anyio.from_thread.run_sync(self, progress)
         elif not self.done:
             self._loop._emit(
-                ev.FunctionCallProgress, call_id=self._call_id, progress=progress
+                "function_call.progress", call_id=self._call_id, progress=progress
             )
 
 
@@ -131,7 +130,7 @@ async def _run_call(
     elif tool is None and chain is None:
         outcome = (_unknown(call, tools), True, False)
     else:
-        loop._emit(ev.FunctionCallStarted, call=call)
+        loop._emit("function_call.started", call=call)
         loop.tool_calls += 1
         if tool is not None:
             loop._last_tools.append(tool.name)
@@ -182,7 +181,7 @@ async def _run_call(
             "tool_call_error", call_id=call.call_id, tool=call.name, error=output
         )
     loop._emit(
-        ev.FunctionCallCompleted,
+        "function_call.completed",
         call=call,
         output=out,
         duration=time.perf_counter() - started,

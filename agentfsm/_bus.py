@@ -16,12 +16,14 @@ import fnmatch
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
-from typing import NamedTuple, Self
+from typing import TYPE_CHECKING, NamedTuple, Self
 
 import anyio
 
-from .events import EVENT_TYPES, AgentEvent
 from .exceptions import BusClosed, BusFull, ConfigurationError
+
+if TYPE_CHECKING:
+    from .events import AgentEvent
 
 __all__ = ("BusStatistics", "EventBus", "Subscription", "SubscriptionStatistics")
 
@@ -238,6 +240,8 @@ class EventBus:
         patterns = (types,) if isinstance(types, str) else tuple(types)
         if not patterns:
             raise ConfigurationError("subscribe to at least one type pattern")
+        from .events import EVENT_TYPES  # the event classes, once someone subscribes
+
         unknown = [p for p in patterns if not fnmatch.filter(EVENT_TYPES, p)]
         if unknown:
             raise ConfigurationError(

@@ -11,7 +11,6 @@ from __future__ import annotations
 import inspect
 from typing import TYPE_CHECKING, Any, Final
 
-from . import events as ev
 from ._machine import ALLOWED
 from ._states import _T, request_metadata
 from .exceptions import LoopAborted, TransitionRejected
@@ -33,6 +32,7 @@ from .states import LoopState, Trigger
 
 if TYPE_CHECKING:
     from ._loop import Loop
+    from .events import EventPayload
 
 __all__ = ("approval_gate", "event_payload", "intercept")
 
@@ -168,7 +168,7 @@ def decided(
         **{k: v for k, v in fields.items() if k == "reason" or k == "new_dest"},
     )
     loop._emit(
-        ev.TransitionIntercepted,
+        "transition.intercepted",
         source=source,
         trigger=trigger,
         dest=dest,
@@ -184,7 +184,7 @@ def park(
     loop._paused = (pending, index, reason, original)
     loop.status = LoopStatus.paused
     loop._emit(
-        ev.LoopPaused,
+        "loop.paused",
         source=pending.source,
         trigger=pending.trigger,
         dest=pending.dest,
@@ -276,9 +276,11 @@ def payload_problem(trigger: Trigger, payload: TransitionPayload) -> str | None:
     return f"{trigger} needs {expected} as payload, got {type(payload).__name__}"
 
 
-def event_payload(payload: TransitionPayload) -> ev.EventPayload | None:
+def event_payload(payload: TransitionPayload) -> EventPayload | None:
     if isinstance(payload, InferenceInput):
-        return ev.RequestSummary(
+        from .events import RequestSummary  # imported once someone subscribes
+
+        return RequestSummary(
             model=payload.model,
             max_output_tokens=payload.max_output_tokens,
             reasoning_effort=payload.reasoning_effort,

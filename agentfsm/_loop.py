@@ -18,12 +18,11 @@ from collections import deque
 from collections.abc import Awaitable, Sequence
 from contextvars import ContextVar
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
 
 import anyio
 
 from . import _fast
-from . import events as ev
 from ._batch import chain_tool_wrappers
 from ._intercept import approval_gate, intercept
 from ._logging import bind_contextvars, get_logger
@@ -54,6 +53,7 @@ from .tools import Tool
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
 
+    from . import events as ev
     from ._bus import Subscription
     from ._runtime import Runtime
     from ._workers import Worker
@@ -61,6 +61,42 @@ if TYPE_CHECKING:
 __all__ = ("Loop", "current_loop_id")
 
 _tuple_new = tuple.__new__
+
+EventType: TypeAlias = Literal[
+    "loop.started",
+    "transition.intercepted",
+    "loop.paused",
+    "loop.resumed",
+    "loop.transition",
+    "inference.stream",
+    "inference.completed",
+    "function_call.started",
+    "function_call.progress",
+    "function_call.completed",
+    "model.answer",
+    "loop.failed",
+    "loop.idle",
+]
+"""The events a loop publishes, by type (`agentfsm.events` has their classes).
+
+Loops name events by type, and `agentfsm.events` is imported only once someone
+subscribes (`EventBus.subscribe` imports it): a loop nobody watches builds no
+event, and its ~15 model classes are the largest part of `import agentfsm`
+(~10 ms)."""
+
+_SPECS: dict[str, tuple[Any, dict[str, Any], set[str]]] = {}
+"""`events._SPECS` (type -> event class, template, fields set) once
+`_event_specs` has found it."""
+
+
+def _event_specs() -> dict[str, tuple[Any, dict[str, Any], set[str]]]:
+    """`events._SPECS`, imported on the first event built (someone subscribed)."""
+    from .events import _SPECS as specs
+
+    _SPECS.update(specs)
+    return _SPECS
+
+
 _STEPS: dict[tuple[LoopState, Trigger, LoopState, LoopState | None], PathStep] = {}
 """One `PathStep` per edge taken (a few dozen), shared by every loop's path: a
 step is an immutable tuple, and a path of shared steps leaves the garbage
@@ -210,7 +246,7 @@ class Loop:
         )
         self._done: anyio.Event | None = None  # made when someone waits
         self._emit(
-            ev.LoopStarted,
+            "loop.started",
             message=message,
             model=inference_input.model,
             streaming=inference_input.streaming,
@@ -228,18 +264,18 @@ class Loop:
 
     # ------------------------------------------------------------------ events
 
-    def _emit(self, cls: type[ev.AgentEvent], /, **fields: Any) -> None:
+    def _emit(self, event_type: EventType, /, **fields: Any) -> None:
         seq = self.seq = self.seq + 1
         bus = self._bus
         if not bus.listening:
             return
         # `bus.targets()`, its common case inlined: this runs for every event.
-        event_type, template, fields_set = ev._SPECS[cls]
         targets: Sequence[Subscription] | None = bus._routes.get(event_type)
         if targets is None or bus._by_loop:
             targets = bus.targets(event_type, self.loop_id)
         if not targets:
             return  # nobody listens: the event is not even built
+        cls, template, fields_set = (_SPECS or _event_specs())[event_type]
         # What `_fast.trusted` does, for an event (see `events._Event`): the loop
         # made every value itself, in the right type, so nothing is validated.
         event = _new(cls)
@@ -353,7 +389,7 @@ class Loop:
         self._resume = (decision, index, original)
         self._next = (pending.trigger, pending.payload)
         self.status = LoopStatus.running
-        self._emit(ev.LoopResumed, decision=decision.kind)
+        self._emit("loop.resumed", decision=decision.kind)
 
     async def wait(self) -> None:
         """Wait until the loop is done."""
@@ -406,7 +442,7 @@ class Loop:
         if at is not None and at < len(items) and items[at] is self.answer:
             items[at] = payload
         self.answer = payload
-        self._emit(ev.ModelAnswer, message=payload, parsed=None)
+        self._emit("model.answer", message=payload, parsed=None)
 
     def _commit(
         self,
@@ -423,7 +459,7 @@ class Loop:
         self.state = dest
         if self._bus.listening:
             self._emit(
-                ev.LoopTransition,
+                "loop.transition",
                 source=source,
                 trigger=trigger,
                 dest=dest,
@@ -464,7 +500,7 @@ class Loop:
         if error is not None:
             self.error = ErrorInfo(type=type(error).__name__, message=str(error))
             self._emit(
-                ev.LoopFailed, error_type=self.error.type, message=self.error.message
+                "loop.failed", error_type=self.error.type, message=self.error.message
             )
         if self.state is not _S.idle:
             self._commit(self.state, trigger, _S.idle)
@@ -477,7 +513,7 @@ class Loop:
         self.ended_at = datetime.now(UTC)
         self._paused = None
         self._emit(
-            ev.LoopIdle,
+            "loop.idle",
             outcome=outcome,
             reason=reason,
             answer=self.answer,

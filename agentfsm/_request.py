@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Final, TypeVar
 
 import anyio
 
-from . import events as ev
 from .exceptions import ProviderError, ProviderTimeout
 from .messages import (
     ContextItem,
@@ -219,7 +218,7 @@ async def _stream(
                 raise ProviderError(
                     f"the stream from {model!r} sent a chunk after its output"
                 )
-            loop._emit(ev.InferenceStream, index=index, delta=delta)
+            loop._emit("inference.stream", index=index, delta=delta)
             index += 1
             if loop._outbox:
                 await loop._flush()

@@ -16,7 +16,6 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import from_json
 
 from . import _fast
-from . import events as ev
 from ._batch import INTERRUPTED, run_batch
 from ._batch import Outcome as CallOutcome
 from ._request import normalized, request_model
@@ -152,7 +151,7 @@ def completed(loop: Loop, request: InferenceInput, output: InferenceOutput) -> N
         loop.usage = loop.usage + output.token_usage
     loop._request = request
     loop._output = output
-    loop._emit(ev.InferenceCompleted, model=request.model, output=output)
+    loop._emit("inference.completed", model=request.model, output=output)
     calls = output.function_calls
     if calls:
         waiting = awaiting_approval(loop, calls) if loop._gated else ()
@@ -236,7 +235,7 @@ def settled(
     if result is not None:
         return result[0]
     out = FunctionCallOutputItem.error(call.call_id, INTERRUPTED)
-    loop._emit(ev.FunctionCallCompleted, call=call, output=out, duration=0.0)
+    loop._emit("function_call.completed", call=call, output=out, duration=0.0)
     return out
 
 
@@ -296,7 +295,7 @@ async def model_message(loop: Loop, payload: TransitionPayload) -> None:
     problem = None if schema is None else parse(loop, schema, message)
     if problem is None:
         loop.answer = message
-        loop._emit(ev.ModelAnswer, message=message, parsed=_jsonable(loop.parsed))
+        loop._emit("model.answer", message=message, parsed=_jsonable(loop.parsed))
     if output is not None and loop.options.finish_turn is not None:
         await finish_turn(loop, output, ())
     # Limits and stop conditions only matter when the loop would go on: an

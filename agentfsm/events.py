@@ -125,11 +125,11 @@ class _Event(BaseModel):
         defaults = _fast.defaults(cls)
         # Every field in declaration order, holding its default (None until set).
         template = {name: defaults.get(name) for name in cls.model_fields}
-        _SPECS[cls] = (defaults["type"], template, set(cls.model_fields))
+        _SPECS[defaults["type"]] = (cls, template, set(cls.model_fields))
 
 
-_SPECS: dict[type[_Event], tuple[str, dict[str, Any], set[str]]] = {}
-"""Per event class, what `Loop._emit` builds its events from: the type, a dict of
+_SPECS: dict[str, tuple[type[_Event], dict[str, Any], set[str]]] = {}
+"""Per event type, what `Loop._emit` builds its events from: the class, a dict of
 every field (defaults filled in) to copy, and the set of fields it sets.
 (Kept in a plain dict: class attributes of a pydantic model are looked up
 through its metaclass, several times slower.)"""
@@ -303,5 +303,5 @@ AgentEventAdapter: TypeAdapter[AgentEvent] = TypeAdapter(
 )
 """(De)serializes any event, e.g. `AgentEventAdapter.validate_json(line)`."""
 
-EVENT_TYPES: tuple[str, ...] = tuple(event_type for event_type, _, _ in _SPECS.values())
+EVENT_TYPES: tuple[str, ...] = tuple(_SPECS)
 """Every event type name."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import pickle
+import subprocess
+import sys
 from datetime import UTC, datetime
 from typing import Any, get_args
 
@@ -12,6 +14,7 @@ import pytest
 from pydantic import ValidationError
 
 from agentfsm import Pause, PendingTransition, Rewrite, Runtime
+from agentfsm._loop import EventType
 from agentfsm.events import (
     EVENT_TYPES,
     AgentEvent,
@@ -452,3 +455,45 @@ async def test_events_of_a_real_run() -> None:
         assert mine[0].type == "loop.started"
         assert mine[-1].type == "loop.idle"
         assert [e.ts for e in mine] == sorted(e.ts for e in mine)
+
+
+def test_loops_name_every_event_type() -> None:
+    """The types loops publish by name are exactly the event classes' types."""
+    assert set(get_args(EventType)) == set(EVENT_TYPES)
+
+
+_UNWATCHED = """
+import sys
+import anyio
+import agentfsm
+from agentfsm import FunctionProvider, InferenceInput, InferenceOutput
+from agentfsm import ModelContext, ModelMessageItem, Runtime
+
+def answer(request):
+    return InferenceOutput(items=[ModelMessageItem(content="hi")])
+
+async def main():
+    async with Runtime(providers={"fn": FunctionProvider(answer)}) as runtime:
+        request = InferenceInput(model="fn:x", context=ModelContext())
+        result = await runtime.wait(runtime.run_loop("a", "hello", request))
+        assert result.answer.content == "hi", result
+        print("unwatched", "agentfsm.events" in sys.modules)
+        with runtime.bus.subscribe("loop.idle") as idle:
+            await runtime.wait(runtime.run_loop("a", "again", request))
+            print("watched", (await idle.receive()).type)
+
+anyio.run(main)
+"""
+
+
+def test_a_loop_nobody_watches_never_imports_the_event_classes() -> None:
+    """`agentfsm.events` is imported by the first subscription, not by loops."""
+    done = subprocess.run(
+        [sys.executable, "-c", _UNWATCHED],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    printed = [line for line in done.stdout.splitlines() if "watched" in line]
+    assert printed == ["unwatched False", "watched loop.idle"]

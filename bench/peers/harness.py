@@ -14,7 +14,8 @@ which measures, in this one process:
   the median of these pairs' ratios, which a drift in machine speed between
   the two phases does not bias;
 - traced memory per run in flight: tracemalloc peak above the baseline / CONCURRENT;
-- import time of the framework: `import ...` timed in fresh subprocesses.
+- import time of the framework: `import ...` timed in fresh subprocesses, each
+  kept on one CPU.
 
 The results go to `--json PATH` (read by `run.py`) and a summary to stdout.
 
@@ -207,6 +208,8 @@ class Figures:
     kb_per_run_in_flight: float = 0.0
     bare_kb_per_run_in_flight: float = 0.0
     import_ms: float = 0.0
+    reference_imports: list[str] | None = None
+    reference_import_ms: float | None = None
     concurrent_over_sequential: float = 0.0
     """Median over the rounds in flight of (µs/run in flight / µs/run of the
     sequential round just before it)."""
@@ -251,31 +254,45 @@ async def traced_kb(subject: Subject, n: int) -> float:
     return (peak - baseline) / n / 1024
 
 
-def import_ms(imports: list[str]) -> float:
-    """Median wall ms of importing `imports` in a fresh interpreter."""
-    code = (
-        "import time; t = time.perf_counter()\n"
-        + "".join(f"import {m}\n" for m in imports)
-        + "print(time.perf_counter() - t)"
-    )
+def _pin_to_one_cpu() -> None:
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+
+
+def import_ms(imports: list[str], reference: list[str] | None = None) -> list[float]:
+    """Median wall ms of importing `imports` in a fresh interpreter, then (if
+    given) of importing `reference` alone, their samples taken alternately so
+    that both see the machine at the same speed."""
     # As installed: pip compiles every module to .pyc when it installs a
     # package, and the first run below writes them for an editable install,
     # unless the environment forbids it (PYTHONDONTWRITEBYTECODE, set on some
     # CI machines), which would time agentfsm compiled from source on every
     # import and its installed peers from .pyc.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    samples = []
+    # Each interpreter stays on one CPU (the same for every subject): on the
+    # shared 2-core VM an interpreter moved between CPUs while importing took
+    # ~1.5x as long, so that unpinned samples fell in two groups (agentfsm:
+    # 108-115 ms or 157-176 ms) and the median landed in either.
+    pin = _pin_to_one_cpu if hasattr(os, "sched_setaffinity") else None
+    kinds = [imports] if reference is None else [imports, reference]
+    samples: list[list[float]] = [[] for _ in kinds]
     for i in range(IMPORT_SAMPLES + 1):
-        out = subprocess.run(
-            [sys.executable, "-c", code],
-            capture_output=True,
-            text=True,
-            check=True,
-            env=env,
-        )
-        if i:  # the first one may still write .pyc files
-            samples.append(float(out.stdout.strip()) * 1e3)
-    return statistics.median(samples)
+        for modules, taken in zip(kinds, samples, strict=True):
+            code = (
+                "import time; t = time.perf_counter()\n"
+                + "".join(f"import {m}\n" for m in modules)
+                + "print(time.perf_counter() - t)"
+            )
+            out = subprocess.run(
+                [sys.executable, "-c", code],
+                capture_output=True,
+                text=True,
+                check=True,
+                env=env,
+                preexec_fn=pin,
+            )
+            if i:  # the first one may still write .pyc files
+                taken.append(float(out.stdout.strip()) * 1e3)
+    return [statistics.median(taken) for taken in samples]
 
 
 def log(msg: str) -> None:
@@ -337,8 +354,13 @@ def main(
     name: str,
     version: str,
     imports: list[str],
+    reference_imports: list[str] | None = None,
 ) -> None:
-    """Measure the subject `make_subject()` opens (in a running event loop)."""
+    """Measure the subject `make_subject()` opens (in a running event loop).
+
+    `reference_imports`, if given, are timed beside `imports` (the subject's
+    own dependencies, say), to show what the machine's speed made of them.
+    """
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", help="write the figures to this file")
     parser.add_argument("--quick", action="store_true", help="a smoke run")
@@ -361,7 +383,11 @@ def main(
     if args.check:
         print(f"{name}: ok")
         return
-    figures.import_ms = import_ms(imports)
+    timed = import_ms(imports, reference_imports)
+    figures.import_ms = timed[0]
+    if reference_imports is not None:
+        figures.reference_imports = reference_imports
+        figures.reference_import_ms = timed[1]
     print(
         f"{name} {version}: {figures.us_per_run:.1f} µs/run "
         f"({figures.us_per_run / figures.bare_us_per_run:.1f}x bare), "

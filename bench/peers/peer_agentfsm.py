@@ -127,4 +127,5 @@ if __name__ == "__main__":
         name=name,
         version=agentfsm.__version__,
         imports=["agentfsm"],
+        reference_imports=["pydantic", "anyio", "transitions"],
     )
