@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import importlib
+from typing import TYPE_CHECKING, Any, Final
 
 from ._bus import BusStatistics as BusStatistics
 from ._bus import EventBus as EventBus
@@ -71,11 +72,17 @@ def __getattr__(name: str) -> Any:
     # The event classes are imported on first use (a subscription imports them
     # too): a program that runs loops without watching their events never needs
     # them, and they are the largest part of `import agentfsm`.
-    if name in ("AgentEvent", "AgentEventAdapter"):
-        from . import events
-
-        return getattr(events, name)
+    if name in _LAZY:
+        events = importlib.import_module(f"{__name__}.events")
+        return events if name == "events" else getattr(events, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
+
+_LAZY: Final = ("AgentEvent", "AgentEventAdapter", "events")
 
 
 __all__ = (

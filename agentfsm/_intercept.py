@@ -121,7 +121,7 @@ async def intercept(
                     handler_index,
                     "rewrite",
                     new_dest=new_dest,
-                    payload=event_payload(payload),
+                    payload=payload,
                 )
                 trigger, dest = new_trigger, new_dest
             case Pause(reason=reason):
@@ -167,6 +167,8 @@ def decided(
         handler=handler,
         **{k: v for k, v in fields.items() if k == "reason" or k == "new_dest"},
     )
+    if "payload" in fields and loop._bus.listening:  # a rewrite's new payload
+        fields["payload"] = event_payload(fields["payload"])
     loop._emit(
         "transition.intercepted",
         source=source,
@@ -189,7 +191,7 @@ def park(
         trigger=pending.trigger,
         dest=pending.dest,
         reason=reason,
-        payload=event_payload(pending.payload),
+        payload=event_payload(pending.payload) if loop._bus.listening else None,
     )
 
 
@@ -277,8 +279,9 @@ def payload_problem(trigger: Trigger, payload: TransitionPayload) -> str | None:
 
 
 def event_payload(payload: TransitionPayload) -> EventPayload | None:
+    """A payload as events record it (called only while someone listens)."""
     if isinstance(payload, InferenceInput):
-        from .events import RequestSummary  # imported once someone subscribes
+        from .events import RequestSummary  # imported by `subscribe` already
 
         return RequestSummary(
             model=payload.model,

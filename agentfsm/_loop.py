@@ -24,6 +24,7 @@ import anyio
 
 from . import _fast
 from ._batch import chain_tool_wrappers
+from ._fast import _new, _setattr  # events are made as `_fast.trusted` makes models
 from ._intercept import approval_gate, intercept
 from ._logging import bind_contextvars, get_logger
 from ._machine import TABLE
@@ -101,8 +102,6 @@ _STEPS: dict[tuple[LoopState, Trigger, LoopState, LoopState | None], PathStep] =
 """One `PathStep` per edge taken (a few dozen), shared by every loop's path: a
 step is an immutable tuple, and a path of shared steps leaves the garbage
 collector ten objects fewer to walk per loop in flight or kept for `wait`."""
-_new = object.__new__  # events are made as `_fast.trusted` makes models
-_setattr = object.__setattr__
 # Built without validation: validating at import would build TokenUsage's schema
 # (and load pydantic's plugins) before anyone needs it.
 _NO_USAGE: Final = _fast.trusted(
@@ -241,9 +240,9 @@ class Loop:
         self._worker: Worker | None = None  # the worker running the loop, if any
         self._cancel_requested = False
         self._cancel_reason: str | None = None
-        self._outbox: list[ev.AgentEvent] | None = (
-            None  # while a subscriber has backpressure
-        )
+        # Events waiting to be published; made when a subscriber with
+        # backpressure needs them held.
+        self._outbox: list[ev.AgentEvent] | None = None
         self._done: anyio.Event | None = None  # made when someone waits
         self._emit(
             "loop.started",

@@ -86,14 +86,18 @@ class WorkerPool:
             assert worker.wake is not None
             worker.wake.set()
         else:
-            # Given its loop before it starts (an eager task factory starts it here).
-            worker = Worker()
-            worker.loop, worker.context = loop, context
-            self._launch(worker)
+            self._launch(loop, context)
 
-    def _launch(self, worker: Worker) -> None:
+    def _launch(self, loop: Loop, context: Context) -> None:
+        """Start a worker for `loop`, giving it the loop before it starts."""
+        worker = Worker()
+        worker.loop, worker.context = loop, context
         worker.handle = self._start(self._work, worker)
-        if worker.cancelled:  # while its first step ran, under an eager task factory
+        # Defensive: the anyio of this writing returns from `start_soon` before
+        # the task runs (on trio, and on asyncio even with an eager task
+        # factory), but a task started eagerly could cancel its loop before its
+        # worker had the handle.
+        if worker.cancelled:
             worker.handle.cancel()
 
     def close(self) -> None:
@@ -106,31 +110,45 @@ class WorkerPool:
 
     async def _work(self, worker: Worker) -> None:
         trio_task = _trio_task()
-        while True:
-            loop, context = worker.loop, worker.context
-            if loop is None or context is None:
-                return  # woken by `close`
-            worker.loop = worker.context = worker.wake = None
-            loop._worker = worker
-            try:
-                if trio_task is None:
-                    await in_context(context, loop.run())
-                else:
-                    await _in_trio_context(trio_task, context, loop.run())
-            finally:
-                loop._worker = None
-                self.running -= 1
-                self._on_loop_end()
-            loop = context = None  # an idle worker keeps no loop alive
-            if worker.cancelled or self.closing or len(self._idle) >= MAX_IDLE:
-                return
-            wake = worker.wake = self._primitives.event()
-            self._idle.append(worker)
-            try:
-                await wake.wait()
-            except BaseException:
-                self._ended_idle(worker)
-                raise
+        try:
+            while True:
+                loop, context = worker.loop, worker.context
+                if loop is None or context is None:
+                    return  # woken by `close`
+                worker.loop = worker.context = worker.wake = None
+                loop._worker = worker
+                try:
+                    if trio_task is None:
+                        await in_context(context, loop.run())
+                    else:
+                        await _in_trio_context(trio_task, context, loop.run())
+                except BaseException as exc:  # noqa: BLE001 - re-raised
+                    # A cancellation (`run` raises nothing else). The task handle
+                    # keeps the exception, which would keep the frames of the
+                    # loop's run, and the loop, until the cycle collector frees
+                    # the handle: they are left out of its traceback.
+                    raise exc.with_traceback(None)  # noqa: B904 - the same exception
+                finally:
+                    loop._worker = None
+                    self.running -= 1
+                    self._on_loop_end()
+                    # Neither an idle worker nor the traceback of a cancelled
+                    # one (its task handle keeps it) keeps the loop alive.
+                    loop = context = None
+                if worker.cancelled or self.closing or len(self._idle) >= MAX_IDLE:
+                    return
+                wake = worker.wake = self._primitives.event()
+                self._idle.append(worker)
+                try:
+                    await wake.wait()
+                except BaseException:
+                    self._ended_idle(worker)
+                    raise
+        finally:
+            # The handle holds this frame when the task ends with an exception
+            # (a cancellation): no cycle back through the worker, so both are
+            # freed at once rather than by the cycle collector.
+            worker.handle = None
 
     def _ended_idle(self, worker: Worker) -> None:
         """`worker` ended while idle (the runtime left with an error, an outer
@@ -139,10 +157,8 @@ class WorkerPool:
         cancellation reaches it too)."""
         if worker in self._idle:
             self._idle.remove(worker)
-        elif worker.loop is not None:
-            spare = Worker()
-            spare.loop, spare.context = worker.loop, worker.context
-            self._launch(spare)
+        elif worker.loop is not None and worker.context is not None:
+            self._launch(worker.loop, worker.context)
 
 
 def _trio_task() -> Any:

@@ -379,7 +379,8 @@ def _arguments_model(function: ToolFunction, name: str) -> type[BaseModel]:
             f"tool {name!r}: cannot resolve annotation: {exc}"
         ) from exc
     fields: dict[str, Any] = {}
-    for param in inspect.signature(function).parameters.values():
+    parameters = inspect.signature(function).parameters
+    for param in parameters.values():
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             raise ConfigurationError(
                 f"tool {name!r}: *args and **kwargs are not supported"
@@ -395,13 +396,14 @@ def _arguments_model(function: ToolFunction, name: str) -> type[BaseModel]:
             info = FieldInfo.merge_field_infos(default, Field(alias=param.name))
         # A field is named after its parameter, unless BaseModel has that name
         # (`schema`, `json`, `model_config`, ...) or pydantic reserves it (`_x`):
-        # then it gets a neutral name, p<position>, and the parameter as alias.
-        free = not param.name.startswith(("_", "model_"))
-        fields[
-            param.name
-            if free and not hasattr(BaseModel, param.name)
-            else f"p{len(fields)}"
-        ] = (annotation, info)
+        # then it gets a neutral name no parameter has (p<position>, and
+        # underscores after it while taken), and the parameter as alias.
+        key = param.name
+        if key.startswith(("_", "model_")) or hasattr(BaseModel, key):
+            key = f"p{len(fields)}"
+            while key in parameters or hasattr(BaseModel, key):
+                key += "_"
+        fields[key] = (annotation, info)
     return create_model(
         f"{name}_arguments",
         __config__=ConfigDict(extra="forbid", defer_build=True),

@@ -466,17 +466,31 @@ _UNWATCHED = """
 import sys
 import anyio
 import agentfsm
-from agentfsm import FunctionProvider, InferenceInput, InferenceOutput
-from agentfsm import ModelContext, ModelMessageItem, Runtime
+from agentfsm import FunctionProvider, InferenceInput, InferenceOutput, Pause
+from agentfsm import ModelContext, ModelMessageItem, Rewrite, Runtime, Trigger
 
 def answer(request):
     return InferenceOutput(items=[ModelMessageItem(content="hi")])
+
+def rewrite(pending):  # a rewritten request is what events summarize
+    if pending.trigger is Trigger.infer:
+        return Rewrite(payload=pending.payload)
+
+def pause(pending):
+    if pending.trigger is Trigger.infer:
+        return Pause(reason="look first")
 
 async def main():
     async with Runtime(providers={"fn": FunctionProvider(answer)}) as runtime:
         request = InferenceInput(model="fn:x", context=ModelContext())
         result = await runtime.wait(runtime.run_loop("a", "hello", request))
         assert result.answer.content == "hi", result
+        result = await runtime.wait(runtime.run_loop("a", "hi", request, rewrite))
+        assert result.answer.content == "hi", result
+        paused = runtime.run_loop("a", "hi", request, pause)
+        await anyio.wait_all_tasks_blocked()
+        runtime.resume(paused)
+        assert (await runtime.wait(paused)).answer.content == "hi"
         print("unwatched", "agentfsm.events" in sys.modules)
         with runtime.bus.subscribe("loop.idle") as idle:
             await runtime.wait(runtime.run_loop("a", "again", request))

@@ -40,6 +40,17 @@ def test_package_all_names_exist() -> None:
     assert missing == []
 
 
+def test_names_loaded_on_first_use_are_listed_and_reachable() -> None:
+    """The event classes load on first use, yet `dir(agentfsm)` lists them and
+    `agentfsm.events` is there after `import agentfsm`, as before."""
+    names = dir(agentfsm)
+    assert {"AgentEvent", "AgentEventAdapter", "events", "Runtime"} <= set(names)
+    assert agentfsm.events is importlib.import_module("agentfsm.events")
+    assert agentfsm.AgentEventAdapter is agentfsm.events.AgentEventAdapter
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        agentfsm.nope  # noqa: B018 - the lookup is the test
+
+
 def test_package_all_is_unique_tuple() -> None:
     """`agentfsm.__all__` is a tuple without duplicates."""
     assert isinstance(agentfsm.__all__, tuple)

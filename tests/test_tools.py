@@ -141,6 +141,22 @@ class TestSchema:
         }
 
 
+def test_a_neutral_field_name_never_takes_another_parameters_name() -> None:
+    """`json` needs a neutral field name; `p1` and `p1_` are parameters already."""
+
+    def clash(x: int, json: str, p1: int, p1_: int = 3) -> str:
+        return f"{x}{json}{p1}{p1_}"
+
+    t = Tool.from_function(clash)
+    assert set(t.definition.parameters["properties"]) == {"x", "json", "p1", "p1_"}
+    assert t.validate_arguments({"x": 1, "json": "j", "p1": 2}) == {
+        "x": 1,
+        "json": "j",
+        "p1": 2,
+        "p1_": 3,
+    }
+
+
 def _bounded(n: int = Field(default=1, ge=1, description="How many.")) -> int:
     return n
 
@@ -509,8 +525,19 @@ class TestOffered:
 
     @pytest.mark.parametrize(
         ("tools", "error"),
-        [("abc", "valid tuple"), ([len], "instance of Tool")],
+        [
+            ("abc", "a sequence of tools, got str"),
+            ({add}, "a sequence of tools, got set"),
+            ((t for t in [add]), "a sequence of tools, got generator"),
+            ([len], "instance of Tool"),
+        ],
     )
     def test_anything_else_is_refused_by_name(self, tools: Any, error: str) -> None:
+        """A set or a generator (no order to keep) and a str are refused, as by
+        `Sequence`, and so is anything but a `Tool` in it."""
         with pytest.raises(ValidationError, match=f"tools(.0)?\n.*{error}"):
             InferenceInput(model="m:x", context=ModelContext(), tools=tools)
+
+    def test_strict_validation_takes_a_list_too(self) -> None:
+        data = {"model": "m:x", "context": ModelContext(), "tools": [add]}
+        assert InferenceInput.model_validate(data, strict=True).tools == (add,)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import gc
 import weakref
-from contextvars import ContextVar
-from typing import Any
+from contextvars import ContextVar, copy_context
+from typing import Any, cast
 
 import anyio
 import anyio.from_thread
@@ -20,10 +20,12 @@ from agentfsm import (
     PendingTransition,
     Proceed,
     Runtime,
+    Tool,
     Trigger,
     tool,
 )
 from agentfsm._fast import Primitives
+from agentfsm._loop import Loop
 from agentfsm._workers import MAX_IDLE, Worker, WorkerPool
 from agentfsm.testing import ScriptedProvider, call, calls, text
 from tests.helpers import request
@@ -126,7 +128,7 @@ async def test_workers_are_reused_and_a_cancelled_loops_worker_is_not() -> None:
         runtime.cancel(waiting)
         assert (await runtime.wait(waiting)).outcome is Outcome.cancelled
         await anyio.wait_all_tasks_blocked()
-        # Its scope was cancelled: it ended with its loop instead of going idle.
+        # Its task was cancelled: it ended with its loop instead of going idle.
         assert worker_tasks() == []
         await runtime.wait(runtime.run_loop("agent", "go", request(where)))
         await anyio.wait_all_tasks_blocked()
@@ -162,11 +164,14 @@ async def answer() -> str:
     return "ok"
 
 
-def start_watched(runtime: Runtime) -> tuple[str, weakref.ref[ModelContext]]:
+def start_watched(
+    runtime: Runtime, offered: Tool | None = None
+) -> tuple[str, weakref.ref[ModelContext]]:
     """Start a loop on a context only the loop holds (made in this frame, not the
     test's: pydantic keeps the namespace of a frame that defines a model)."""
     context = ModelContext()
-    request_ = InferenceInput(model="scripted:test", context=context, tools=[answer])
+    tools = [answer if offered is None else offered]
+    request_ = InferenceInput(model="scripted:test", context=context, tools=tools)
     return runtime.run_loop("agent", "go", request_), weakref.ref(context)
 
 
@@ -179,6 +184,33 @@ async def test_an_idle_worker_keeps_no_finished_loop_alive() -> None:
         assert len(worker_tasks()) == 1  # idle, kept for the next loop
         gc.collect()
         assert alive() is None
+
+
+@tool
+async def hang() -> str:
+    """Wait until cancelled."""
+    await anyio.sleep_forever()
+    return "never"
+
+
+async def test_a_cancelled_loop_is_freed_without_the_cycle_collector() -> None:
+    """The task handle of a worker whose loop was cancelled keeps the worker's
+    frame (the cancellation's traceback): nothing in it may keep the loop."""
+    provider = ScriptedProvider([calls(call("hang")), text("done")], record=False)
+    gc.disable()
+    try:
+        async with Runtime(
+            providers={"scripted": provider}, keep_finished=0
+        ) as runtime:
+            loop_id, alive = start_watched(runtime, hang)
+            await anyio.wait_all_tasks_blocked()
+            runtime.cancel(loop_id)
+            assert (await runtime.wait(loop_id)).outcome is Outcome.cancelled
+            await anyio.wait_all_tasks_blocked()
+            assert worker_tasks() == []
+            assert alive() is None
+    finally:
+        gc.enable()
 
 
 async def test_a_loop_handed_to_a_worker_ending_with_the_runtime_still_ends() -> None:
@@ -228,22 +260,23 @@ async def test_a_coroutine_a_tools_thread_runs_sees_the_threads_context() -> Non
 
 
 def test_a_worker_cancelled_before_its_task_handle_exists_is_cancelled_then() -> None:
-    """Under an eager task factory a worker's loop takes its first step inside
-    `start_soon`, before the worker has its task handle: a cancel then (the loop
-    cancelling itself) is carried out once the handle is there."""
+    """Defensive (anyio returns from `start_soon` before the task runs): were a
+    worker's first step run inside `start_soon`, before the worker has its task
+    handle, a cancel then would be carried out once the handle is there."""
     handles: list[Any] = []
+    workers: list[Worker] = []
 
     def start(work: Any, worker: Worker) -> Any:
         work(worker).close()  # the step itself is not the point here
         worker.cancel()  # no handle yet
+        workers.append(worker)
         handles.append(_Handle())
         return handles[-1]
 
     pool = WorkerPool(start, Primitives(anyio.CancelScope, anyio.Event), lambda: None)
-    worker = Worker()
-    pool._launch(worker)
+    pool._launch(cast("Loop", object()), copy_context())
     assert [h.cancelled for h in handles] == [True]
-    assert worker.handle is handles[0]
+    assert workers[0].handle is handles[0]
 
 
 class _Handle:
