@@ -145,9 +145,10 @@ class WorkerPool:
                     self._ended_idle(worker)
                     raise
         finally:
-            # The handle holds this frame when the task ends with an exception
-            # (a cancellation): no cycle back through the worker, so both are
-            # freed at once rather than by the cycle collector.
+            # anyio's task handle keeps the exception a task ends with, whose
+            # traceback keeps the handle's own frame: a cycle that only the
+            # cycle collector frees. It holds this frame too, so the worker lets
+            # go of the handle, and the loop is out of the frame (above).
             worker.handle = None
 
     def _ended_idle(self, worker: Worker) -> None:
