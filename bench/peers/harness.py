@@ -9,7 +9,8 @@ which measures, in this one process:
   that alternate with rounds of the bare floor, median reported (so each peer
   has a floor measured in its own process: machine speed drifts between runs);
 - the same with CONCURRENT runs in flight at once (the scripted model yields
-  once per call, so the runs advance in lockstep), CONCURRENT_ROUNDS rounds,
+  once per call, so the runs advance in lockstep), CONCURRENT_ROUNDS rounds
+  or more (as many as fit in CONCURRENT_SECONDS, up to MAX_CONCURRENT_ROUNDS),
   each right after a sequential round of its own: "in flight / sequential" is
   the median of these pairs' ratios, which a drift in machine speed between
   the two phases does not bias;
@@ -60,6 +61,10 @@ CONCURRENT: Final = 2_000
 """Runs in flight at once for the concurrent CPU and the memory figures."""
 ROUNDS: Final = 7
 CONCURRENT_ROUNDS: Final = 5
+"""Pairs of a sequential round and a round in flight, at least."""
+MAX_CONCURRENT_ROUNDS: Final = 15
+CONCURRENT_SECONDS: Final = 12.0
+"""More pairs are taken while the subject's pairs so far took less than this."""
 ROUND_SECONDS: Final = 0.4
 """Target CPU seconds of one sequential round (its run count is calibrated)."""
 IMPORT_SAMPLES: Final = 5
@@ -322,7 +327,15 @@ async def measure(subject: Subject, figures: Figures, quick: bool) -> None:
     many: list[float] = []
     bare_pairs: list[float] = []
     pairs: list[float] = []
-    for _ in range(concurrent_rounds):
+    # At least `concurrent_rounds` pairs, more while they fit in
+    # CONCURRENT_SECONDS (up to MAX_CONCURRENT_ROUNDS): a round in flight moves
+    # by +-25% from one to the next, so the fast subjects take more of them.
+    started = time.monotonic()
+    while len(pairs) < concurrent_rounds or (
+        not quick
+        and len(pairs) < MAX_CONCURRENT_ROUNDS
+        and time.monotonic() - started < CONCURRENT_SECONDS
+    ):
         before = await seq_round(BARE, 2_000)
         bare_many_.append(await many_round(BARE, n))
         bare_pairs.append(bare_many_[-1] / before)

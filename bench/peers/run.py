@@ -221,7 +221,7 @@ def main() -> None:
     machine = (
         f"python {results[0]['python']}, 2-core VM; median of "
         f"{3 if args.quick else 7} sequential rounds and "
-        f"{1 if args.quick else 5} rounds of {in_flight:,} in flight; "
+        f"{1 if args.quick else '5-15'} rounds of {in_flight:,} in flight; "
         "ratios against the bare loop "
         "measured in the same process; in flight / sequential is the median "
         "ratio of each round in flight to a sequential round just before it"
