@@ -121,7 +121,7 @@ async def intercept(
                     handler_index,
                     "rewrite",
                     new_dest=new_dest,
-                    payload=payload,
+                    payload=event_payload(loop, payload),
                 )
                 trigger, dest = new_trigger, new_dest
             case Pause(reason=reason):
@@ -167,8 +167,6 @@ def decided(
         handler=handler,
         **{k: v for k, v in fields.items() if k == "reason" or k == "new_dest"},
     )
-    if "payload" in fields and loop._bus.listening:  # a rewrite's new payload
-        fields["payload"] = event_payload(fields["payload"])
     loop._emit(
         "transition.intercepted",
         source=source,
@@ -191,7 +189,7 @@ def park(
         trigger=pending.trigger,
         dest=pending.dest,
         reason=reason,
-        payload=event_payload(pending.payload) if loop._bus.listening else None,
+        payload=event_payload(loop, pending.payload),
     )
 
 
@@ -278,8 +276,10 @@ def payload_problem(trigger: Trigger, payload: TransitionPayload) -> str | None:
     return f"{trigger} needs {expected} as payload, got {type(payload).__name__}"
 
 
-def event_payload(payload: TransitionPayload) -> EventPayload | None:
-    """A payload as events record it (called only while someone listens)."""
+def event_payload(loop: Loop, payload: TransitionPayload) -> EventPayload | None:
+    """A payload as events record it (None while nobody listens: no event is built)."""
+    if not loop._bus.listening:
+        return None
     if isinstance(payload, InferenceInput):
         from .events import RequestSummary  # imported by `subscribe` already
 

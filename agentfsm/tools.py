@@ -284,8 +284,6 @@ class Tool:
             # No scope where nothing could be interrupted: a call that never
             # suspends (an async function without an await, a sync function run
             # in the loop's thread) cannot be cancelled, so no deadline can end it.
-            if self._is_async:  # `_call`, one coroutine fewer per call
-                return await self.function(**kwargs)
             return await self._call(kwargs)
         # The scope is entered before the first step: a step may open scopes of
         # its own, and scopes must nest.
@@ -310,13 +308,19 @@ class Tool:
             )
         return result
 
-    async def _call(self, kwargs: dict[str, Any]) -> Any:
+    def _call(self, kwargs: dict[str, Any]) -> Awaitable[Any]:
+        """The call to await (the function's own coroutine for an async tool: no
+        coroutine of ours around it)."""
         if self._is_async:
-            return await cast("Callable[..., Awaitable[Any]]", self.function)(**kwargs)
+            return cast("Callable[..., Awaitable[Any]]", self.function)(**kwargs)
         if self.run_in_thread:
-            return await anyio.to_thread.run_sync(
+            return anyio.to_thread.run_sync(
                 partial(self.function, **kwargs), abandon_on_cancel=True
             )
+        return self._call_here(kwargs)
+
+    async def _call_here(self, kwargs: dict[str, Any]) -> Any:
+        """A sync tool run in the loop's thread."""
         result = self.function(**kwargs)
         if inspect.isawaitable(result):
             raise ToolError(

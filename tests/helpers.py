@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 
+import anyio
 import pytest
 
 from agentfsm import (
@@ -49,3 +51,10 @@ def stream_after_tools(pending: PendingTransition) -> Rewrite | None:
 def pause_tools(pending: PendingTransition) -> Pause | None:
     """Pause before every tool batch."""
     return Pause("approval required") if pending.trigger is Trigger.call_tools else None
+
+
+async def wait_until(predicate: Callable[[], object]) -> None:
+    """Let the other tasks run until `predicate()` holds (5 s at most)."""
+    with anyio.fail_after(5):
+        while not predicate():
+            await anyio.wait_all_tasks_blocked()

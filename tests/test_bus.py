@@ -9,8 +9,6 @@ import pytest
 from agentfsm import (
     InferenceInput,
     InferenceOutput,
-    Pause,
-    PendingTransition,
     Proceed,
     Runtime,
 )
@@ -30,7 +28,7 @@ from agentfsm.messages import (
 )
 from agentfsm.states import LoopState, Trigger
 from agentfsm.testing import EventRecorder, ScriptedProvider, call, calls, text
-from tests.helpers import add, request
+from tests.helpers import add, pause_tools, request, wait_until
 
 _CALL = FunctionCallItem(call_id="c1", name="add", arguments='{"a":1,"b":2}')
 
@@ -567,17 +565,12 @@ async def test_a_late_subscriber_sees_seq_numbers_counted_from_the_start() -> No
     """Events nobody received still took their numbers: a subscriber that joins
     a paused loop sees the seqs a subscriber from the start sees."""
 
-    def hold(pending: PendingTransition) -> Pause | None:
-        return Pause("hold") if pending.trigger is Trigger.call_tools else None
-
     async def run(late: bool) -> list[tuple[str, int]]:
         provider = ScriptedProvider([calls(call("add", a=1, b=2)), text("3")])
         async with Runtime(providers={"scripted": provider}) as rt:
             recorder = None if late else EventRecorder(rt.bus)
-            loop_id = rt.run_loop("agent", "hi", request(add), hold)
-            with anyio.fail_after(5):
-                while rt.get(loop_id).pending is None:
-                    await anyio.wait_all_tasks_blocked()
+            loop_id = rt.run_loop("agent", "hi", request(add), pause_tools)
+            await wait_until(lambda: rt.get(loop_id).pending is not None)
             if late:
                 recorder = EventRecorder(rt.bus)
             rt.resume(loop_id, Proceed())

@@ -56,7 +56,7 @@ from agentfsm.testing import (
     text,
 )
 from agentfsm.tools import ToolNext
-from tests.helpers import add, request
+from tests.helpers import add, request, wait_until
 
 
 def items_of(context: ModelContext) -> list[str]:
@@ -72,13 +72,6 @@ def items_of(context: ModelContext) -> list[str]:
         elif isinstance(item, ModelMessageItem):
             view.append(f"model:{item.content}")
     return view
-
-
-async def wait_until(predicate: object) -> None:
-    assert callable(predicate)
-    with anyio.fail_after(5):
-        while not predicate():
-            await anyio.wait_all_tasks_blocked()
 
 
 class TestQueues:

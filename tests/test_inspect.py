@@ -197,7 +197,6 @@ def test_ambiguous_or_unknown_loop(
 
 def test_a_loop_found_by_the_end_of_its_id() -> None:
     """Ids made in the same second share their start; a unique end finds the loop."""
-
     ids = [
         "01a22b54-a012-7000-b4d5-31bce8e74e50",
         "01a22b54-a012-7001-8991-8534ed9d1542",

@@ -20,9 +20,7 @@ from agentfsm.exceptions import ConfigurationError, ProviderError
 from agentfsm.messages import FunctionCallItem
 
 __all__ = (
-    "CLOSE_TIMEOUT",
     "TOOL_CHOICE_MODES",
-    "Closable",
     "OwnedClient",
     "close_stream",
     "count",
