@@ -20,6 +20,10 @@ from .exceptions import NoRuntimeError as NoRuntimeError
 from .exceptions import ProviderError as ProviderError
 from .exceptions import ToolError as ToolError
 from .exceptions import TransitionRejected as TransitionRejected
+from .inference import InferenceInput as InferenceInput
+from .inference import InferenceOutput as InferenceOutput
+from .inference import ModelRequest as ModelRequest
+from .inference import RequestMetadata as RequestMetadata
 from .interception import Abort as Abort
 from .interception import Decision as Decision
 from .interception import InterceptionHandler as InterceptionHandler
@@ -41,12 +45,8 @@ from .options import LoopOptions as LoopOptions
 from .options import TurnSnapshot as TurnSnapshot
 from .options import after_turns as after_turns
 from .options import tool_called as tool_called
-from .providers import InferenceInput as InferenceInput
-from .providers import InferenceOutput as InferenceOutput
-from .providers import ModelRequest as ModelRequest
 from .providers import Provider as Provider
 from .providers import ProviderRegistry as ProviderRegistry
-from .providers import RequestMetadata as RequestMetadata
 from .providers.function import FunctionProvider as FunctionProvider
 from .results import LoopResult as LoopResult
 from .results import LoopStatus as LoopStatus

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Final
 from ._machine import ALLOWED
 from ._states import _T, request_metadata
 from .exceptions import LoopAborted, TransitionRejected
+from .inference import InferenceInput
 from .interception import (
     Abort,
     Decision,
@@ -26,7 +27,6 @@ from .interception import (
     TransitionPayload,
 )
 from .messages import ModelMessageItem, UserMessage
-from .providers import InferenceInput
 from .results import LoopStatus
 from .states import LoopState, Trigger
 

@@ -34,6 +34,7 @@ from .exceptions import (
     LoopAborted,
     LoopTimeout,
 )
+from .inference import InferenceInput, InferenceOutput, ModelRequest, RequestMetadata
 from .interception import (
     Decision,
     InterceptionHandler,
@@ -46,7 +47,6 @@ from .messages import (
     UserMessage,
 )
 from .options import LoopOptions
-from .providers import InferenceInput, InferenceOutput, ModelRequest, RequestMetadata
 from .results import ErrorInfo, LoopResult, LoopStatus, LoopView, PathStep
 from .states import LoopState, Outcome, Trigger
 from .tools import Tool

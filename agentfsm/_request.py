@@ -16,18 +16,18 @@ from typing import TYPE_CHECKING, Final, TypeVar
 import anyio
 
 from .exceptions import ProviderError, ProviderTimeout
-from .messages import (
-    ContextItem,
-    FunctionCallItem,
-    FunctionCallOutputItem,
-    ModelContext,
-)
-from .providers import (
+from .inference import (
     InferenceInput,
     InferenceOutput,
     OutputCompleted,
     RequestMetadata,
     StreamEvent,
+)
+from .messages import (
+    ContextItem,
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    ModelContext,
 )
 
 if TYPE_CHECKING:

@@ -34,10 +34,11 @@ from .exceptions import (
     NoRuntimeError,
     UnknownLoopError,
 )
+from .inference import InferenceInput
 from .interception import Decision, InterceptionHandler, Proceed
 from .messages import UserMessage
 from .options import LoopOptions, LoopOptionsDict
-from .providers import InferenceInput, Provider, ProviderRegistry
+from .providers import Provider, ProviderRegistry
 from .results import LoopResult, LoopStatus, LoopView
 from .states import LoopState
 

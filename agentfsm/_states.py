@@ -20,6 +20,7 @@ from ._batch import INTERRUPTED, run_batch
 from ._batch import Outcome as CallOutcome
 from ._request import normalized, request_model
 from .exceptions import StructuredOutputError
+from .inference import InferenceInput, InferenceOutput, ModelRequest, RequestMetadata
 from .interception import ToolBatch, TransitionPayload
 from .messages import (
     ContextItem,
@@ -29,7 +30,6 @@ from .messages import (
     UserMessage,
 )
 from .options import QueueMode, TurnSnapshot
-from .providers import InferenceInput, InferenceOutput, ModelRequest, RequestMetadata
 from .states import LoopState, Trigger
 from .tools import Tool, format_validation_error
 

@@ -26,6 +26,7 @@ from typing import Annotated, Any, Literal, TypeAlias, final
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter
 
 from . import _fast
+from .inference import InferenceOutput, StreamingDelta
 from .interception import ToolBatch
 from .messages import (
     FunctionCallItem,
@@ -34,7 +35,6 @@ from .messages import (
     TokenUsage,
     UserMessage,
 )
-from .providers import InferenceOutput, StreamingDelta
 from .states import LoopState, Outcome, Trigger
 
 __all__ = (

@@ -44,8 +44,8 @@ from typing import Annotated, Any, Literal, TypeAlias
 from pydantic import BaseModel, ConfigDict, Field, InstanceOf
 
 from ._fast import json_text
+from .inference import InferenceInput, RequestMetadata
 from .messages import FunctionCallItem, ModelMessageItem, TokenUsage, UserMessage
-from .providers import InferenceInput, RequestMetadata
 from .states import LoopState, Trigger
 
 __all__ = (

@@ -22,8 +22,8 @@ from typing import Final, Literal, TypeAlias, TypedDict
 from pydantic import BaseModel, ConfigDict
 
 from .exceptions import ConfigurationError
+from .inference import InferenceOutput, ModelWrapper
 from .messages import ContextItem, FunctionCallOutputItem
-from .providers import InferenceOutput, ModelWrapper
 from .results import LoopView
 from .tools import ToolWrapper
 

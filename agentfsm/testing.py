@@ -33,9 +33,9 @@ from ._bus import EventBus, Subscription
 from ._loop import current_loop_id
 from .events import AgentEvent
 from .exceptions import ProviderError
+from .inference import InferenceInput, InferenceOutput, StreamEvent
 from .interception import Decision, PendingTransition
 from .messages import FunctionCallItem, ModelMessageItem, ReasoningItem, TokenUsage
-from .providers import InferenceInput, InferenceOutput, StreamEvent
 from .providers.function import replay
 from .results import LoopResult, LoopView
 from .states import LoopState

@@ -1,0 +1,280 @@
+"""What one model request is made of: its input, its output, the stream's deltas,
+and the request as model wrappers see it.
+
+Providers (`agentfsm.providers`) turn an `InferenceInput` into an
+`InferenceOutput`, whole or as a stream of deltas ending with `OutputCompleted`.
+These classes are re-exported from `agentfsm.providers` and `agentfsm`.
+"""
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Annotated, Any, Literal, NamedTuple, TypeAlias
+
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    GetPydanticSchema,
+    InstanceOf,
+    JsonValue,
+    PlainSerializer,
+)
+from pydantic_core import CoreSchema, core_schema
+
+from agentfsm.messages import (
+    FunctionCallItem,
+    ModelContext,
+    ModelMessageItem,
+    OutputItem,
+    TokenUsage,
+)
+from agentfsm.tools import Tool
+
+__all__ = (
+    "InferenceInput",
+    "InferenceOutput",
+    "ItemSource",
+    "ModelNext",
+    "ModelRequest",
+    "ModelWrapper",
+    "OutputCompleted",
+    "ReasoningDelta",
+    "RequestMetadata",
+    "StreamEvent",
+    "StreamingDelta",
+    "TextDelta",
+    "ToolCallDelta",
+)
+
+
+def _tool_definition(tool: Tool) -> dict[str, Any]:
+    return tool.definition.model_dump()
+
+
+_ToolField: TypeAlias = Annotated[
+    InstanceOf[Tool], PlainSerializer(_tool_definition, return_type=dict[str, Any])
+]
+
+
+def _tool_sequence(value: Any) -> tuple[Any, ...]:
+    if isinstance(value, Sequence) and not isinstance(value, str | bytes):
+        return tuple(value)
+    raise ValueError(f"expected a sequence of tools, got {type(value).__name__}")
+
+
+def _tools_schema(_: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+    """What `Sequence[_ToolField]` validates (any sequence but a str, kept as a
+    tuple), with the items checked by pydantic-core: the `Sequence` schema wraps
+    their validation in a Python function, ~3 µs of every
+    `InferenceInput(tools=[...])`."""
+    return core_schema.chain_schema(
+        [
+            core_schema.no_info_plain_validator_function(_tool_sequence),
+            handler(tuple[_ToolField, ...]),
+        ]
+    )
+
+
+class InferenceInput(BaseModel):
+    """Everything one model request needs: the model, its settings, tools and context.
+
+    Example:
+        ```python
+        InferenceInput(model="openai:gpt-4.1-mini", context=ModelContext(), tools=[add])
+        ```
+    """
+
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", arbitrary_types_allowed=True, defer_build=True
+    )
+
+    model: str
+    """`provider:model`, resolved by the runtime's provider registry."""
+    context: ModelContext
+    """The instructions and the conversation; the loop appends to it."""
+    max_output_tokens: int | None = Field(default=None, gt=0)
+    """Upper bound on generated tokens."""
+    reasoning_effort: str | None = None
+    """Provider-specific reasoning effort (`low`, `medium`, `high`, ...)."""
+    tools: Annotated[Sequence[_ToolField], GetPydanticSchema(_tools_schema)] = ()
+    """Tools the model may call (kept as a tuple)."""
+    tool_choice: str | None = None
+    """`auto`, `required`, `none`, or the name of one tool to force."""
+    streaming: bool = False
+    """Take the `inference_streaming` path and publish each chunk."""
+    structured_output: InstanceOf[type[BaseModel]] | dict[str, Any] | None = None
+    """A pydantic model or JSON schema the answer must follow."""
+
+    def tool_named(self, name: str) -> Tool | None:
+        """The tool offered under `name`, if any."""
+        for candidate in self.tools:
+            if candidate.name == name:
+                return candidate
+        return None
+
+
+class InferenceOutput(BaseModel):
+    """What one model request returned."""
+
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", populate_by_name=True, defer_build=True
+    )
+
+    items: tuple[OutputItem, ...] = ()
+    """Reasoning, messages and function calls, in the order the model produced them."""
+    token_usage: TokenUsage | None = None
+    """Tokens the provider counted, when it reports them."""
+    raw_response: JsonValue = Field(
+        default=None, validation_alias=AliasChoices("raw_response", "rowResponse")
+    )
+    """The provider's response as JSON data (seed 001 spells it `rowResponse`)."""
+    finish_reason: str | None = None
+    """Why generation stopped (`stop`, `tool_calls`, `length`, ...), when known."""
+
+    @property
+    def function_calls(self) -> tuple[FunctionCallItem, ...]:
+        """The function calls in the output, in order."""
+        return tuple([i for i in self.items if isinstance(i, FunctionCallItem)])
+
+    @property
+    def message(self) -> ModelMessageItem | None:
+        """The last message in the output, if any."""
+        for item in reversed(self.items):
+            if isinstance(item, ModelMessageItem):
+                return item
+        return None
+
+
+class TextDelta(BaseModel):
+    """A chunk of the model's message text."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
+
+    kind: Literal["text"] = "text"
+    text: str
+
+
+class ReasoningDelta(BaseModel):
+    """A chunk of the model's reasoning."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
+
+    kind: Literal["reasoning"] = "reasoning"
+    text: str
+
+
+class ToolCallDelta(BaseModel):
+    """A chunk of a function call: its id and name when first seen, then argument text."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
+
+    kind: Literal["tool_call"] = "tool_call"
+    index: int
+    """Which call of the output this chunk belongs to."""
+    call_id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+    """Argument text to append."""
+
+
+class OutputCompleted(BaseModel):
+    """The end of a stream: the completed output."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
+
+    kind: Literal["completed"] = "completed"
+    output: InferenceOutput
+
+
+StreamingDelta: TypeAlias = Annotated[
+    TextDelta | ReasoningDelta | ToolCallDelta, Field(discriminator="kind")
+]
+"""A chunk published as `inference.stream`."""
+
+StreamEvent: TypeAlias = TextDelta | ReasoningDelta | ToolCallDelta | OutputCompleted
+"""What a provider's stream yields; the last one is `OutputCompleted`."""
+
+
+class ItemSource(NamedTuple):
+    """Where one item of a request's context came from."""
+
+    kind: Literal["history", "repair"]
+    """`history`: an item of the loop's context; `repair`: a synthetic output
+    for a function call that had none."""
+    item_index: int
+    """For history, the item's index in the context; for a repair, the index of
+    the function call it answers."""
+    call_id: str | None = None
+    """For a repair, the call it answers."""
+
+
+class RequestMetadata:
+    """What the loop knows about a request: never sent to the provider.
+
+    `sources[i]` tells where `request.context.items[i]` came from; it is built
+    only when asked for, since most requests never need it.
+    """
+
+    __slots__ = ("_sources", "history_count", "repairs")
+
+    def __init__(
+        self, history_count: int, repairs: Sequence[tuple[int, int, str]] = ()
+    ) -> None:
+        self.history_count = history_count
+        """How many items the loop's context held when the request was made."""
+        self.repairs = tuple(repairs)
+        """`(position in the request, index of the call, call_id)` per synthetic output."""
+        self._sources: tuple[ItemSource, ...] | None = None
+
+    @property
+    def sources(self) -> tuple[ItemSource, ...]:
+        """One `ItemSource` per item of the request's context, in order."""
+        if self._sources is None:
+            sources: list[ItemSource] = []
+            history = 0
+            repairs = iter(self.repairs)
+            repair = next(repairs, None)
+            while history < self.history_count or repair is not None:
+                if repair is not None and repair[0] == len(sources):
+                    sources.append(ItemSource("repair", repair[1], repair[2]))
+                    repair = next(repairs, None)
+                else:
+                    sources.append(ItemSource("history", history))
+                    history += 1
+            self._sources = tuple(sources)
+        return self._sources
+
+    def __repr__(self) -> str:
+        return f"RequestMetadata(history_count={self.history_count}, repairs={self.repairs})"
+
+
+class ModelRequest(BaseModel):
+    """One model request as model wrappers see it."""
+
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", arbitrary_types_allowed=True, defer_build=True
+    )
+
+    input: InferenceInput
+    """What the provider will be sent."""
+    metadata: InstanceOf[RequestMetadata]
+    """Where each item came from; never sent to the provider."""
+    streaming: bool
+    """Whether the request streams (chunks are published as they come)."""
+    loop_id: str
+    agent_id: str
+
+
+ModelNext: TypeAlias = Callable[[ModelRequest], Awaitable[InferenceOutput]]
+"""Runs the rest of the chain (the inner wrappers, then the provider)."""
+
+ModelWrapper: TypeAlias = Callable[
+    [ModelRequest, ModelNext], Awaitable[InferenceOutput]
+]
+"""`async def wrapper(request, next) -> InferenceOutput` around each model request.
+
+Wrappers run in registration order, the first outermost. A wrapper may change
+the request (`await next(request.model_copy(update={"input": ...}))`), answer
+without calling the provider (a cache), or call `next` again (retry).
+"""
