@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal, TypeAlias, final
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter
 
-from . import _fast
+from . import _models
 from .inference import InferenceOutput, StreamingDelta
 from .interception import ToolBatch
 from .messages import (
@@ -100,7 +100,7 @@ class _Event(BaseModel):
 
     # An event has no extra fields (`extra="forbid"`) and no private attributes,
     # so these two of pydantic's four instance slots always hold None. Read from
-    # the class instead, they need not be written for every event `Loop._emit`
+    # the class instead, they need not be written for every event `Emitter.emit`
     # makes (two slot writes, ~2,600 instructions an event); pydantic's own
     # writes of None (validation, copies, unpickling) go through the setter.
     __pydantic_extra__ = property(_none, _set_none)
@@ -122,14 +122,14 @@ class _Event(BaseModel):
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
         super().__pydantic_init_subclass__(**kwargs)
-        defaults = _fast.defaults(cls)
+        defaults = _models.defaults(cls)
         # Every field in declaration order, holding its default (None until set).
         template = {name: defaults.get(name) for name in cls.model_fields}
         _SPECS[defaults["type"]] = (cls, template, set(cls.model_fields))
 
 
 _SPECS: dict[str, tuple[type[_Event], dict[str, Any], set[str]]] = {}
-"""Per event type, what `Loop._emit` builds its events from: the class, a dict of
+"""Per event type, what `Emitter.emit` builds its events from: the class, a dict of
 every field (defaults filled in) to copy, and the set of fields it sets.
 (Kept in a plain dict: class attributes of a pydantic model are looked up
 through its metaclass, several times slower.)"""

@@ -43,7 +43,7 @@ from typing import Annotated, Any, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, InstanceOf
 
-from ._fast import json_text
+from ._models import json_text
 from .inference import InferenceInput, RequestMetadata
 from .messages import FunctionCallItem, ModelMessageItem, TokenUsage, UserMessage
 from .states import LoopState, Trigger

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, TypeAlias
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from pydantic_core import from_json
 
-from . import _fast
+from . import _models
 
 __all__ = (
     "ContextItem",
@@ -138,7 +138,7 @@ class ModelContext(BaseModel):
     model_config = ConfigDict(extra="forbid", defer_build=True)
 
     __slots__ = ("__weakref__", "_scan")  # weakref-able, as a model without slots is
-    # The loops' scan for calls without outputs (`agentfsm._request.ContextScan`),
+    # The loops' scan for calls without outputs (`agentfsm._loop.repair.ContextScan`),
     # kept with the context so that a conversation run as one loop per message
     # does not rescan its whole history each time. A slot, not a pydantic
     # private attribute: those cost ~2 µs to set up in every `ModelContext()`
@@ -184,4 +184,4 @@ class TokenUsage(BaseModel):
             "reasoning_tokens": self.reasoning_tokens + other.reasoning_tokens,
             "cached_input_tokens": self.cached_input_tokens + other.cached_input_tokens,
         }
-        return _fast.trusted(TokenUsage, values, set(values))
+        return _models.trusted(TokenUsage, values, set(values))

@@ -45,7 +45,7 @@ from pydantic import (
 )
 from pydantic.fields import FieldInfo
 
-from . import _fast
+from . import _models
 from .exceptions import ConfigurationError, ToolArgumentsError, ToolError, ToolTimeout
 from .messages import FunctionCallItem
 
@@ -118,8 +118,8 @@ class ToolResult(BaseModel):
         """A result holding `value` (text as is, anything else as JSON)."""
         if isinstance(value, ToolResult):
             return value
-        text = _fast.json_text(value)
-        return _fast.trusted(
+        text = _models.json_text(value)
+        return _models.trusted(
             cls, {"output": text, "is_error": False, "terminate": False}, _RESULT_FIELDS
         )
 
@@ -475,7 +475,7 @@ class ToolCall(BaseModel):
 
     def with_arguments(self, arguments: Mapping[str, Any] | str) -> "ToolCall":
         """This call with other arguments."""
-        return self.model_copy(update={"arguments": _fast.json_text(arguments)})
+        return self.model_copy(update={"arguments": _models.json_text(arguments)})
 
 
 ToolNext: TypeAlias = Callable[[ToolCall], Awaitable[ToolResult]]

@@ -36,7 +36,7 @@ from agentfsm import (
     tool,
     tool_called,
 )
-from agentfsm._request import context_scan
+from agentfsm._loop.repair import context_scan
 from agentfsm.events import (
     FunctionCallCompleted,
     FunctionCallProgress,

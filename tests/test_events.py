@@ -14,7 +14,7 @@ import pytest
 from pydantic import ValidationError
 
 from agentfsm import Pause, PendingTransition, Rewrite, Runtime
-from agentfsm._loop import EventType
+from agentfsm._bus import EventType
 from agentfsm.events import (
     EVENT_TYPES,
     AgentEvent,

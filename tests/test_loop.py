@@ -367,7 +367,7 @@ async def test_model_answer_event_carries_the_message() -> None:
 
 def test_hot_path_state_constants_mirror_the_enums() -> None:
     """The loop's plain-class copies of the states and triggers list every member."""
-    from agentfsm import _states
+    from agentfsm._loop import steps as _states
     from agentfsm.states import Trigger
 
     for mirror, enum in ((_states._S, LoopState), (_states._T, Trigger)):

@@ -24,9 +24,9 @@ from agentfsm import (
     Trigger,
     tool,
 )
-from agentfsm._fast import Primitives
 from agentfsm._loop import Loop
-from agentfsm._workers import MAX_IDLE, Worker, WorkerPool
+from agentfsm._runtime.backend import Primitives
+from agentfsm._runtime.workers import MAX_IDLE, Worker, WorkerPool
 from agentfsm.testing import ScriptedProvider, call, calls, text
 from tests.helpers import request
 

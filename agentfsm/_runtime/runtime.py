@@ -6,7 +6,7 @@ async with Runtime(providers={"scripted": provider}) as runtime:
     result = await runtime.wait(loop_id)
 ```
 
-Loops run in worker tasks of the runtime's task group (reused: see `_workers`),
+Loops run in worker tasks of the runtime's task group (reused: see `workers`),
 each in a copy of the context that started it. Leaving the block waits for
 running loops; loops still paused then are cancelled. An exception leaving the
 block cancels every loop (each still ends in `idle` with outcome `cancelled`).
@@ -15,7 +15,7 @@ block cancels every loop (each still ends in `idle` with outcome `cancelled`).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar, Token
 from types import TracebackType
 from typing import TYPE_CHECKING, Self, Unpack
@@ -23,27 +23,31 @@ from typing import TYPE_CHECKING, Self, Unpack
 import anyio
 from anyio.abc import TaskGroup
 
-from . import _fast
-from ._bus import EventBus
-from ._ids import uuid7
-from ._loop import Loop
-from ._workers import WorkerPool
-from .exceptions import (
+from agentfsm import _models
+from agentfsm._bus import EventBus
+from agentfsm._loop import Loop
+from agentfsm._loop.driver import end_paused
+from agentfsm.exceptions import (
     ConfigurationError,
     LoopStateError,
     NoRuntimeError,
     UnknownLoopError,
 )
-from .inference import InferenceInput
-from .interception import Decision, InterceptionHandler, Proceed
-from .messages import UserMessage
-from .options import LoopOptions, LoopOptionsDict
-from .providers import Provider, ProviderRegistry
-from .results import LoopResult, LoopStatus, LoopView
-from .states import LoopState
+from agentfsm.inference import InferenceInput
+from agentfsm.interception import Decision, InterceptionHandler, Proceed
+from agentfsm.messages import UserMessage
+from agentfsm.options import LoopOptions, LoopOptionsDict
+from agentfsm.providers import Provider, ProviderRegistry
+from agentfsm.results import LoopResult, LoopStatus, LoopView
+from agentfsm.states import LoopState
+
+from .backend import Primitives, primitives
+from .ids import uuid7
+from .workers import WorkerPool
 
 if TYPE_CHECKING:
-    from .eventlog import EventLogWriter
+    from agentfsm.eventlog import EventLogWriter
+    from agentfsm.record import LoopRecord
 
 __all__ = (
     "Runtime",
@@ -109,7 +113,10 @@ class Runtime:
         self._event_log_path = event_log
         self._event_log: EventLogWriter | None = None
         # anyio's own classes (each use finds the backend); the backend's once running.
-        self._primitives = _fast.Primitives(anyio.CancelScope, anyio.Event)
+        self._primitives = Primitives(anyio.CancelScope, anyio.Event)
+        self._on_commit: Callable[[Loop], None] | None = None
+        """Called at each committed transition of every loop (the point at which
+        a loop's record is complete; the durable store will write it there)."""
 
     async def __aenter__(self) -> Self:
         if self._tg is not None or self._closed:
@@ -117,15 +124,17 @@ class Runtime:
         if self._event_log_path is not None:
             # Entered before the loops' task group and left after it (see
             # EventLogWriter): the writer outlives every loop, cancelled ones too.
-            from .eventlog import EventLogWriter  # only runtimes that keep a log
+            from agentfsm.eventlog import (
+                EventLogWriter,  # only runtimes that keep a log
+            )
 
             writer = EventLogWriter(self.bus, self._event_log_path)
             self._event_log = await writer.__aenter__()
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
-        self._primitives = _fast.primitives()
-        self.bus._event = self._primitives.event
+        self._primitives = primitives()
+        self.bus.use_backend(self._primitives.event)
         self._workers = WorkerPool(
             lambda work, worker: tg.start_soon(work, worker, name="agentfsm-worker"),
             self._primitives,
@@ -164,8 +173,8 @@ class Runtime:
             with anyio.CancelScope(shield=True):
                 for loop in list(self._loops.values()):
                     if loop.status is LoopStatus.paused:
-                        await loop.end_paused(
-                            "the runtime closed while the loop was paused"
+                        await end_paused(
+                            loop, "the runtime closed while the loop was paused"
                         )
             self.bus.close()
             if self._token is not None:
@@ -236,14 +245,20 @@ class Runtime:
         # An unknown provider fails here, loudly, before the loop exists.
         self.providers.resolve(inference_input.model)
         loop_id = uuid7()
+        primitives = self._primitives
         loop = Loop(
-            self,
-            loop_id,
-            agent_id,
-            user_message,
-            inference_input,
-            handlers,
-            loop_options,
+            loop_id=loop_id,
+            agent_id=agent_id,
+            message=user_message,
+            inference_input=inference_input,
+            handlers=handlers,
+            options=loop_options,
+            bus=self.bus,
+            providers=self.providers,
+            cancel_scope=primitives.cancel_scope,
+            event=primitives.event,
+            on_end=self._loop_done,
+            on_commit=self._on_commit,
         )
         self._loops[loop_id] = loop
         self._spawn(loop)
@@ -285,6 +300,23 @@ class Runtime:
             model_requests=result.model_requests,
             tool_calls=result.tool_calls,
         )
+
+    def snapshot(self, loop_id: str) -> LoopRecord:
+        """The record of a running or paused loop, as data that round-trips
+        through JSON (see `agentfsm.record.LoopRecord`).
+
+        Raises:
+            UnknownLoopError: no such loop.
+            LoopStateError: the loop has finished (its record is not kept;
+                `wait` and `get` tell how it ended).
+        """
+        loop = self._live(loop_id)
+        if loop is None:
+            raise LoopStateError(
+                f"loop {loop_id} has finished: its record is not kept "
+                "(use wait() or get() for its result)"
+            )
+        return loop.snapshot()
 
     def cancel(self, loop_id: str, reason: str | None = None) -> None:
         """Cancel a loop (running or paused); it ends in `idle` with outcome `cancelled`.
@@ -384,7 +416,7 @@ def _user_message(
     if isinstance(message, str):
         # Built without validation: a str is all a UserMessage's content is
         # (`str()` makes a str subclass, a StrEnum say, a plain one, as validating would).
-        return _fast.trusted(
+        return _models.trusted(
             UserMessage, {"type": "user_message", "content": str(message)}, {"content"}
         )
     if isinstance(message, UserMessage):

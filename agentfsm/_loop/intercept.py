@@ -1,21 +1,25 @@
 """Interception, as the loop runs it: handlers, decisions, rewrites, pauses.
 
-`intercept` runs a loop's handlers on a pending transition and applies their
-decisions (see `agentfsm.interception` for the public side): a rewrite must
-name an edge leaving the source and a payload that fits it, a pause parks the
-loop, an abort raises `LoopAborted`. Every decision is published and logged.
+`intercept` runs a loop's handlers on the step the last state proposed and
+applies their decisions (see `agentfsm.interception` for the public side): a
+rewrite must name an edge leaving the source and a payload that fits it, a
+pause parks the loop (`loop.paused`, with the step kept as `loop.pending`), an
+abort raises `LoopAborted`. Every decision is published and logged.
+
+A rewrite that changes the edge drops the step's reason (`max_turns`, say): the
+reason belongs to the edge the state chose, so a loop that a handler sends on
+past its limit ends by the edges it takes afterwards.
 """
 
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
-from ._machine import ALLOWED
-from ._states import _T, request_metadata
-from .exceptions import LoopAborted, TransitionRejected
-from .inference import InferenceInput
-from .interception import (
+from agentfsm._machine import ALLOWED
+from agentfsm.exceptions import LoopAborted, TransitionRejected
+from agentfsm.inference import InferenceInput
+from agentfsm.interception import (
     Abort,
     Decision,
     InterceptionHandler,
@@ -26,15 +30,39 @@ from .interception import (
     ToolBatch,
     TransitionPayload,
 )
-from .messages import ModelMessageItem, UserMessage
-from .results import LoopStatus
-from .states import LoopState, Trigger
+from agentfsm.messages import ModelMessageItem, UserMessage
+from agentfsm.results import LoopStatus
+from agentfsm.states import LoopState, Trigger
+
+from .steps import _T, Step
+from .turn import request_metadata
 
 if TYPE_CHECKING:
-    from ._loop import Loop
-    from .events import EventPayload
+    from .loop import Loop
 
-__all__ = ("approval_gate", "event_payload", "intercept")
+__all__ = ("Paused", "Resumed", "approval_gate", "intercept")
+
+
+class Paused(NamedTuple):
+    """Why and where a loop waits (its step is kept as `loop.pending`)."""
+
+    pending: PendingTransition
+    """The transition as the pausing handler saw it."""
+    handler: int
+    """The handler that paused: resuming continues with the handlers after it."""
+    reason: str
+    original_dest: LoopState
+    """Where the step led before any handler rewrote it."""
+
+
+class Resumed(NamedTuple):
+    """The decision a paused loop was resumed with, until the driver applies it."""
+
+    decision: Decision
+    handler: int
+    """The handler whose `Pause` the decision replaces."""
+    original_dest: LoopState
+
 
 MESSAGE_TRIGGERS: Final = frozenset({_T.start, _T.steer, _T.follow_up})
 REQUEST_TRIGGERS: Final = frozenset({_T.infer, _T.infer_streaming})
@@ -48,6 +76,7 @@ def pending_of(
     dest: LoopState,
     payload: TransitionPayload,
 ) -> PendingTransition:
+    """The transition as a handler sees it."""
     return PendingTransition(
         loop_id=loop.loop_id,
         agent_id=loop.agent_id,
@@ -80,22 +109,20 @@ def approval_gate(pending: PendingTransition) -> Decision | None:
 
 
 async def intercept(
-    loop: Loop,
-    source: LoopState,
-    trigger: Trigger,
-    dest: LoopState,
-    payload: TransitionPayload,
-) -> tuple[Trigger, LoopState, TransitionPayload, LoopState] | None:
-    """Run the handlers; return the edge to take, or None when the loop paused."""
+    loop: Loop, source: LoopState, step: Step, dest: LoopState
+) -> tuple[Step, LoopState, LoopState | None] | None:
+    """Run the handlers on `step`; return the step to take, its destination and
+    the destination before a rewrite (None when unchanged), or None when the
+    loop paused."""
     original = dest
+    trigger, payload = step.trigger, step.payload
     start = 0
     resumed: Decision | None = None
-    if loop._resume is not None:
-        resumed, start, original = loop._resume
-        loop._resume = None
-    stop = (
-        len(loop._handlers) if resumed is None else max(len(loop._handlers), start + 1)
-    )
+    if loop.resumed is not None:
+        resumed, start, original = loop.resumed
+        loop.resumed = None
+    handlers = loop.handlers
+    stop = len(handlers) if resumed is None else max(len(handlers), start + 1)
     for index in range(start, stop):
         if resumed is not None:
             decision: Decision | None = resumed
@@ -103,7 +130,7 @@ async def intercept(
             resumed = None
         else:
             pending = pending_of(loop, source, trigger, dest, payload)
-            decision = await call_handler(loop._handlers[index], pending)
+            decision = await call_handler(handlers[index], pending)
             handler_index = index
         match decision:
             case None | Proceed():
@@ -121,8 +148,12 @@ async def intercept(
                     handler_index,
                     "rewrite",
                     new_dest=new_dest,
-                    payload=event_payload(loop, payload),
+                    payload=loop.event_payload(payload),
                 )
+                if new_trigger is not trigger:
+                    step = Step(new_trigger, payload)  # the edge's reason goes with it
+                else:
+                    step = Step(trigger, payload, step.reason)
                 trigger, dest = new_trigger, new_dest
             case Pause(reason=reason):
                 decided(
@@ -130,6 +161,7 @@ async def intercept(
                 )
                 park(
                     loop,
+                    Step(trigger, payload, step.reason),
                     pending_of(loop, source, trigger, dest, payload),
                     index,
                     reason,
@@ -146,7 +178,7 @@ async def intercept(
                     f"interception handler returned {decision!r}; expected "
                     "Proceed, Rewrite, Pause, Abort or None"
                 )
-    return trigger, dest, payload, original
+    return step, dest, (None if original is dest else original)
 
 
 def decided(
@@ -158,7 +190,8 @@ def decided(
     decision: str,
     **fields: Any,
 ) -> None:
-    loop._log.info(
+    """Log and publish a handler's decision."""
+    loop.log.info(
         "transition_intercepted",
         source=source,
         trigger=trigger,
@@ -167,7 +200,7 @@ def decided(
         handler=handler,
         **{k: v for k, v in fields.items() if k == "reason" or k == "new_dest"},
     )
-    loop._emit(
+    loop.emit(
         "transition.intercepted",
         source=source,
         trigger=trigger,
@@ -179,17 +212,24 @@ def decided(
 
 
 def park(
-    loop: Loop, pending: PendingTransition, index: int, reason: str, original: LoopState
+    loop: Loop,
+    step: Step,
+    pending: PendingTransition,
+    index: int,
+    reason: str,
+    original: LoopState,
 ) -> None:
-    loop._paused = (pending, index, reason, original)
+    """Pause the loop at `step` (the driver returns; `Loop.resume` continues it)."""
+    loop.pending = step
+    loop.paused = Paused(pending, index, reason, original)
     loop.status = LoopStatus.paused
-    loop._emit(
+    loop.emit(
         "loop.paused",
         source=pending.source,
         trigger=pending.trigger,
         dest=pending.dest,
         reason=reason,
-        payload=event_payload(loop, pending.payload),
+        payload=loop.event_payload(pending.payload),
     )
 
 
@@ -237,7 +277,10 @@ def derived_payload(
     if trigger in REQUEST_TRIGGERS:
         return payload if isinstance(payload, InferenceInput) else loop.input
     if trigger in ANSWER_TRIGGERS:
-        message = loop._output.message if loop._output is not None else None
+        # Out of `inference`, the output's message; out of `model_message`, the
+        # message that state wrote (an answer that failed validation, say).
+        output = loop.output
+        message = output.message if output is not None else loop.message
         return message or ModelMessageItem(content="")
     return None  # steer / follow_up with nothing queued, stop; call_tools is rejected
 
@@ -274,22 +317,3 @@ def payload_problem(trigger: Trigger, payload: TransitionPayload) -> str | None:
     if ok:
         return None
     return f"{trigger} needs {expected} as payload, got {type(payload).__name__}"
-
-
-def event_payload(loop: Loop, payload: TransitionPayload) -> EventPayload | None:
-    """A payload as events record it (None while nobody listens: no event is built)."""
-    if not loop._bus.listening:
-        return None
-    if isinstance(payload, InferenceInput):
-        from .events import RequestSummary  # imported by `subscribe` already
-
-        return RequestSummary(
-            model=payload.model,
-            max_output_tokens=payload.max_output_tokens,
-            reasoning_effort=payload.reasoning_effort,
-            tool_choice=payload.tool_choice,
-            tools=tuple(t.name for t in payload.tools),
-            instructions=payload.context.instructions,
-            context_items=len(payload.context.items),
-        )
-    return payload

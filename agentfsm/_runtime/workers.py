@@ -15,17 +15,20 @@ are already idle.
 
 from __future__ import annotations
 
-import sys
-import types
-from collections.abc import Callable, Coroutine, Generator
+from collections.abc import Callable, Coroutine
 from contextvars import Context, copy_context
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 
+from agentfsm._loop.driver import run
+
+from .backend import in_context, in_trio_context, trio_task
+
 if TYPE_CHECKING:
-    from ._fast import Primitives
-    from ._loop import Loop
+    from agentfsm._loop import Loop
+
+    from .backend import Primitives
 
 __all__ = ("MAX_IDLE", "Worker", "WorkerPool")
 
@@ -109,19 +112,19 @@ class WorkerPool:
             worker.wake.set()
 
     async def _work(self, worker: Worker) -> None:
-        trio_task = _trio_task()
+        task = trio_task()
         try:
             while True:
                 loop, context = worker.loop, worker.context
                 if loop is None or context is None:
                     return  # woken by `close`
                 worker.loop = worker.context = worker.wake = None
-                loop._worker = worker
+                loop.worker = worker
                 try:
-                    if trio_task is None:
-                        await in_context(context, loop.run())
+                    if task is None:
+                        await in_context(context, run(loop))
                     else:
-                        await _in_trio_context(trio_task, context, loop.run())
+                        await in_trio_context(task, context, run(loop))
                 except BaseException as exc:  # noqa: BLE001 - re-raised
                     # A cancellation (`run` raises nothing else). The task handle
                     # keeps the exception, which would keep the frames of the
@@ -129,7 +132,7 @@ class WorkerPool:
                     # the handle: they are left out of its traceback.
                     raise exc.with_traceback(None)  # noqa: B904 - the same exception
                 finally:
-                    loop._worker = None
+                    loop.worker = None
                     self.running -= 1
                     self._on_loop_end()
                     # Neither an idle worker nor the traceback of a cancelled
@@ -160,66 +163,3 @@ class WorkerPool:
             self._idle.remove(worker)
         elif worker.loop is not None and worker.context is not None:
             self._launch(worker.loop, worker.context)
-
-
-def _trio_task() -> Any:
-    """The running trio task, or None when the event loop is not trio's."""
-    trio = sys.modules.get("trio")
-    if trio is None:
-        return None
-    try:
-        return trio.lowlevel.current_task()
-    except RuntimeError:
-        return None
-
-
-async def _in_trio_context(
-    task: Any, context: Context, coro: Coroutine[Any, Any, None]
-) -> None:
-    """Await `coro` with the trio task running in `context`.
-
-    trio runs each step of a task in `task.context` and swaps it itself when a
-    thread calls back in (`from_thread.run` runs in the waiting task, in the
-    thread's context), which stepping the coroutine inside `Context.run` would
-    override: so on trio the task's own context is switched instead.
-    """
-    import trio
-
-    own = task.context
-    task.context = context
-    try:
-        await trio.lowlevel.cancel_shielded_checkpoint()  # the next step runs in it
-        await coro
-    finally:
-        task.context = own
-
-
-@types.coroutine
-def in_context(
-    context: Context, coro: Coroutine[Any, Any, None]
-) -> Generator[Any, Any, None]:
-    """Await `coro`, running each of its steps in `context` (on asyncio).
-
-    What an asyncio task does for its own coroutine: every step runs
-    inside `context.run`, whatever the coroutine yields goes up to the event
-    loop, and whatever the event loop sends or throws (cancellation included)
-    goes back down into it. (A generator, not an awaitable object holding
-    bound methods: a loop waiting here keeps fewer objects alive for the
-    garbage collector to walk.)
-    """
-    step: Callable[[Any], Any] = coro.send
-    value: Any = None
-    while True:
-        try:
-            yielded = context.run(step, value)
-        except StopIteration:
-            return
-        try:
-            value = yield yielded
-        except GeneratorExit:
-            context.run(coro.close)
-            raise
-        except BaseException as exc:  # noqa: BLE001 - forwarded into the coroutine
-            step, value = coro.throw, exc
-        else:
-            step = coro.send

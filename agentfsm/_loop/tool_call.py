@@ -11,22 +11,23 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, NamedTuple
 
 import anyio
 from pydantic import JsonValue
 
-from . import _fast
-from ._request import chain_wrappers
-from .exceptions import ToolError, UnknownTool
-from .interception import ToolBatch
-from .messages import FunctionCallItem, FunctionCallOutputItem
-from .tools import Tool, ToolCall, ToolResult, ToolWrapper, _progress
+from agentfsm import _models
+from agentfsm.exceptions import ToolError, UnknownTool
+from agentfsm.interception import ToolBatch
+from agentfsm.messages import FunctionCallItem, FunctionCallOutputItem
+from agentfsm.tools import Tool, ToolCall, ToolResult, ToolWrapper, _progress
+
+from .wrappers import chain_wrappers
 
 if TYPE_CHECKING:
-    from ._loop import Loop
+    from .loop import Loop
 
-__all__ = ("Outcome", "chain_tool_wrappers", "run_batch")
+__all__ = ("INTERRUPTED", "CallResult", "chain_tool_wrappers", "run_batch")
 
 TRUNCATED: Final = (
     "the call was not run: the response hit the output token limit, "
@@ -36,8 +37,17 @@ INTERRUPTED: Final = "the tool call did not run: the loop was interrupted"
 _OUTPUT_FIELDS: Final = {"type", "call_id", "output", "is_error"}
 
 ToolChain = Callable[[ToolCall], Awaitable[ToolResult]]
-Outcome = tuple[FunctionCallOutputItem, bool]
-"""A call's output and whether it asked to terminate the loop."""
+
+
+class CallResult(NamedTuple):
+    """How one call of a batch ended."""
+
+    output: FunctionCallOutputItem
+    terminate: bool
+    """Whether the tool asked to end the loop (`ToolResult(terminate=True)`)."""
+
+
+_tuple_new = tuple.__new__  # `CallResult(...)` without its Python-level `__new__`
 
 
 def chain_tool_wrappers(wrappers: Sequence[ToolWrapper]) -> ToolChain | None:
@@ -70,7 +80,7 @@ class _Progress:
 
             anyio.from_thread.run_sync(self, progress)
         elif not self.done:
-            self._loop._emit(
+            self._loop.emit(
                 "function_call.progress", call_id=self._call_id, progress=progress
             )
 
@@ -79,7 +89,7 @@ async def run_batch(
     loop: Loop,
     batch: ToolBatch,
     tools: Mapping[str, Tool],
-    results: list[Outcome | None],
+    results: list[CallResult | None],
     *,
     truncated: bool,
 ) -> None:
@@ -117,31 +127,30 @@ async def _run_call(
     call: FunctionCallItem,
     tools: Mapping[str, Tool],
     truncated: bool,
-) -> Outcome:
+) -> CallResult:
     started = time.perf_counter()
     denial = batch.denied.get(call.call_id)
     tool = tools.get(call.name)
-    chain = loop._tool_chain
-    outcome: tuple[str, bool, bool]  # output, is_error, terminate
+    chain = loop.tool_chain
+    output: str
+    is_error = terminate = False
     if denial is not None:
-        outcome = (f"the call was denied: {denial}", True, False)
+        output, is_error = f"the call was denied: {denial}", True
     elif truncated:
-        outcome = (TRUNCATED, True, False)
+        output, is_error = TRUNCATED, True
     elif tool is None and chain is None:
-        outcome = (_unknown(call, tools), True, False)
+        output, is_error = _unknown(call, tools), True
     else:
-        loop._emit("function_call.started", call=call)
+        loop.emit("function_call.started", call=call)
         loop.tool_calls += 1
         if tool is not None:
-            loop._last_tools.append(tool.name)
+            loop.last_tools.append(tool.name)
         progress = _Progress(loop, call.call_id)
         token = _progress.set(progress)
         try:
             if chain is None:
                 assert tool is not None
-                value = await tool._invoke(
-                    call.arguments, loop._runtime._primitives.cancel_scope
-                )
+                value = await tool._invoke(call.arguments, loop.cancel_scope)
             else:
                 tool_call = ToolCall(
                     call=call,
@@ -152,41 +161,38 @@ async def _run_call(
                 )
                 value = await chain(tool_call)
             if isinstance(value, ToolResult):
-                outcome = (value.output, value.is_error, value.terminate)
+                output, is_error = value.output, value.is_error
+                terminate = value.terminate
             else:  # what `ToolResult.of` holds, without making one
-                outcome = (_fast.json_text(value), False, False)
+                output = _models.json_text(value)
         except UnknownTool:
-            outcome = (_unknown(call, tools), True, False)
+            output, is_error = _unknown(call, tools), True
         except ToolError as exc:
-            outcome = (str(exc), True, False)
+            output, is_error = str(exc), True
         except Exception as exc:  # noqa: BLE001 - a raising tool (or wrapper) becomes an error output
-            outcome = (
-                f"tool {call.name!r} raised {type(exc).__name__}: {exc}",
-                True,
-                False,
-            )
+            output = f"tool {call.name!r} raised {type(exc).__name__}: {exc}"
+            is_error = True
         finally:
             progress.done = True
             _progress.reset(token)
-    output, is_error, terminate = outcome
     values = {
         "type": "function_call_output",
         "call_id": call.call_id,
         "output": output,
         "is_error": is_error,
     }
-    out = _fast.trusted(FunctionCallOutputItem, values, _OUTPUT_FIELDS)
+    out = _models.trusted(FunctionCallOutputItem, values, _OUTPUT_FIELDS)
     if is_error:
-        loop._log.info(
+        loop.log.info(
             "tool_call_error", call_id=call.call_id, tool=call.name, error=output
         )
-    loop._emit(
+    loop.emit(
         "function_call.completed",
         call=call,
         output=out,
         duration=time.perf_counter() - started,
     )
-    return out, terminate
+    return _tuple_new(CallResult, (out, terminate))
 
 
 def _unknown(call: FunctionCallItem, tools: Mapping[str, Tool]) -> str:

@@ -1,23 +1,22 @@
-"""Small pieces of the hot path: pydantic models built from data the library
-made itself without validating it again, the backend's anyio classes, JSON text.
+"""Models and JSON text from data the library made itself, without validating it again.
 
 The loop builds a dozen models per step (events, results, tool outputs) from
 values it already holds in the right types; validating them again was the
 largest cost of a step. `trusted()` does what `BaseModel.model_construct` does
-for a model whose every field is given, minus its per-field work. Tests check
-that each model built this way equals the validated one.
+for a model whose every field is given, minus its per-field work (~1.9 µs
+against ~2.9 for `model_validate` of an event). `tests/test_trusted_models.py`
+checks that each model built this way equals the validated one,
+`model_fields_set` included.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, TypeVar
 
-import anyio
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined, to_json
 
-__all__ = ("Primitives", "defaults", "json_text", "primitives", "trusted")
+__all__ = ("defaults", "json_text", "trusted")
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -42,30 +41,6 @@ def trusted(cls: type[M], values: dict[str, Any], fields_set: set[str]) -> M:
     _setattr(model, "__pydantic_extra__", None)
     _setattr(model, "__pydantic_private__", None)
     return model
-
-
-class Primitives:
-    """The anyio classes the hot path makes instances of."""
-
-    __slots__ = ("cancel_scope", "event")
-
-    def __init__(
-        self,
-        cancel_scope: Callable[..., anyio.CancelScope],
-        event: Callable[[], anyio.Event],
-    ) -> None:
-        self.cancel_scope = cancel_scope
-        self.event = event
-
-
-def primitives() -> Primitives:
-    """The running backend's `CancelScope` and `Event` classes.
-
-    `anyio.CancelScope()` and `anyio.Event()` find the running backend (a
-    sniffio lookup) and then call its class; a runtime finds it once, and its
-    loops call the class directly.
-    """
-    return Primitives(type(anyio.CancelScope()), type(anyio.Event()))
 
 
 def json_text(value: Any) -> str:

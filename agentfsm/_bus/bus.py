@@ -6,8 +6,9 @@ further events for it are dropped and counted, and it sees the hole as a gap in
 `seq`. A subscriber that asks for `backpressure=True` is never dropped from;
 instead a loop publishing to its full buffer waits for room.
 
-Publishing with no subscribers costs one attribute check: a loop looks at
-`EventBus.listening` before it even builds an event.
+Publishing with no subscribers costs one attribute check: a loop's emitter
+(`agentfsm._bus.emitter`) looks at `EventBus.listening` before it even builds
+an event.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ from typing import TYPE_CHECKING, NamedTuple, Self
 
 import anyio
 
-from .exceptions import BusClosed, BusFull, ConfigurationError
+from agentfsm.exceptions import BusClosed, BusFull, ConfigurationError
 
 if TYPE_CHECKING:
-    from .events import AgentEvent
+    from agentfsm.events import AgentEvent
 
 __all__ = ("BusStatistics", "EventBus", "Subscription", "SubscriptionStatistics")
 
@@ -208,7 +209,7 @@ class EventBus:
         self._routes: dict[str, tuple[Subscription, ...]] = {}
         self._closed = False
         self._event: Callable[[], anyio.Event] = anyio.Event
-        """What wakes waiting subscribers (the runtime sets its backend's class)."""
+        """What wakes waiting subscribers (see `use_backend`)."""
         self.backpressure = False
         """Whether any subscriber asked for backpressure (publishers must `await`)."""
         self.listening = False
@@ -216,6 +217,11 @@ class EventBus:
         self.published = 0
         self.delivered = 0
         self.dropped = 0
+
+    def use_backend(self, event: Callable[[], anyio.Event]) -> None:
+        """Wake subscribers with `event`, the running backend's `anyio.Event` class
+        (the runtime finds it once; `anyio.Event()` looks the backend up each time)."""
+        self._event = event
 
     def subscribe(
         self,
@@ -240,7 +246,9 @@ class EventBus:
         patterns = (types,) if isinstance(types, str) else tuple(types)
         if not patterns:
             raise ConfigurationError("subscribe to at least one type pattern")
-        from .events import EVENT_TYPES  # the event classes, once someone subscribes
+        from agentfsm.events import (
+            EVENT_TYPES,  # the event classes, once someone subscribes
+        )
 
         unknown = [p for p in patterns if not fnmatch.filter(EVENT_TYPES, p)]
         if unknown:
@@ -302,10 +310,13 @@ class EventBus:
             BusFull: a backpressure subscriber's buffer is full (nothing was delivered).
         """
         targets = self.targets(event.type, event.loop_id)
-        if self.backpressure:
-            for sub in targets:
-                if sub.backpressure and len(sub._buffer) >= sub.capacity:
-                    raise BusFull(f"subscriber to {sub.patterns} is full")
+        if self.backpressure and not self.has_room(targets):
+            full = next(
+                s
+                for s in targets
+                if s.backpressure and len(s._buffer) >= s.capacity and not s._closed
+            )
+            raise BusFull(f"subscriber to {full.patterns} is full")
         self._deliver(event, targets)
 
     async def publish(self, event: AgentEvent) -> None:
@@ -315,6 +326,17 @@ class EventBus:
             if sub.backpressure:
                 await sub._wait_for_space()
         self._deliver(event, targets)
+
+    def has_room(self, targets: Iterable[Subscription]) -> bool:
+        """Whether every backpressure subscriber among `targets` has room for one more."""
+        for sub in targets:
+            if (
+                sub.backpressure
+                and len(sub._buffer) >= sub.capacity
+                and not sub._closed
+            ):
+                return False
+        return True
 
     def _deliver(self, event: AgentEvent, targets: Iterable[Subscription]) -> None:
         # One flat loop: this runs for every event of every loop.

@@ -1,0 +1,246 @@
+"""The driver: take a loop's steps until it ends in `idle` or pauses.
+
+Each turn of `drive`:
+
+1. a cancel requested since the last transition ends the loop (`cancel`);
+2. the handlers decide about the step (`intercept`): proceed, rewrite, pause
+   (the driver returns; `Runtime.resume` hands the loop to a worker again,
+   which continues from the same step) or abort;
+3. `commit` takes the edge: the path, the state, `loop.transition`, and the
+   commit hook (the point at which the loop's record is complete);
+4. the destination state runs and returns the next step; or, at `idle`, `end`
+   decides how the loop ended.
+
+`end` is the one place an outcome is decided: from the edge the loop took to
+`idle` and that edge's reason, never from flags set earlier.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Final
+
+import anyio
+
+from agentfsm._logging import bind_contextvars
+from agentfsm._machine import TABLE
+from agentfsm.exceptions import LoopAborted, LoopTimeout
+from agentfsm.interception import TransitionPayload
+from agentfsm.messages import ModelMessageItem
+from agentfsm.results import ErrorInfo, LoopStatus, PathStep
+from agentfsm.states import LoopState, Outcome, Trigger
+
+from .intercept import intercept
+from .loop import _current_loop
+from .states import STATES
+from .states.model_message import jsonable
+from .steps import _S, _T, Step
+
+if TYPE_CHECKING:
+    from .loop import Loop
+
+__all__ = ("end", "end_paused", "run")
+
+_tuple_new = tuple.__new__
+
+_STEPS: dict[tuple[LoopState, Trigger, LoopState, LoopState | None], PathStep] = {}
+"""One `PathStep` per edge taken (a few dozen), shared by every loop's path: a
+step is an immutable tuple, and a path of shared steps leaves the garbage
+collector ten objects fewer to walk per loop in flight or kept for `wait`."""
+
+_OUTCOMES: Final = {
+    _T.stop: Outcome.stopped,
+    _T.abort: Outcome.aborted,
+    _T.fail: Outcome.failed,
+    _T.cancel: Outcome.cancelled,
+}
+"""The outcome of each edge into `idle` but `finish` (answered, or stopped when
+it carries a reason)."""
+
+
+async def run(loop: Loop) -> None:
+    """The loop's run in its worker: drive until idle or paused; never raises
+    but cancellation."""
+    # Each run is in its own copy of the starter's context (see `_runtime.workers`),
+    # so binding needs no reset.
+    _current_loop.set(loop.loop_id)
+    bind_contextvars(loop_id=loop.loop_id, agent_id=loop.agent_id)
+    # `Runtime.cancel` cancels the task of the worker running the loop; the
+    # cancellation arrives here like the runtime closing does.
+    try:
+        if loop.options.deadline is None:
+            await drive(loop)
+        else:
+            await _drive_until_deadline(loop)
+        if loop.cancel_requested and loop.status is not LoopStatus.done:
+            # Cancelled as it paused, with no checkpoint between the two.
+            loop.paused = None
+            end(loop, _T.cancel, reason=_cancel_reason(loop, "cancelled"))
+    except anyio.get_cancelled_exc_class():
+        # Cancelled (by `Runtime.cancel` or the runtime closing): end the loop
+        # as cancelled, then let the cancellation go on.
+        with anyio.CancelScope(shield=True):
+            end(loop, _T.cancel, reason=_cancel_reason(loop, "runtime closed"))
+            await loop.flush()
+        raise
+    except LoopAborted as exc:
+        end(loop, _T.abort, reason=exc.reason)
+    except Exception as exc:  # noqa: BLE001 - any error fails the loop, never the runtime
+        loop.log.warning(
+            "loop_failed", state=loop.state, error=f"{type(exc).__name__}: {exc}"
+        )
+        end(loop, _T.fail, reason=str(exc), error=exc)
+    if loop.held:
+        with anyio.CancelScope(shield=True):
+            await loop.flush()
+
+
+def _cancel_reason(loop: Loop, otherwise: str) -> str:
+    if loop.cancel_requested:
+        return loop.cancel_reason or "cancelled"
+    return otherwise
+
+
+async def _drive_until_deadline(loop: Loop) -> None:
+    """`drive` under the loop's deadline (pauses count: it is set on the first run)."""
+    deadline = loop.options.deadline
+    assert deadline is not None
+    if loop.deadline_at is None:
+        loop.deadline_at = anyio.current_time() + deadline
+    with anyio.CancelScope(deadline=loop.deadline_at) as scope:
+        await drive(loop)
+    if scope.cancelled_caught:
+        raise LoopTimeout(f"the loop ran past its deadline of {deadline:g}s")
+
+
+async def drive(loop: Loop) -> None:
+    """Take steps until the loop ends or pauses."""
+    step = loop.pending
+    assert step is not None
+    loop.pending = None
+    handlers = loop.handlers
+    while True:
+        if loop.cancel_requested:
+            end(loop, _T.cancel, reason=_cancel_reason(loop, "cancelled"))
+            return
+        source = loop.state
+        dest = TABLE[source, step.trigger]
+        rewritten_from: LoopState | None = None
+        if handlers or loop.resumed is not None:
+            decided = await intercept(loop, source, step, dest)
+            if decided is None:
+                return  # paused: `loop.pending` holds the step
+            step, dest, rewritten_from = decided
+        commit(loop, source, step, dest, rewritten_from)
+        if dest is _S.idle:
+            end(loop, step.trigger, step.payload, step.reason)
+            return
+        step = await STATES[dest](loop, step.payload)
+        if loop.held:
+            await loop.flush()
+
+
+def commit(
+    loop: Loop,
+    source: LoopState,
+    step: Step,
+    dest: LoopState,
+    rewritten_from: LoopState | None = None,
+) -> None:
+    """Take the edge: record it in the path, enter `dest`, publish it."""
+    edge = (source, step.trigger, dest, rewritten_from)
+    path_step = _STEPS.get(edge)
+    if path_step is None:
+        path_step = _STEPS[edge] = _tuple_new(PathStep, edge)
+    loop.path.append(path_step)
+    loop.state = dest
+    loop.step = step
+    if loop.bus.listening:
+        loop.emit(
+            "loop.transition",
+            source=source,
+            trigger=step.trigger,
+            dest=dest,
+            rewritten_from=rewritten_from,
+        )
+    else:
+        loop.seq += 1  # what `emit` does when nobody listens, without the call
+    if loop.on_commit is not None:
+        loop.on_commit(loop)
+
+
+def end(
+    loop: Loop,
+    trigger: Trigger,
+    payload: TransitionPayload = None,
+    reason: str | None = None,
+    error: BaseException | None = None,
+) -> None:
+    """How a loop ends: its outcome, from the edge it took to `idle` and that
+    edge's reason. An `abort`, `fail` or `cancel` edge is taken here."""
+    if loop.status is LoopStatus.done:
+        return
+    if error is not None:
+        loop.error = ErrorInfo(type=type(error).__name__, message=str(error))
+        loop.emit("loop.failed", error_type=loop.error.type, message=loop.error.message)
+    if loop.state is not _S.idle:
+        commit(loop, loop.state, Step(trigger, payload, reason), _S.idle)
+    if trigger is _T.finish:
+        if isinstance(payload, ModelMessageItem) and (
+            reason is None or loop.answer is not None
+        ):
+            _settle_answer(loop, payload)
+        outcome = Outcome.answered if reason is None else Outcome.stopped
+    else:
+        outcome = _OUTCOMES[trigger]
+        if trigger is _T.stop and reason is None:
+            reason = "intercepted"  # a handler chose the edge
+    loop.outcome = outcome
+    loop.reason = reason
+    loop.status = LoopStatus.done
+    loop.ended_at = datetime.now(UTC)
+    loop.paused = None
+    loop.output = None
+    loop.emit(
+        "loop.idle",
+        outcome=outcome,
+        reason=reason,
+        answer=loop.answer,
+        usage=loop.usage,
+        model_requests=loop.model_requests,
+        tool_calls=loop.tool_calls,
+    )
+    loop.log.info("loop_idle", outcome=outcome, reason=reason)
+    loop.ended()
+
+
+def _settle_answer(loop: Loop, message: ModelMessageItem) -> None:
+    """The answer the loop ends with at `finish`: published already, or rewritten
+    by a handler, or taken by one although it failed validation. The context,
+    the result and a `model.answer` carry a new one."""
+    published = loop.answer
+    if published is not None and (message is published or message == published):
+        return
+    written = loop.message
+    items = loop.input.context.items
+    at = loop.answer_at
+    if (
+        message is not written
+        and at is not None
+        and at < len(items)
+        and items[at] is written
+    ):
+        items[at] = message
+    loop.answer = message
+    parsed = loop.parsed if message is written else None
+    loop.emit("model.answer", message=message, parsed=jsonable(parsed))
+
+
+async def end_paused(loop: Loop, reason: str) -> None:
+    """End a paused loop as cancelled, without a task (the runtime is closing)."""
+    loop.cancel_requested = True
+    loop.cancel_reason = reason
+    loop.paused = None
+    loop.pending = None
+    end(loop, _T.cancel, reason=reason)
+    await loop.flush()

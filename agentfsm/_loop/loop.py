@@ -1,0 +1,357 @@
+"""One loop's record: every field that defines it at a committed transition.
+
+A `Loop` is data plus the callables it was started with. The driver
+(`driver.run`) takes its steps, the states (`states/`) fill in the current
+turn, and `record.LoopRecord` is the same fields as a pydantic model
+(`Runtime.snapshot`), with the context referenced by position and callables by
+name. The entry points the runtime calls from outside the loop's task (cancel,
+resume, queue, wait) and the views (`view`, `result`) are here too.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from contextvars import ContextVar
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Final
+
+from agentfsm import _models
+from agentfsm._bus import Emitter
+from agentfsm._logging import get_logger
+from agentfsm.inference import (
+    InferenceInput,
+    InferenceOutput,
+    ModelRequest,
+    RequestMetadata,
+)
+from agentfsm.interception import Decision, InterceptionHandler
+from agentfsm.messages import ModelMessageItem, TokenUsage, UserMessage
+from agentfsm.options import LoopOptions
+from agentfsm.results import ErrorInfo, LoopResult, LoopStatus, LoopView, PathStep
+from agentfsm.states import LoopState, Outcome
+from agentfsm.tools import Tool
+
+from .intercept import Paused, Resumed, approval_gate
+from .model_call import request_model
+from .repair import ContextScan, context_scan
+from .steps import _S, _T, Step
+from .tool_call import ToolChain, chain_tool_wrappers
+from .wrappers import chain_wrappers
+
+if TYPE_CHECKING:
+    import anyio
+    from structlog.typing import FilteringBoundLogger
+
+    from agentfsm._bus import EventBus
+    from agentfsm.providers import ProviderRegistry
+    from agentfsm.record import LoopRecord
+
+__all__ = ("Loop", "current_loop_id")
+
+# Built without validation: validating at import would build TokenUsage's schema
+# (and load pydantic's plugins) before anyone needs it.
+_NO_USAGE: Final = _models.trusted(
+    TokenUsage,
+    {
+        "input_tokens": 0,
+        "output_tokens": 0,
+        "reasoning_tokens": 0,
+        "cached_input_tokens": 0,
+    },
+    set(),
+)
+
+_RESULT_FIELDS: Final = set(LoopResult.model_fields)
+"""Every field `Loop.result` sets (shared: pydantic copies it before changing it)."""
+
+_VIEW_FIELDS: Final = set(LoopView.model_fields)
+
+_current_loop: ContextVar[str | None] = ContextVar("agentfsm_loop_id", default=None)
+
+
+def current_loop_id() -> str | None:
+    """The id of the loop whose task is running (tools and providers may ask), or None."""
+    return _current_loop.get()
+
+
+class Loop(Emitter):
+    """The record and the callables of one loop (internal; users see `LoopView`,
+    `LoopResult` and `LoopRecord`)."""
+
+    __slots__ = (  # noqa: RUF023 - grouped by topic, as the record is
+        # what the loop was started with
+        "agent_id",
+        "gated",
+        "handlers",
+        "input",
+        "loop_id",
+        "model_chain",
+        "options",
+        "started_at",
+        # where it is
+        "path",
+        "pending",
+        "state",
+        "status",
+        "step",
+        # a pause
+        "paused",
+        "resumed",
+        # counters
+        "model_requests",
+        "structured_failures",
+        "tool_calls",
+        "usage",
+        # queues
+        "follow_ups",
+        "steering",
+        # the current turn
+        "answer_at",
+        "history",
+        "last_tools",
+        "message",
+        "metadata",
+        "output",
+        "request",
+        # stop bookkeeping
+        "cancel_reason",
+        "cancel_requested",
+        "deadline_at",
+        # the end
+        "answer",
+        "ended_at",
+        "error",
+        "outcome",
+        "parsed",
+        "reason",
+        # what the loop runs with (not data: not in the record)
+        "_bound_log",
+        "_done",
+        "cancel_scope",
+        "event",
+        "on_commit",
+        "on_end",
+        "providers",
+        "scan",
+        "tool_chain",
+        "tools_by_name",
+        "tools_of",
+        "worker",
+    )
+
+    def __init__(
+        self,
+        *,
+        loop_id: str,
+        agent_id: str,
+        message: UserMessage | None,
+        inference_input: InferenceInput,
+        handlers: Sequence[InterceptionHandler],
+        options: LoopOptions,
+        bus: EventBus,
+        providers: ProviderRegistry,
+        cancel_scope: Callable[..., anyio.CancelScope],
+        event: Callable[[], anyio.Event],
+        on_end: Callable[[Loop], None],
+        on_commit: Callable[[Loop], None] | None = None,
+    ) -> None:
+        self.loop_id = loop_id
+        self.agent_id = agent_id
+        self.input = inference_input
+        self.options = options
+        self.gated = any(t.needs_approval for t in inference_input.tools)
+        if self.gated:
+            handlers = (approval_gate, *handlers)
+        self.handlers: tuple[InterceptionHandler, ...] = tuple(handlers)
+        self.tool_chain: ToolChain | None = chain_tool_wrappers(options.tool_wrappers)
+        self.model_chain: (
+            Callable[[ModelRequest], Awaitable[InferenceOutput]] | None
+        ) = (
+            chain_wrappers(options.model_wrappers, self._request_model)
+            if options.model_wrappers
+            else None
+        )
+        self.started_at = datetime.now(UTC)
+
+        Emitter.__init__(self, bus)  # `seq`, and what events go out through
+        self.state: LoopState = _S.idle
+        self.status = LoopStatus.running
+        self.path: list[PathStep] = []
+        self.pending: Step | None = Step(_T.start, message)
+        """The step waiting to be taken while no driver holds it: the first one
+        before the loop runs, the paused one while it is paused."""
+        self.step: Step | None = None
+        """The step last committed: what the current state acts on."""
+
+        self.paused: Paused | None = None
+        self.resumed: Resumed | None = None
+
+        self.usage = _NO_USAGE
+        self.model_requests = 0
+        self.tool_calls = 0
+        self.structured_failures = 0
+
+        self.steering: deque[UserMessage] | None = None  # made on first use
+        self.follow_ups: deque[UserMessage] | None = None
+
+        self.request: InferenceInput = inference_input
+        """The last request sent (its tools are the ones calls are run with)."""
+        self.output: InferenceOutput | None = None
+        """The last model output, until the state after it has used it."""
+        self.message: ModelMessageItem | None = None
+        """The message `model_message` wrote last (answer or not)."""
+        self.answer_at: int | None = None
+        """Where that message sits in the context."""
+        self.history = 0
+        """Items in the context when the last request was made."""
+        self.metadata: RequestMetadata | None = None  # made when first read
+        self.last_tools: list[str] = []
+
+        self.cancel_requested = False
+        self.cancel_reason: str | None = None
+        self.deadline_at: float | None = None
+        """The deadline on anyio's clock, set when the loop first runs."""
+
+        self.outcome: Outcome | None = None
+        self.reason: str | None = None
+        self.answer: ModelMessageItem | None = None
+        """The published answer."""
+        self.parsed: Any = None
+        self.error: ErrorInfo | None = None
+        self.ended_at: datetime | None = None
+
+        self.providers = providers
+        self.cancel_scope = cancel_scope
+        self.event = event
+        self.on_end = on_end
+        self.on_commit = on_commit
+        self.scan: ContextScan = context_scan(inference_input.context)
+        self.tools_of: Sequence[Tool] | None = None
+        self.tools_by_name: dict[str, Tool] = {}
+        self.worker: Any = None  # the `Worker` running the loop, if any
+        self._bound_log: FilteringBoundLogger | None = None
+        self._done: anyio.Event | None = None  # made when someone waits
+        self.emit(
+            "loop.started",
+            message=message,
+            model=inference_input.model,
+            streaming=inference_input.streaming,
+        )
+
+    @property
+    def log(self) -> FilteringBoundLogger:
+        """This loop's logger, bound to its ids (bound on first use: most loops
+        log once, when they end)."""
+        if self._bound_log is None:
+            self._bound_log = get_logger().bind(
+                loop_id=self.loop_id, agent_id=self.agent_id
+            )
+        return self._bound_log
+
+    def _request_model(self, request: ModelRequest) -> Awaitable[InferenceOutput]:
+        """The innermost link of the model wrappers' chain."""
+        return request_model(self, request.input, request.streaming)
+
+    # ------------------------------------------------ from outside the loop's task
+
+    def cancel(self, reason: str | None) -> bool:
+        """Ask the loop to cancel; returns whether it must be handed to a worker to
+        finish (a paused loop). The driver honours the request before the next
+        transition, whoever made it (the loop's own tool included); a loop in a
+        worker is cancelled at its next checkpoint too."""
+        if self.status is LoopStatus.done or self.cancel_requested:
+            return False
+        self.cancel_requested = True
+        self.cancel_reason = reason
+        if self.worker is not None:
+            self.worker.cancel()
+            return False
+        if self.status is LoopStatus.paused:
+            self.status = LoopStatus.running
+            self.paused = None
+            return True
+        return False  # not started yet: its run will see the flag
+
+    def resume(self, decision: Decision) -> None:
+        """Continue a paused loop with `decision` in place of the handler's `Pause`."""
+        paused = self.paused
+        assert paused is not None
+        self.paused = None
+        self.resumed = Resumed(decision, paused.handler, paused.original_dest)
+        self.status = LoopStatus.running
+        self.emit("loop.resumed", decision=decision.kind)
+
+    def queue(self, message: UserMessage, *, follow_up: bool) -> None:
+        """Queue a steering or follow-up message for this loop."""
+        if follow_up:
+            if self.follow_ups is None:
+                self.follow_ups = deque()
+            self.follow_ups.append(message)
+        else:
+            if self.steering is None:
+                self.steering = deque()
+            self.steering.append(message)
+
+    async def wait(self) -> None:
+        """Wait until the loop is done."""
+        if self.status is LoopStatus.done:
+            return
+        if self._done is None:
+            self._done = self.event()
+        await self._done.wait()
+
+    def ended(self) -> None:
+        """The driver ended the loop: wake its waiters, tell the runtime."""
+        if self._done is not None:
+            self._done.set()
+        self.on_end(self)
+
+    # ------------------------------------------------------------------ views
+
+    def result(self) -> LoopResult:
+        """The loop's result (only once it is done)."""
+        assert self.outcome is not None
+        assert self.ended_at is not None
+        values = {
+            "loop_id": self.loop_id,
+            "agent_id": self.agent_id,
+            "outcome": self.outcome,
+            "reason": self.reason,
+            "answer": self.answer,
+            "output": self.parsed,
+            "error": self.error,
+            "usage": self.usage,
+            "model_requests": self.model_requests,
+            "tool_calls": self.tool_calls,
+            "path": tuple(self.path),
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+        }
+        return _models.trusted(LoopResult, values, _RESULT_FIELDS)
+
+    def view(self) -> LoopView:
+        """What `Runtime.get` shows of the loop."""
+        paused = self.paused
+        values = {
+            "loop_id": self.loop_id,
+            "agent_id": self.agent_id,
+            "state": self.state,
+            "status": self.status,
+            "path": tuple(self.path),
+            "pending": paused.pending if paused else None,
+            "pause_reason": paused.reason if paused else None,
+            "outcome": self.outcome,
+            "usage": self.usage,
+            "model_requests": self.model_requests,
+            "tool_calls": self.tool_calls,
+            "last_tools": tuple(self.last_tools),
+        }
+        # Built without validation: stop conditions ask for one every turn.
+        return _models.trusted(LoopView, values, _VIEW_FIELDS)
+
+    def snapshot(self) -> LoopRecord:
+        """The record as data (see `record.LoopRecord`)."""
+        from .snapshot import record_of
+
+        return record_of(self)

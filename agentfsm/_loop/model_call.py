@@ -1,0 +1,102 @@
+"""One model request: the provider, under its timeout, with transient retries,
+streamed chunk by chunk when the request streams.
+
+The request reaching here is already repaired (`repair`) and wrapped (the model
+wrappers run around `request_model`; see `states.inference`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING, Final
+
+import anyio
+
+from agentfsm.exceptions import ProviderError, ProviderTimeout
+from agentfsm.inference import (
+    InferenceInput,
+    InferenceOutput,
+    OutputCompleted,
+    StreamEvent,
+)
+
+if TYPE_CHECKING:
+    from .loop import Loop
+
+__all__ = ("request_model",)
+
+_MAX_BACKOFF: Final = 8.0
+
+
+async def request_model(
+    loop: Loop, request: InferenceInput, streaming: bool
+) -> InferenceOutput:
+    """The innermost model call: the provider, with timeout and transient retries."""
+    options = loop.options
+    timeout = options.inference_timeout
+    attempt = 0
+    while True:
+        published = loop.seq
+        try:
+            provider = loop.providers.resolve(request.model)
+            call = (
+                _stream(loop, provider.stream(request), request.model)
+                if streaming
+                else provider.complete(request)
+            )
+            if timeout is None:
+                output = await call
+            else:
+                with anyio.CancelScope(
+                    deadline=anyio.current_time() + timeout
+                ) as scope:
+                    output = await call
+                if scope.cancelled_caught:
+                    raise ProviderTimeout(
+                        f"the request to {request.model!r} timed out after {timeout:g}s"
+                    )
+        except ProviderError as exc:
+            chunks_sent = streaming and loop.seq != published
+            if not exc.retryable or attempt >= options.max_retries or chunks_sent:
+                raise
+            delay = min(options.retry_backoff * 2**attempt, _MAX_BACKOFF)
+            attempt += 1
+            loop.log.warning(
+                "model_retry", model=request.model, attempt=attempt, error=str(exc)
+            )
+            await anyio.sleep(delay)
+            continue
+        if not isinstance(output, InferenceOutput):
+            raise ProviderError(
+                f"provider for {request.model!r} returned {type(output).__name__}, "
+                "not an InferenceOutput"
+            )
+        return output
+
+
+async def _stream(
+    loop: Loop,
+    stream: AbstractAsyncContextManager[AsyncIterator[StreamEvent]],
+    model: str,
+) -> InferenceOutput:
+    output: InferenceOutput | None = None
+    index = 0
+    async with stream as deltas:
+        async for delta in deltas:
+            if isinstance(delta, OutputCompleted):
+                output = delta.output
+                continue  # read to the end, so the provider's iterator finishes cleanly
+            if output is not None:
+                raise ProviderError(
+                    f"the stream from {model!r} sent a chunk after its output"
+                )
+            loop.emit("inference.stream", index=index, delta=delta)
+            index += 1
+            if loop.held:
+                await loop.flush()
+    if output is None:
+        raise ProviderError(
+            f"the stream from {model!r} ended without a completed output"
+        )
+    return output

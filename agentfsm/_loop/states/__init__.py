@@ -1,0 +1,36 @@
+"""What each state does, one module per state.
+
+A state function takes the loop and the payload of the transition that led to
+it, does the state's work, and returns the next `Step`. `idle` has no function:
+a loop that reaches it has ended (see `driver.end`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Final, TypeAlias
+
+from agentfsm._loop.steps import _S, Step
+from agentfsm.interception import TransitionPayload
+from agentfsm.states import LoopState
+
+from .context_update import context_update
+from .function_call import function_call
+from .inference import inference
+from .model_message import model_message
+
+if TYPE_CHECKING:
+    from agentfsm._loop.loop import Loop
+
+__all__ = ("STATES", "StateFn")
+
+StateFn: TypeAlias = "Callable[[Loop, TransitionPayload], Awaitable[Step]]"
+
+STATES: Final[dict[LoopState, StateFn]] = {
+    _S.context_update: context_update,
+    _S.inference: inference,
+    _S.inference_streaming: inference,
+    _S.function_call: function_call,
+    _S.model_message: model_message,
+}
+"""The function each state runs (both inference states run `inference`)."""

@@ -1,0 +1,80 @@
+"""`inference` and `inference_streaming`: one model request (the state says which).
+
+The payload is the `InferenceInput` to send (a handler may have rewritten it).
+The model wrappers run around the request (`model_call.request_model`); a
+streaming request publishes each chunk as `inference.stream`. The output is
+published as `inference.completed` and kept as the turn's output. Next:
+`call_tools` with the output's function calls as a `ToolBatch` (calls of tools
+that need approval listed as awaiting it), or `answer` with its message.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final
+
+from agentfsm import _models
+from agentfsm._loop.model_call import request_model
+from agentfsm._loop.steps import _S, _T, Step
+from agentfsm._loop.turn import request_metadata, tool_index
+from agentfsm.inference import InferenceInput, InferenceOutput, ModelRequest
+from agentfsm.interception import ToolBatch, TransitionPayload
+from agentfsm.messages import FunctionCallItem, ModelMessageItem
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from agentfsm._loop.loop import Loop
+
+__all__ = ("completed", "inference")
+
+_BATCH_FIELDS: Final = {"kind", "calls", "denied", "awaiting_approval"}
+_REQUEST_FIELDS: Final = {"input", "metadata", "streaming", "loop_id", "agent_id"}
+
+
+async def inference(loop: Loop, payload: TransitionPayload) -> Step:
+    assert isinstance(payload, InferenceInput)
+    streaming = loop.state is _S.inference_streaming
+    if loop.model_chain is None:
+        output = await request_model(loop, payload, streaming)
+    else:
+        values = {
+            "input": payload,
+            "metadata": request_metadata(loop),
+            "streaming": streaming,
+            "loop_id": loop.loop_id,
+            "agent_id": loop.agent_id,
+        }
+        request = _models.trusted(ModelRequest, values, _REQUEST_FIELDS)
+        output = await loop.model_chain(request)
+    return completed(loop, payload, output)
+
+
+def completed(loop: Loop, request: InferenceInput, output: InferenceOutput) -> Step:
+    """Count and publish a model request's output; the step it leads to."""
+    loop.model_requests += 1
+    if output.token_usage is not None:
+        loop.usage = loop.usage + output.token_usage
+    loop.request = request
+    loop.output = output
+    loop.emit("inference.completed", model=request.model, output=output)
+    calls = output.function_calls
+    if not calls:
+        return Step(_T.answer, output.message or ModelMessageItem(content=""))
+    batch = {
+        "kind": "tool_batch",
+        "calls": calls,
+        "denied": {},
+        "awaiting_approval": awaiting_approval(loop, calls) if loop.gated else (),
+    }
+    return Step(_T.call_tools, _models.trusted(ToolBatch, batch, _BATCH_FIELDS))
+
+
+def awaiting_approval(loop: Loop, calls: Sequence[FunctionCallItem]) -> tuple[str, ...]:
+    """The calls of tools that need approval for these arguments."""
+    tools = tool_index(loop)
+    return tuple(
+        c.call_id
+        for c in calls
+        if (tool := tools.get(c.name)) is not None
+        and tool.requires_approval(c.arguments)
+    )

@@ -1,0 +1,132 @@
+"""`model_message`: the model's answer enters the context and is published.
+
+The payload is the `ModelMessageItem` (a handler may have rewritten it). It is
+written to the context after the output's other items (reasoning), and kept as
+the turn's message. With a structured output it is validated first: a valid
+answer is published as `model.answer` (with the parsed value); an invalid one
+is not, and is sent back to the model with the validation error, until
+`structured_output_retries` runs out (then the loop fails).
+
+Next: `follow_up` when the answer is retried or messages are queued (steering
+first), unless a limit or stop condition ends the loop, which `finish`es with
+that reason; else `finish`. The driver decides the outcome when `finish` is
+taken (`driver.end`): a handler may still rewrite either edge.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ValidationError
+from pydantic_core import from_json
+
+from agentfsm._loop.steps import _T, Step
+from agentfsm._loop.turn import drain, finish_turn, stop_check, write
+from agentfsm.exceptions import StructuredOutputError
+from agentfsm.interception import TransitionPayload
+from agentfsm.messages import (
+    ContextItem,
+    FunctionCallItem,
+    ModelMessageItem,
+    UserMessage,
+)
+from agentfsm.tools import format_validation_error
+
+if TYPE_CHECKING:
+    from agentfsm._loop.loop import Loop
+
+__all__ = ("jsonable", "model_message")
+
+
+async def model_message(loop: Loop, payload: TransitionPayload) -> Step:
+    message = (
+        payload
+        if isinstance(payload, ModelMessageItem)
+        else ModelMessageItem(content="")
+    )
+    output, loop.output = loop.output, None
+    items: list[ContextItem] = []
+    if output is not None:
+        items.extend(
+            i
+            for i in output.items
+            if not isinstance(i, FunctionCallItem | ModelMessageItem)
+        )
+    items.append(message)
+    write(loop, items)
+    loop.message = message
+    loop.answer_at = len(loop.input.context.items) - 1
+    schema = loop.request.structured_output
+    problem = None if schema is None else parse(loop, schema, message)
+    if problem is None:
+        loop.answer = message
+        loop.emit("model.answer", message=message, parsed=jsonable(loop.parsed))
+    if output is not None and loop.options.finish_turn is not None:
+        await finish_turn(loop, output, ())
+    # Limits and stop conditions only matter when the loop would go on: an
+    # answer on the last allowed turn is still an answer.
+    if problem is not None or loop.steering or loop.follow_ups:
+        stop = stop_check(loop)
+        if stop is not None:
+            return Step(_T.finish, message, stop)
+    if problem is not None:
+        return Step(_T.follow_up, UserMessage(content=problem))
+    if loop.steering:
+        return Step(_T.follow_up, drain(loop.steering, loop.options.steering_mode))
+    if loop.follow_ups:
+        return Step(_T.follow_up, drain(loop.follow_ups, loop.options.follow_up_mode))
+    return Step(_T.finish, message)
+
+
+def parse(
+    loop: Loop, schema: type[BaseModel] | dict[str, Any], message: ModelMessageItem
+) -> str | None:
+    """Validate the answer; return what to tell the model when it is invalid."""
+    try:
+        if isinstance(schema, dict):
+            loop.parsed = _validate_json_schema(schema, message.content)
+        else:
+            loop.parsed = schema.model_validate_json(message.content)
+    except (ValidationError, ValueError) as exc:
+        loop.parsed = None
+        error = (
+            format_validation_error(exc)
+            if isinstance(exc, ValidationError)
+            else str(exc)
+        )
+        loop.structured_failures += 1
+        if loop.structured_failures > loop.options.structured_output_retries:
+            raise StructuredOutputError(
+                f"the answer did not match the structured output after "
+                f"{loop.structured_failures} attempts: {error}"
+            ) from exc
+        return (
+            f"Your answer does not match the required output format: {error}. "
+            "Answer again with only the corrected JSON."
+        )
+    return None
+
+
+def _validate_json_schema(schema: dict[str, Any], text: str) -> Any:
+    """Parse `text` as JSON and validate it against a JSON schema (needs `jsonschema`)."""
+    import jsonschema  # imported here: only loops with a JSON-schema output need it
+
+    data = from_json(text)
+    errors = sorted(
+        jsonschema.Draft202012Validator(schema).iter_errors(data),
+        key=lambda e: list(e.path),
+    )
+    if errors:
+        raise ValueError(
+            "; ".join(
+                f"{'.'.join(map(str, e.path)) or 'answer'}: {e.message}" for e in errors
+            )
+        )
+    return data
+
+
+def jsonable(value: Any) -> Any:
+    """A parsed answer as JSON data (a model instance dumped)."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    return value

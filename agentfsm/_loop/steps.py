@@ -1,0 +1,56 @@
+"""What a state returns: the next step, and the names the hot path compares.
+
+A state function does its work and returns a `Step`: the trigger to take next,
+the payload that transition acts on, and, for an edge that ends the loop, the
+reason it will end with (`max_turns`, `terminated`, a stop condition's verdict).
+Only the driver holds the step until it is taken; a handler that changes the
+edge drops the reason, since the reason belongs to the edge it came with.
+"""
+
+from __future__ import annotations
+
+from typing import Final, NamedTuple
+
+from agentfsm.interception import TransitionPayload
+from agentfsm.states import LoopState, Trigger
+
+__all__ = ("Step", "_S", "_T")
+
+
+class Step(NamedTuple):
+    """The next transition of a loop, as the state that ran proposes it."""
+
+    trigger: Trigger
+    payload: TransitionPayload = None
+    reason: str | None = None
+    """Why the loop will end, for an ending edge the state chose (`stop`, or a
+    `finish` that stops rather than answers)."""
+
+
+class _S:
+    """`LoopState` members as plain class attributes: the hot path compares states
+    many times per step, and looking members up on the enum class costs ~5x more."""
+
+    idle: Final = LoopState.idle
+    context_update: Final = LoopState.context_update
+    inference: Final = LoopState.inference
+    inference_streaming: Final = LoopState.inference_streaming
+    function_call: Final = LoopState.function_call
+    model_message: Final = LoopState.model_message
+
+
+class _T:
+    """`Trigger` members as plain class attributes (see `_S`)."""
+
+    start: Final = Trigger.start
+    infer: Final = Trigger.infer
+    infer_streaming: Final = Trigger.infer_streaming
+    call_tools: Final = Trigger.call_tools
+    answer: Final = Trigger.answer
+    steer: Final = Trigger.steer
+    stop: Final = Trigger.stop
+    follow_up: Final = Trigger.follow_up
+    finish: Final = Trigger.finish
+    abort: Final = Trigger.abort
+    fail: Final = Trigger.fail
+    cancel: Final = Trigger.cancel

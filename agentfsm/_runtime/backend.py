@@ -1,0 +1,104 @@
+"""What differs between asyncio and trio, in one place: anyio's backend classes
+found once, a worker's switch into a loop's context, and coroutine stepping.
+
+- `primitives()`: `anyio.CancelScope()` and `anyio.Event()` find the running
+  backend (a sniffio lookup) and then call its class; a runtime finds the
+  classes once, and its loops call them directly.
+- A worker runs each loop in a copy of its starter's context: on asyncio by
+  stepping the loop's coroutine inside `Context.run` (`in_context`), on trio by
+  switching the task's own context (`in_trio_context`).
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Callable, Coroutine, Generator
+from contextvars import Context
+from typing import Any
+
+import anyio
+
+__all__ = ("Primitives", "in_context", "in_trio_context", "primitives", "trio_task")
+
+
+class Primitives:
+    """The anyio classes the hot path makes instances of."""
+
+    __slots__ = ("cancel_scope", "event")
+
+    def __init__(
+        self,
+        cancel_scope: Callable[..., anyio.CancelScope],
+        event: Callable[[], anyio.Event],
+    ) -> None:
+        self.cancel_scope = cancel_scope
+        self.event = event
+
+
+def primitives() -> Primitives:
+    """The running backend's `CancelScope` and `Event` classes."""
+    return Primitives(type(anyio.CancelScope()), type(anyio.Event()))
+
+
+def trio_task() -> Any:
+    """The running trio task, or None when the event loop is not trio's."""
+    trio = sys.modules.get("trio")
+    if trio is None:
+        return None
+    try:
+        return trio.lowlevel.current_task()
+    except RuntimeError:
+        return None
+
+
+async def in_trio_context(
+    task: Any, context: Context, coro: Coroutine[Any, Any, None]
+) -> None:
+    """Await `coro` with the trio task running in `context`.
+
+    trio runs each step of a task in `task.context` and swaps it itself when a
+    thread calls back in (`from_thread.run` runs in the waiting task, in the
+    thread's context), which stepping the coroutine inside `Context.run` would
+    override: so on trio the task's own context is switched instead.
+    """
+    import trio
+
+    own = task.context
+    task.context = context
+    try:
+        await trio.lowlevel.cancel_shielded_checkpoint()  # the next step runs in it
+        await coro
+    finally:
+        task.context = own
+
+
+@types.coroutine
+def in_context(
+    context: Context, coro: Coroutine[Any, Any, None]
+) -> Generator[Any, Any, None]:
+    """Await `coro`, running each of its steps in `context` (on asyncio).
+
+    What an asyncio task does for its own coroutine: every step runs
+    inside `context.run`, whatever the coroutine yields goes up to the event
+    loop, and whatever the event loop sends or throws (cancellation included)
+    goes back down into it. (A generator, not an awaitable object holding
+    bound methods: a loop waiting here keeps fewer objects alive for the
+    garbage collector to walk.)
+    """
+    step: Callable[[Any], Any] = coro.send
+    value: Any = None
+    while True:
+        try:
+            yielded = context.run(step, value)
+        except StopIteration:
+            return
+        try:
+            value = yield yielded
+        except GeneratorExit:
+            context.run(coro.close)
+            raise
+        except BaseException as exc:  # noqa: BLE001 - forwarded into the coroutine
+            step, value = coro.throw, exc
+        else:
+            step = coro.send

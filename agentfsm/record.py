@@ -1,0 +1,243 @@
+"""A loop's record as data: `LoopRecord`, what `Runtime.snapshot` returns.
+
+Every field of a `Loop` that defines it at a committed transition, as a frozen
+pydantic model that round-trips through JSON:
+
+- the context is referenced by position (`context_items`, and each request's
+  `context_items`): the items themselves are the context's, appended to only;
+- callables (tools, handlers, wrappers, stop conditions, `finish_turn`, a
+  structured-output class) appear by name (`module:qualname`) and are never
+  serialized;
+- what a loop keeps only to run faster (its repair scan, its tool index, its
+  logger, its worker) is not in it.
+
+The runtime takes it from a live loop (`agentfsm._loop.snapshot`); it is the
+shape the durable store writes at each commit.
+
+Example:
+    ```python
+    record = runtime.snapshot(loop_id)
+    text = record.model_dump_json()
+    assert LoopRecord.model_validate_json(text) == record
+    ```
+"""
+
+from datetime import datetime
+from typing import Any, Literal, TypeAlias
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
+
+from .inference import InferenceOutput
+from .interception import ToolBatch
+from .messages import ModelMessageItem, TokenUsage, UserMessage
+from .results import ErrorInfo, LoopStatus, PathStep
+from .states import LoopState, Outcome, Trigger
+
+__all__ = (
+    "DecisionRecord",
+    "LoopRecord",
+    "MessagesRecord",
+    "OptionsRecord",
+    "PauseRecord",
+    "PayloadRecord",
+    "RequestRecord",
+    "ResumeRecord",
+    "StepRecord",
+    "TurnRecord",
+    "callable_name",
+)
+
+RECORD_VERSION: Literal[1] = 1
+
+_CONFIG = ConfigDict(frozen=True, extra="forbid", defer_build=True)
+
+
+def callable_name(value: Any) -> str:
+    """How a record names a callable: `module:qualname` (a bound method by its
+    function, a partial by what it wraps, any other object by its class)."""
+    target = getattr(value, "__func__", value)
+    target = getattr(target, "func", target)  # functools.partial
+    module = getattr(target, "__module__", None)
+    qualname = getattr(target, "__qualname__", None)
+    if module is None or qualname is None:
+        cls = type(value)
+        module, qualname = cls.__module__, cls.__qualname__
+    return f"{module}:{qualname}"
+
+
+class RequestRecord(BaseModel):
+    """An `InferenceInput`: settings as data, tools by name, context by position."""
+
+    model_config = _CONFIG
+
+    kind: Literal["request"] = "request"
+    model: str
+    settings: dict[str, JsonValue] = Field(default_factory=dict)
+    """Every other field of the input, as JSON data (`streaming`, `tool_choice`, ...)."""
+    tools: tuple[str, ...] = ()
+    """The tools offered, by name."""
+    structured_output: str | dict[str, JsonValue] | None = None
+    """A pydantic class by name, a JSON schema as it is."""
+    instructions: str | None = None
+    context_items: int
+    """How many items the request's context holds."""
+    own_context: bool
+    """Whether the request's context is the loop's own (or a copy a repair or a
+    handler made)."""
+
+
+class MessagesRecord(BaseModel):
+    """Messages a queue released (the payload of `steer` and `follow_up`)."""
+
+    model_config = _CONFIG
+
+    kind: Literal["messages"] = "messages"
+    messages: tuple[UserMessage, ...]
+
+
+PayloadRecord: TypeAlias = (
+    UserMessage | MessagesRecord | RequestRecord | ToolBatch | ModelMessageItem | None
+)
+"""A transition's payload as data."""
+
+
+class StepRecord(BaseModel):
+    """A step: the trigger, its payload and the reason of an ending edge."""
+
+    model_config = _CONFIG
+
+    trigger: Trigger
+    payload: PayloadRecord = None
+    reason: str | None = None
+
+
+class PauseRecord(BaseModel):
+    """Where and why a loop waits."""
+
+    model_config = _CONFIG
+
+    source: LoopState
+    trigger: Trigger
+    dest: LoopState
+    seq: int
+    """The seq the transition's event will carry."""
+    payload: PayloadRecord = None
+    handler: int
+    """The handler that paused: resuming continues with the ones after it."""
+    reason: str
+    original_dest: LoopState
+    """The destination before any handler rewrote it."""
+
+
+class DecisionRecord(BaseModel):
+    """A decision (`Proceed`, `Rewrite`, `Pause`, `Abort`) as data."""
+
+    model_config = _CONFIG
+
+    kind: Literal["proceed", "rewrite", "pause", "abort"]
+    dest: LoopState | None = None
+    payload: PayloadRecord = None
+    reason: str | None = None
+
+
+class ResumeRecord(BaseModel):
+    """The decision a paused loop was resumed with, not yet applied."""
+
+    model_config = _CONFIG
+
+    decision: DecisionRecord
+    handler: int
+    original_dest: LoopState
+
+
+class TurnRecord(BaseModel):
+    """The current turn's working data."""
+
+    model_config = _CONFIG
+
+    request: RequestRecord
+    """The last request sent (calls run with its tools)."""
+    output: InferenceOutput | None = None
+    """The last model output, until the state after it used it."""
+    message: ModelMessageItem | None = None
+    """The message `model_message` wrote last."""
+    answer_at: int | None = None
+    """Where that message sits in the context."""
+    history: int = 0
+    """Items in the context when the last request was made."""
+    last_tools: tuple[str, ...] = ()
+
+
+class OptionsRecord(BaseModel):
+    """`LoopOptions`, callables by name."""
+
+    model_config = _CONFIG
+
+    max_turns: int
+    stop_when: tuple[str, ...]
+    tool_execution: Literal["sequential", "parallel"]
+    max_tool_concurrency: int
+    tool_wrappers: tuple[str, ...]
+    model_wrappers: tuple[str, ...]
+    steering_mode: Literal["all", "one-at-a-time"]
+    follow_up_mode: Literal["all", "one-at-a-time"]
+    inference_timeout: float | None
+    deadline: float | None
+    max_retries: int
+    retry_backoff: float
+    structured_output_retries: int
+    finish_turn: str | None
+
+
+class LoopRecord(BaseModel):
+    """Everything that defines a loop at a committed transition, as data."""
+
+    model_config = _CONFIG
+
+    version: Literal[1] = RECORD_VERSION
+    loop_id: str
+    agent_id: str
+    started_at: datetime
+    input: RequestRecord
+    """What the loop was started with."""
+    handlers: tuple[str, ...]
+    """The interception handlers, by name, in order (the approval gate first
+    when a tool needs approval)."""
+    options: OptionsRecord
+
+    state: LoopState
+    status: LoopStatus
+    seq: int
+    """The number of the loop's last event."""
+    path: tuple[PathStep, ...]
+    context_items: int
+    """How many items the loop's context holds."""
+    pending: StepRecord | None = None
+    """The step waiting while no driver holds it: the first one before the loop
+    runs, the paused one while it is paused."""
+    step: StepRecord | None = None
+    """The step last committed: what the current state acts on."""
+    pause: PauseRecord | None = None
+    resume: ResumeRecord | None = None
+
+    model_requests: int
+    tool_calls: int
+    structured_failures: int
+    usage: TokenUsage
+
+    steering: tuple[UserMessage, ...] = ()
+    follow_ups: tuple[UserMessage, ...] = ()
+    turn: TurnRecord
+
+    cancel_requested: bool = False
+    cancel_reason: str | None = None
+    deadline_at: float | None = None
+    """The loop's deadline on anyio's clock (`anyio.current_time()`)."""
+
+    outcome: Outcome | None = None
+    reason: str | None = None
+    answer: ModelMessageItem | None = None
+    parsed: JsonValue = None
+    """The structured answer as JSON data."""
+    error: ErrorInfo | None = None
+    ended_at: datetime | None = None
