@@ -9,14 +9,18 @@ import anyio
 import pytest
 
 from agentfsm import (
+    FunctionCallItem,
+    FunctionCallOutputItem,
     InferenceInput,
     LoopState,
     ModelContext,
+    ModelMessageItem,
     Pause,
     PendingTransition,
     Rewrite,
     Tool,
     Trigger,
+    UserMessage,
     tool,
 )
 
@@ -58,3 +62,18 @@ async def wait_until(predicate: Callable[[], object]) -> None:
     with anyio.fail_after(5):
         while not predicate():
             await anyio.wait_all_tasks_blocked()
+
+
+def items_of(context: ModelContext) -> list[str]:
+    """A compact view of a context: `user:hi`, `call:c1`, `out:c1=3`, `model:done`."""
+    view = []
+    for item in context.items:
+        if isinstance(item, UserMessage):
+            view.append(f"user:{item.content}")
+        elif isinstance(item, FunctionCallItem):
+            view.append(f"call:{item.call_id}")
+        elif isinstance(item, FunctionCallOutputItem):
+            view.append(f"out:{item.call_id}={'ERR' if item.is_error else item.output}")
+        elif isinstance(item, ModelMessageItem):
+            view.append(f"model:{item.content}")
+    return view

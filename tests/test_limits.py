@@ -1,0 +1,163 @@
+"""Limits and stop conditions: max_turns, stop_when, timeouts, the deadline."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from agentfsm import (
+    InferenceInput,
+    InferenceOutput,
+    ModelMessageItem,
+    Outcome,
+    Runtime,
+    Trigger,
+    after_turns,
+    tool,
+    tool_called,
+)
+from agentfsm.events import (
+    LoopIdle,
+)
+from agentfsm.exceptions import ConfigurationError
+from agentfsm.providers.function import FunctionProvider
+from agentfsm.testing import (
+    EventRecorder,
+    ScriptedProvider,
+    call,
+    calls,
+    text,
+)
+from tests.helpers import items_of, request
+
+
+class TestLimits:
+    async def test_max_turns_with_tools_pending_and_a_queued_follow_up(self) -> None:
+        """At max_turns the requested tools finish, no request follows, the queue stays."""
+        provider = ScriptedProvider(
+            [
+                calls(
+                    call("add", call_id="a", a=1, b=1),
+                    call("add", call_id="b", a=2, b=2),
+                )
+            ]
+        )
+        async with Runtime(providers={"scripted": provider}) as runtime:
+            recorder = EventRecorder(runtime.bus, "loop.idle")
+            inference_input = request()
+            loop_id = runtime.run_loop("agent", "go", inference_input, max_turns=1)
+            runtime.follow_up(loop_id, "not consumed")
+            result = await runtime.wait(loop_id)
+        assert (result.outcome, result.reason) == (Outcome.stopped, "max_turns")
+        assert items_of(inference_input.context) == [
+            "user:go",
+            "call:a",
+            "call:b",
+            "out:a=2",
+            "out:b=4",
+        ]
+        assert result.path[-1].trigger is Trigger.stop
+        idle = recorder.events[-1]
+        assert isinstance(idle, LoopIdle)
+        assert (idle.model_requests, idle.tool_calls) == (1, 2)
+
+    async def test_max_turns_is_bounded(self) -> None:
+        """max_turns has a hard cap, and unknown options are named."""
+        async with Runtime(providers={"scripted": ScriptedProvider([])}) as runtime:
+            with pytest.raises(
+                ConfigurationError, match=r"max_turns must be in 1\.\.10000"
+            ):
+                runtime.run_loop("agent", "x", request(), max_turns=10_001)
+            with pytest.raises(
+                ConfigurationError, match="unknown loop options: max_turn"
+            ):
+                runtime.run_loop("agent", "x", request(), max_turn=3)  # type: ignore[call-arg]
+
+    @pytest.mark.parametrize(
+        ("condition", "reason", "requests"),
+        [
+            pytest.param(tool_called("add"), "tool_called:add", 1, id="tool-called"),
+            pytest.param(after_turns(2), "turn_count", 2, id="turn-count"),
+            pytest.param(
+                lambda view: "two tools" if view.tool_calls >= 2 else None,
+                "two tools",
+                2,
+                id="callable",
+            ),
+        ],
+    )
+    async def test_stop_when(
+        self, condition: object, reason: str, requests: int
+    ) -> None:
+        """The first stop condition that holds ends the loop stopped, with its reason."""
+        provider = ScriptedProvider(
+            [calls(call("add", a=1, b=1))] * 3 + [text("never")]
+        )
+        async with Runtime(providers={"scripted": provider}) as runtime:
+            result = await runtime.wait(
+                runtime.run_loop("agent", "go", request(), stop_when=[condition])  # type: ignore[list-item]
+            )
+        assert (result.outcome, result.reason, result.model_requests) == (
+            Outcome.stopped,
+            reason,
+            requests,
+        )
+
+    async def test_inference_timeout_names_what_timed_out(self) -> None:
+        """A request past inference_timeout is retried, then fails naming the model."""
+
+        async def slow(req: InferenceInput) -> InferenceOutput:
+            await anyio.sleep(10)
+            return text("late")
+
+        async with Runtime(providers={"fn": FunctionProvider(slow)}) as runtime:
+            result = await runtime.wait(
+                runtime.run_loop(
+                    "agent",
+                    "q",
+                    request(model="fn:slow"),
+                    inference_timeout=0.02,
+                    max_retries=1,
+                    retry_backoff=0,
+                )
+            )
+        assert result.error is not None
+        assert (result.error.type, result.error.message) == (
+            "ProviderTimeout",
+            "the request to 'fn:slow' timed out after 0.02s",
+        )
+
+    async def test_loop_deadline(self) -> None:
+        """A loop past its deadline fails with LoopTimeout; its calls still get outputs."""
+
+        @tool
+        async def forever() -> str:
+            """Never ends."""
+            await anyio.sleep_forever()
+            return "x"
+
+        provider = ScriptedProvider([calls(call("forever", call_id="f"))])
+        async with Runtime(providers={"scripted": provider}) as runtime:
+            inference_input = request(forever)
+            result = await runtime.wait(
+                runtime.run_loop("agent", "q", inference_input, deadline=0.05)
+            )
+        assert result.error is not None
+        assert result.error.type == "LoopTimeout"
+        assert "deadline of 0.05s" in result.error.message
+        assert items_of(inference_input.context) == ["user:q", "call:f", "out:f=ERR"]
+
+
+async def test_an_answer_on_the_last_allowed_turn_is_answered() -> None:
+    """Reaching max_turns with an answer ends `answered`; a queued follow-up is kept."""
+    async with Runtime(providers={"scripted": ScriptedProvider([text("hi")])}) as rt:
+        plain = await rt.wait(rt.run_loop("a", "q", request(), max_turns=1))
+        loop_id = rt.run_loop("a", "q", request(), max_turns=1)
+        rt.follow_up(loop_id, "more")
+        queued = await rt.wait(loop_id)
+    assert (plain.outcome, plain.answer) == (
+        Outcome.answered,
+        ModelMessageItem(content="hi"),
+    )
+    assert (queued.outcome, queued.reason) == (Outcome.stopped, "max_turns")
+    assert queued.model_requests == 1
