@@ -3,8 +3,6 @@ request metadata handlers and wrappers see."""
 
 from __future__ import annotations
 
-import weakref
-
 from agentfsm import (
     FunctionCallItem,
     InferenceInput,
@@ -18,7 +16,6 @@ from agentfsm import (
     Trigger,
     UserMessage,
 )
-from agentfsm._loop.repair import context_scan
 from agentfsm.providers import ModelNext
 from agentfsm.testing import (
     ScriptedProvider,
@@ -102,21 +99,6 @@ class TestContextRepair:
             "user:second",
         ]
         assert "out:lost=ERR" not in items_of(context)
-
-    def test_the_scan_is_kept_with_its_context_and_not_with_copies(self) -> None:
-        """The scan lives in a slot of the context: one per context, shared by
-        its loops, absent from copies, dumps and equality; contexts stay weakref-able."""
-        context = ModelContext(items=[UserMessage(content="hi")])
-        scan = context_scan(context)
-        assert context_scan(context) is scan
-        copy = context.model_copy(deep=True)
-        assert context_scan(copy) is not scan
-        assert copy == context
-        assert context.model_dump() == {
-            "instructions": None,
-            "items": [{"type": "user_message", "content": "hi"}],
-        }
-        assert weakref.ref(context)() is context
 
     async def test_handlers_see_the_request_metadata(self) -> None:
         """An infer transition's pending carries the request's metadata."""

@@ -14,7 +14,6 @@ import pytest
 from pydantic import ValidationError
 
 from agentfsm import Pause, PendingTransition, Rewrite, Runtime
-from agentfsm._bus import EventType
 from agentfsm.events import (
     EVENT_TYPES,
     AgentEvent,
@@ -455,11 +454,6 @@ async def test_events_of_a_real_run() -> None:
         assert mine[0].type == "loop.started"
         assert mine[-1].type == "loop.idle"
         assert [e.ts for e in mine] == sorted(e.ts for e in mine)
-
-
-def test_loops_name_every_event_type() -> None:
-    """The types loops publish by name are exactly the event classes' types."""
-    assert set(get_args(EventType)) == set(EVENT_TYPES)
 
 
 _UNWATCHED = """

@@ -365,16 +365,6 @@ async def test_model_answer_event_carries_the_message() -> None:
     assert answer.state is LoopState.model_message
 
 
-def test_hot_path_state_constants_mirror_the_enums() -> None:
-    """The loop's plain-class copies of the states and triggers list every member."""
-    from agentfsm._loop import steps as _states
-    from agentfsm.states import Trigger
-
-    for mirror, enum in ((_states._S, LoopState), (_states._T, Trigger)):
-        copied = {k: v for k, v in vars(mirror).items() if not k.startswith("_")}
-        assert copied == dict(enum.__members__)
-
-
 async def test_finished_loops_are_kept_as_results_up_to_a_limit() -> None:
     """The runtime keeps the last `keep_finished` results; older loops are forgotten."""
     provider = ScriptedProvider([text("a")])
