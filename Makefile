@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 LOCAL  := $(VENV)/.local-installed
 
-.PHONY: test demo bench bench-peers lint typecheck pytest quick clean
+.PHONY: test demo bench bench-instructions bench-peers lint typecheck pytest quick clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,12 @@ demo: $(STAMP) $(LOCAL)
 bench: $(STAMP) bench/.venvs/burr/.installed
 	$(PY) bench/bench_scaling.py
 	$(PY) bench/bench_loop.py
+
+# bench_loop.py's workload counted in instructions per run under callgrind
+# (bench/bench_instructions.py, ~25 s): repeatable where CPU time is not. Needs
+# valgrind (apt-get install -y valgrind). Another checkout: PYTHONPATH=<its root>.
+bench-instructions: $(STAMP)
+	$(PY) bench/bench_instructions.py
 
 # agentfsm side by side with its peers (bench/peers/run.py, ~10 minutes). Each
 # runs in its own venv under bench/.venvs (gitignored), pinned in
