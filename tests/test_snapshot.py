@@ -1,0 +1,45 @@
+"""`Runtime.snapshot`: a running or paused loop's record, as data."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentfsm import LoopState, Runtime, Trigger
+from agentfsm.exceptions import LoopStateError, UnknownLoopError
+from agentfsm.record import LoopRecord, PauseRecord
+from agentfsm.testing import ScriptedProvider, call, calls, text
+from tests.helpers import pause_tools, request, wait_until
+
+
+async def test_a_paused_loops_record_holds_its_pause_and_round_trips() -> None:
+    provider = ScriptedProvider([calls(call("add", call_id="c", a=1, b=2)), text("3")])
+    async with Runtime(providers={"scripted": provider}) as runtime:
+        loop_id = runtime.run_loop("agent", "go", request(), pause_tools)
+        runtime.follow_up(loop_id, "then this")
+        await wait_until(lambda: runtime.get(loop_id).status == "paused")
+        record = runtime.snapshot(loop_id)
+        assert LoopRecord.model_validate_json(record.model_dump_json()) == record
+        assert (record.state, record.status) == (LoopState.inference, "paused")
+        assert record.pause is not None
+        assert record.pause == PauseRecord(
+            source=LoopState.inference,
+            trigger=Trigger.call_tools,
+            dest=LoopState.function_call,
+            seq=record.pause.seq,  # numbered before `loop.paused` was
+            payload=record.pending.payload if record.pending else None,
+            handler=0,
+            reason="approval required",
+            original_dest=LoopState.function_call,
+        )
+        assert record.pending is not None
+        assert record.pending.trigger is Trigger.call_tools
+        assert [m.content for m in record.follow_ups] == ["then this"]
+        assert record.turn.output is not None  # the output the batch came from
+        assert (record.model_requests, record.tool_calls) == (1, 0)
+        runtime.resume(loop_id)
+        result = await runtime.wait(loop_id)
+        with pytest.raises(LoopStateError, match="has finished"):
+            runtime.snapshot(loop_id)
+        with pytest.raises(UnknownLoopError):
+            runtime.snapshot("no-such-loop")
+    assert result.model_requests == 2
