@@ -12,7 +12,8 @@ from tests.helpers import pause_tools, request, wait_until
 
 
 async def test_a_paused_loops_record_holds_its_pause_and_round_trips() -> None:
-    provider = ScriptedProvider([calls(call("add", call_id="c", a=1, b=2)), text("3")])
+    script = [calls(call("add", call_id="c", a=1, b=2)), text("3"), text("then")]
+    provider = ScriptedProvider(script)
     async with Runtime(providers={"scripted": provider}) as runtime:
         loop_id = runtime.run_loop("agent", "go", request(), pause_tools)
         runtime.follow_up(loop_id, "then this")
@@ -42,4 +43,4 @@ async def test_a_paused_loops_record_holds_its_pause_and_round_trips() -> None:
             runtime.snapshot(loop_id)
         with pytest.raises(UnknownLoopError):
             runtime.snapshot("no-such-loop")
-    assert result.model_requests == 2
+    assert result.model_requests == 3  # the call's turn, the answer, the follow-up

@@ -11,7 +11,8 @@ A subscriber with backpressure is never dropped from. An event goes into its
 buffer at once while the buffer has room; once it is full, the emitter holds
 that event and every later one of the loop (in order) until the loop awaits
 `flush`, which waits for room. The loop flushes after each state and after each
-streamed chunk, so a loop publishing to a full subscriber waits there.
+streamed chunk (when `outbox` is not None), so a loop publishing to a full
+subscriber waits there.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ class Emitter:
     and provides the envelope: `loop_id`, `agent_id` and `state`.
     """
 
-    __slots__ = ("_outbox", "bus", "seq")
+    __slots__ = ("bus", "outbox", "seq")
 
     loop_id: str
     agent_id: str
@@ -84,8 +85,10 @@ class Emitter:
         self.bus = bus
         self.seq = 0
         """The number of the last event (counted while nobody listens, too)."""
-        # Events held for a full backpressure subscriber; made when first needed.
-        self._outbox: list[AgentEvent] | None = None
+        self.outbox: list[AgentEvent] | None = None
+        """Events held for a full backpressure subscriber, in order (None while
+        none are: a plain attribute, checked after every state, where a
+        property would be a call)."""
 
     def emit(self, event_type: EventType, /, **fields: Any) -> None:
         """Publish an event of `event_type` with `fields` (already valid values)."""
@@ -115,24 +118,19 @@ class Emitter:
         values.update(fields)
         _setattr(event, "__pydantic_fields_set__", fields_set)
         if bus.backpressure:
-            outbox = self._outbox
+            outbox = self.outbox
             if outbox is None and bus.has_room(targets):
                 bus._deliver(event, targets)
             elif outbox is None:
-                self._outbox = [event]
+                self.outbox = [event]
             else:
                 outbox.append(event)
         else:
             bus._deliver(event, targets)
 
-    @property
-    def held(self) -> bool:
-        """Whether events wait for room in a backpressure subscriber (`flush` them)."""
-        return self._outbox is not None
-
     async def flush(self) -> None:
         """Publish the held events, in order, waiting for room as needed."""
-        outbox, self._outbox = self._outbox, None
+        outbox, self.outbox = self.outbox, None
         for event in outbox or ():
             await self.bus.publish(event)
 

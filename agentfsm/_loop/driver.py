@@ -90,7 +90,7 @@ async def run(loop: Loop) -> None:
             "loop_failed", state=loop.state, error=f"{type(exc).__name__}: {exc}"
         )
         end(loop, _T.fail, reason=str(exc), error=exc)
-    if loop.held:
+    if loop.outbox is not None:
         with anyio.CancelScope(shield=True):
             await loop.flush()
 
@@ -124,7 +124,7 @@ async def drive(loop: Loop) -> None:
             end(loop, _T.cancel, reason=_cancel_reason(loop, "cancelled"))
             return
         source = loop.state
-        dest = TABLE[source, step.trigger]
+        dest = TABLE[source, step[0]]
         rewritten_from: LoopState | None = None
         if handlers or loop.resumed is not None:
             decided = await intercept(loop, source, step, dest)
@@ -133,10 +133,10 @@ async def drive(loop: Loop) -> None:
             step, dest, rewritten_from = decided
         commit(loop, source, step, dest, rewritten_from)
         if dest is _S.idle:
-            end(loop, step.trigger, step.payload, step.reason)
+            end(loop, *step)
             return
-        step = await STATES[dest](loop, step.payload)
-        if loop.held:
+        step = await STATES[dest](loop, step[1])
+        if loop.outbox is not None:
             await loop.flush()
 
 
@@ -148,7 +148,8 @@ def commit(
     rewritten_from: LoopState | None = None,
 ) -> None:
     """Take the edge: record it in the path, enter `dest`, publish it."""
-    edge = (source, step.trigger, dest, rewritten_from)
+    trigger = step[0]
+    edge = (source, trigger, dest, rewritten_from)
     path_step = _STEPS.get(edge)
     if path_step is None:
         path_step = _STEPS[edge] = _tuple_new(PathStep, edge)
@@ -159,7 +160,7 @@ def commit(
         loop.emit(
             "loop.transition",
             source=source,
-            trigger=step.trigger,
+            trigger=trigger,
             dest=dest,
             rewritten_from=rewritten_from,
         )
@@ -184,7 +185,7 @@ def end(
         loop.error = ErrorInfo(type=type(error).__name__, message=str(error))
         loop.emit("loop.failed", error_type=loop.error.type, message=loop.error.message)
     if loop.state is not _S.idle:
-        commit(loop, loop.state, Step(trigger, payload, reason), _S.idle)
+        commit(loop, loop.state, (trigger, payload, reason), _S.idle)
     if trigger is _T.finish:
         if isinstance(payload, ModelMessageItem) and (
             reason is None or loop.answer is not None

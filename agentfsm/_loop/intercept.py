@@ -115,7 +115,7 @@ async def intercept(
     the destination before a rewrite (None when unchanged), or None when the
     loop paused."""
     original = dest
-    trigger, payload = step.trigger, step.payload
+    trigger, payload, reason = step
     start = 0
     resumed: Decision | None = None
     if loop.resumed is not None:
@@ -151,9 +151,7 @@ async def intercept(
                     payload=loop.event_payload(payload),
                 )
                 if new_trigger is not trigger:
-                    step = Step(new_trigger, payload)  # the edge's reason goes with it
-                else:
-                    step = Step(trigger, payload, step.reason)
+                    reason = None  # the edge's reason goes with it
                 trigger, dest = new_trigger, new_dest
             case Pause(reason=reason):
                 decided(
@@ -161,7 +159,7 @@ async def intercept(
                 )
                 park(
                     loop,
-                    Step(trigger, payload, step.reason),
+                    (trigger, payload, reason),
                     pending_of(loop, source, trigger, dest, payload),
                     index,
                     reason,
@@ -178,7 +176,7 @@ async def intercept(
                     f"interception handler returned {decision!r}; expected "
                     "Proceed, Rewrite, Pause, Abort or None"
                 )
-    return step, dest, (None if original is dest else original)
+    return (trigger, payload, reason), dest, (None if original is dest else original)
 
 
 def decided(

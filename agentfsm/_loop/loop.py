@@ -178,7 +178,7 @@ class Loop(Emitter):
         self.state: LoopState = _S.idle
         self.status = LoopStatus.running
         self.path: list[PathStep] = []
-        self.pending: Step | None = Step(_T.start, message)
+        self.pending: Step | None = (_T.start, message, None)
         """The step waiting to be taken while no driver holds it: the first one
         before the loop runs, the paused one while it is paused."""
         self.step: Step | None = None

@@ -93,7 +93,7 @@ async def _stream(
                 )
             loop.emit("inference.stream", index=index, delta=delta)
             index += 1
-            if loop.held:
+            if loop.outbox is not None:
                 await loop.flush()
     if output is None:
         raise ProviderError(

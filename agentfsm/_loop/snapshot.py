@@ -126,10 +126,9 @@ def payload_record(payload: TransitionPayload, own: Any) -> PayloadRecord:
 def step_record(step: Step | None, own: Any) -> StepRecord | None:
     if step is None:
         return None
+    trigger, payload, reason = step
     return StepRecord(
-        trigger=step.trigger,
-        payload=payload_record(step.payload, own),
-        reason=step.reason,
+        trigger=trigger, payload=payload_record(payload, own), reason=reason
     )
 
 

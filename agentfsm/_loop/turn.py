@@ -41,7 +41,7 @@ def infer_step(loop: Loop) -> Step:
         loop.metadata = None  # nothing to repair: the request as it is
     else:
         request, loop.metadata = normalized(request, scan)
-    return Step(_T.infer_streaming if request.streaming else _T.infer, request)
+    return (_T.infer_streaming if request.streaming else _T.infer, request, None)
 
 
 def request_metadata(loop: Loop) -> RequestMetadata:

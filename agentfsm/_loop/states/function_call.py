@@ -60,9 +60,10 @@ async def function_call(loop: Loop, payload: TransitionPayload) -> Step:
         await finish_turn(loop, output, outputs)
     stop = "terminated" if all_terminate(results) else stop_check(loop)
     if stop is not None:
-        return Step(_T.stop, None, stop)
+        return (_T.stop, None, stop)
     if loop.steering:
-        return Step(_T.steer, drain(loop.steering, loop.options.steering_mode))
+        steering = drain(loop.steering, loop.options.steering_mode)
+        return (_T.steer, steering, None)
     return infer_step(loop)
 
 

@@ -59,14 +59,14 @@ def completed(loop: Loop, request: InferenceInput, output: InferenceOutput) -> S
     loop.emit("inference.completed", model=request.model, output=output)
     calls = output.function_calls
     if not calls:
-        return Step(_T.answer, output.message or ModelMessageItem(content=""))
+        return (_T.answer, output.message or ModelMessageItem(content=""), None)
     batch = {
         "kind": "tool_batch",
         "calls": calls,
         "denied": {},
         "awaiting_approval": awaiting_approval(loop, calls) if loop.gated else (),
     }
-    return Step(_T.call_tools, _models.trusted(ToolBatch, batch, _BATCH_FIELDS))
+    return (_T.call_tools, _models.trusted(ToolBatch, batch, _BATCH_FIELDS), None)
 
 
 def awaiting_approval(loop: Loop, calls: Sequence[FunctionCallItem]) -> tuple[str, ...]:

@@ -68,14 +68,16 @@ async def model_message(loop: Loop, payload: TransitionPayload) -> Step:
     if problem is not None or loop.steering or loop.follow_ups:
         stop = stop_check(loop)
         if stop is not None:
-            return Step(_T.finish, message, stop)
+            return (_T.finish, message, stop)
     if problem is not None:
-        return Step(_T.follow_up, UserMessage(content=problem))
+        return (_T.follow_up, UserMessage(content=problem), None)
     if loop.steering:
-        return Step(_T.follow_up, drain(loop.steering, loop.options.steering_mode))
+        steering = drain(loop.steering, loop.options.steering_mode)
+        return (_T.follow_up, steering, None)
     if loop.follow_ups:
-        return Step(_T.follow_up, drain(loop.follow_ups, loop.options.follow_up_mode))
-    return Step(_T.finish, message)
+        follow_ups = drain(loop.follow_ups, loop.options.follow_up_mode)
+        return (_T.follow_up, follow_ups, None)
+    return (_T.finish, message, None)
 
 
 def parse(
