@@ -19,9 +19,9 @@ import importlib
 import logging
 import sys
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, TextIO
+from typing import Any, TextIO
 
 import anyio
 import structlog
@@ -30,13 +30,10 @@ from agentfsm import (
     AgentEvent,
     AgentFSMError,
     InferenceInput,
-    InferenceOutput,
     LoopResult,
     ModelContext,
-    ModelRequest,
     Runtime,
     Tool,
-    UserMessage,
 )
 from agentfsm.events import (
     FunctionCallCompleted,
@@ -49,10 +46,7 @@ from agentfsm.events import (
     ModelAnswer,
 )
 from agentfsm.exceptions import ConfigurationError, ProviderError
-from agentfsm.messages import FunctionCallOutputItem
 from agentfsm.providers import (
-    ModelNext,
-    ModelWrapper,
     Provider,
     TextDelta,
     split_model,
@@ -61,7 +55,7 @@ from agentfsm.providers._common import TOOL_CHOICE_MODES
 from agentfsm.providers.local import DEFAULT_MODEL, LoadProgress, LocalProvider
 from agentfsm.states import Outcome
 
-__all__ = ("add_parser", "load_tool", "release_tool_choice", "run")
+__all__ = ("add_parser", "load_tool", "run")
 
 DEFAULT_INSTRUCTIONS = (
     "You are a helpful assistant. Answer with the results of the tools you call."
@@ -122,6 +116,11 @@ def add_parser(commands: Any) -> None:
         help="most tokens per model request (default: 256)",
     )
     parser.add_argument(
+        "--temperature",
+        type=float,
+        help="sampling temperature (default: the provider's; 0.2 for local models)",
+    )
+    parser.add_argument(
         "--events",
         metavar="FILE.jsonl",
         help="append every event to a JSON-lines file (see `agentfsm inspect`)",
@@ -177,14 +176,22 @@ def _request(args: argparse.Namespace, tools: Sequence[Tool]) -> InferenceInput:
     split_model(args.model)  # a name without a prefix fails here, clearly
     if args.max_turns < 1 or args.max_output_tokens < 1:
         raise ConfigurationError("--max-turns and --max-output-tokens must be >= 1")
+    if args.temperature is not None and not 0 <= args.temperature <= 2:
+        raise ConfigurationError(
+            f"--temperature must be in 0..2, got {args.temperature}"
+        )
     choice = args.tool_choice
     request = InferenceInput(
         model=args.model,
         context=ModelContext(instructions=args.instructions),
         tools=tuple(tools),
         tool_choice=choice,
+        # Forced until a tool answered: forced on every turn, the loop would
+        # never get its answer.
+        reset_tool_choice=args.then_tool_choice,
         streaming=args.stream,
         max_output_tokens=args.max_output_tokens,
+        temperature=args.temperature,
     )
     named = choice is not None and choice not in TOOL_CHOICE_MODES
     if named and request.tool_named(choice) is None:
@@ -193,37 +200,6 @@ def _request(args: argparse.Namespace, tools: Sequence[Tool]) -> InferenceInput:
             f"--tool-choice {choice!r} names no tool offered (offered: {offered})"
         )
     return request
-
-
-def release_tool_choice(then: Literal["auto", "none"] = "none") -> ModelWrapper:
-    """A model wrapper that forces the tool choice only until a tool has answered.
-
-    A request that forces a tool (`required` or a name) would force it on every
-    turn, and the loop would never answer. Once the context holds a tool output
-    after the last user message, the request goes out with `tool_choice=then`:
-    `"none"` makes the model answer now (small models, given the choice, tend
-    to call the tool again and again); `"auto"` lets it choose, as the OpenAI
-    Agents SDK's `reset_tool_choice` does.
-
-    Example:
-        ```python
-        runtime.run_loop("agent", "2 + 3?", request, model_wrappers=[release_tool_choice()])
-        ```
-    """
-
-    def release(request: ModelRequest, next: ModelNext) -> Awaitable[InferenceOutput]:
-        inference = request.input
-        if inference.tool_choice in (None, "auto", "none"):
-            return next(request)
-        for item in reversed(inference.context.items):
-            if isinstance(item, UserMessage):
-                break
-            if isinstance(item, FunctionCallOutputItem):
-                released = inference.model_copy(update={"tool_choice": then})
-                return next(request.model_copy(update={"input": released}))
-        return next(request)
-
-    return release
 
 
 def _error(message: str, code: int) -> int:
@@ -283,7 +259,6 @@ async def _watch(
             args.question,
             request,
             max_turns=args.max_turns,
-            model_wrappers=[release_tool_choice(args.then_tool_choice)],
         )
         async for event in events:
             display.show(event)
