@@ -7,7 +7,7 @@ These classes are re-exported from `agentfsm.providers` and `agentfsm`.
 """
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Annotated, Any, Literal, NamedTuple, TypeAlias
+from typing import Annotated, Any, Literal, NamedTuple, TypeAlias, TypedDict
 
 from pydantic import (
     AliasChoices,
@@ -40,6 +40,7 @@ __all__ = (
     "ItemSource",
     "ModelNext",
     "ModelRequest",
+    "ModelSettings",
     "ModelWrapper",
     "OutputCompleted",
     "ReasoningDelta",
@@ -163,6 +164,29 @@ class InferenceInput(BaseModel):
             if candidate.name == name:
                 return candidate
         return None
+
+
+class ModelSettings(TypedDict, total=False):
+    """The settings of `InferenceInput` an `Agent` takes as `model_settings`.
+
+    Each key is the `InferenceInput` field of the same name (see there for what
+    each provider does with it).
+
+    Example:
+        ```python
+        Agent("openai:gpt-4.1-mini", model_settings={"temperature": 0.2, "seed": 7})
+        ```
+    """
+
+    temperature: float
+    top_p: float
+    seed: int
+    stop_sequences: Sequence[str] | str
+    parallel_tool_calls: bool
+    max_output_tokens: int
+    reasoning_effort: str
+    tool_choice: str
+    reset_tool_choice: Literal["auto", "none"]
 
 
 class InferenceOutput(BaseModel):
