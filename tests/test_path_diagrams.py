@@ -522,4 +522,4 @@ class TestCli:
         log.write_text("", encoding="utf-8")
         done = run_cli("--events", str(log), "--loop", "nope")
         assert done.returncode == 1
-        assert b"no loop starts or ends with 'nope'" in done.stderr
+        assert b"no loop id contains 'nope'" in done.stderr

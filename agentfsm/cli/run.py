@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -33,6 +34,7 @@ from agentfsm import (
     LoopResult,
     ModelContext,
     Runtime,
+    TokenUsage,
     Tool,
 )
 from agentfsm.events import (
@@ -116,6 +118,18 @@ def add_parser(commands: Any) -> None:
         help="most tokens per model request (default: 256)",
     )
     parser.add_argument(
+        "--base-url",
+        metavar="URL",
+        help="the API's address, for openai:, openai-chat: (any OpenAI-compatible "
+        "server) and anthropic: models (default: OPENAI_BASE_URL / ANTHROPIC_BASE_URL)",
+    )
+    parser.add_argument(
+        "--api-key",
+        metavar="KEY",
+        help="the API key (default: OPENAI_API_KEY / ANTHROPIC_API_KEY); prefer the "
+        "environment variable, which other users cannot see in the process list",
+    )
+    parser.add_argument(
         "--temperature",
         type=float,
         help="sampling temperature (default: the provider's; 0.2 for local models)",
@@ -143,9 +157,11 @@ def run(args: argparse.Namespace) -> int:
         wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
     )
+    display = _Display(sys.stdout)
     try:
-        return anyio.run(_run, args, request)
+        return anyio.run(_run, args, request, display)
     except KeyboardInterrupt:
+        display.interrupted()
         return _error("interrupted", 130)
     finally:
         structlog.configure(**saved)
@@ -160,6 +176,12 @@ def load_tool(spec: str) -> Tool:
     module_name, sep, attribute = spec.partition(":")
     if not sep or not module_name or not attribute:
         raise ConfigurationError(f"--tool {spec!r} must be 'module:function'")
+    # `agentfsm` is a console script: its sys.path starts with the script's
+    # directory, not the current one, where `--tool mytools:fn` means mytools.py
+    # (as `python -m` would find it).
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -176,6 +198,16 @@ def _request(args: argparse.Namespace, tools: Sequence[Tool]) -> InferenceInput:
     split_model(args.model)  # a name without a prefix fails here, clearly
     if args.max_turns < 1 or args.max_output_tokens < 1:
         raise ConfigurationError("--max-turns and --max-output-tokens must be >= 1")
+    remote = args.base_url is not None or args.api_key is not None
+    if remote and split_model(args.model)[0] not in (
+        "openai",
+        "openai-chat",
+        "anthropic",
+    ):
+        raise ConfigurationError(
+            "--base-url and --api-key apply to openai:, openai-chat: and "
+            f"anthropic: models, not {args.model!r}"
+        )
     if args.temperature is not None and not 0 <= args.temperature <= 2:
         raise ConfigurationError(
             f"--temperature must be in 0..2, got {args.temperature}"
@@ -207,13 +239,18 @@ def _error(message: str, code: int) -> int:
     return code
 
 
-async def _run(args: argparse.Namespace, request: InferenceInput) -> int:
+async def _run(
+    args: argparse.Namespace, request: InferenceInput, display: _Display
+) -> int:
     providers: dict[str, Provider] = {}
     try:
-        if split_model(request.model)[0] == "local":
+        prefix = split_model(request.model)[0]
+        if prefix == "local":
             providers["local"] = await _load_local(request.model)
+        elif args.base_url is not None or args.api_key is not None:
+            providers[prefix] = _remote(prefix, args.base_url, args.api_key)
         async with Runtime(providers=providers, event_log=args.events) as runtime:
-            result = await _watch(runtime, args, request, sys.stdout)
+            result = await _watch(runtime, args, request, sys.stdout, display)
     except (ConfigurationError, ProviderError) as exc:
         return _error(f"error: {exc}", 2)
     except OSError as exc:  # e.g. the --events file cannot be opened
@@ -222,6 +259,25 @@ async def _run(args: argparse.Namespace, request: InferenceInput) -> int:
     except AgentFSMError as exc:
         return _error(f"error: {exc}", 1)
     return _summary(result)
+
+
+def _remote(prefix: str, base_url: str | None, api_key: str | None) -> Provider:
+    """The provider of a built-in remote prefix, with `--base-url`/`--api-key`."""
+    if prefix in ("openai", "openai-chat"):
+        from agentfsm.providers.openai import (
+            OpenAIChatProvider,
+            OpenAIResponsesProvider,
+        )
+
+        kind = (
+            OpenAIChatProvider if prefix == "openai-chat" else OpenAIResponsesProvider
+        )
+        return kind(base_url=base_url, api_key=api_key)
+    if prefix == "anthropic":
+        from agentfsm.providers.anthropic import AnthropicProvider
+
+        return AnthropicProvider(base_url=base_url, api_key=api_key)
+    raise AssertionError(prefix)  # `_request` let no other prefix through
 
 
 async def _load_local(model: str) -> LocalProvider:
@@ -249,8 +305,9 @@ async def _watch(
     args: argparse.Namespace,
     request: InferenceInput,
     out: TextIO,
+    display: _Display | None = None,
 ) -> LoopResult:
-    display = _Display(out)
+    display = _Display(out) if display is None else display
     # Subscribe before the loop starts so no event is missed; backpressure, so
     # every chunk is shown however fast the model streams.
     with runtime.bus.subscribe("*", backpressure=True) as events:
@@ -285,12 +342,30 @@ def _summary(result: LoopResult) -> int:
 class _Display:
     """Shows a loop's events as they come: transitions, tool calls, streamed text."""
 
-    __slots__ = ("_out", "_streamed", "_text_open")
+    __slots__ = ("_out", "_states", "_streamed", "_text_open", "_tools", "_usage")
 
     def __init__(self, out: TextIO) -> None:
         self._out = out
         self._text_open = False  # a line of streamed text is being written
         self._streamed = False  # the current answer arrived as chunks
+        # What the loop did so far, for the summary of an interrupted run.
+        self._states: list[str] = ["idle"]
+        self._usage = TokenUsage()
+        self._tools = 0
+
+    def interrupted(self) -> None:
+        """End the line being written and tell how far the loop got."""
+        if self._text_open:
+            self._out.write("\n")
+            self._text_open = False
+        usage = self._usage
+        self._out.write(
+            f"\ninterrupted in {self._states[-1]}\n"
+            f"path: {' -> '.join(self._states)}\n"
+            f"tokens: {usage.input_tokens} in + {usage.output_tokens} out = "
+            f"{usage.total_tokens} total, and {self._tools} tool call(s), so far\n"
+        )
+        self._out.flush()
 
     def _line(self, text: str) -> None:
         if self._text_open:
@@ -301,6 +376,7 @@ class _Display:
 
     def show(self, event: AgentEvent) -> None:
         """Print what `event` tells, if anything."""
+        self._count(event)
         match event:
             case InferenceStream(delta=TextDelta(text=text)):
                 if not self._text_open:
@@ -326,6 +402,14 @@ class _Display:
                 self._line(f"failed: {event.error_type}: {event.message}")
             case _:
                 pass
+
+    def _count(self, event: AgentEvent) -> None:
+        if isinstance(event, LoopTransition):
+            self._states.append(str(event.dest))
+        elif isinstance(event, InferenceCompleted) and event.output.token_usage:
+            self._usage = self._usage + event.output.token_usage
+        elif isinstance(event, FunctionCallCompleted):
+            self._tools += 1
 
 
 class _LoadDisplay:
