@@ -105,7 +105,9 @@ class InferenceInput(BaseModel):
     model: str
     """`provider:model`, resolved by the runtime's provider registry."""
     context: ModelContext
-    """The instructions and the conversation; the loop appends to it."""
+    """The instructions and the conversation; the loop appends to it. Loops
+    started on one `InferenceInput` share this context (they see each other's
+    items): for one context per conversation, start them from an `Agent`."""
     max_output_tokens: int | None = Field(default=None, gt=0)
     """Upper bound on generated tokens."""
     reasoning_effort: str | None = None

@@ -288,3 +288,30 @@ def test_the_answer_item_is_the_models() -> None:
     Agent(ScriptedProvider([text("hi")])).run_sync("hello", conversation=chat)
     assert isinstance(chat.items[-1], ModelMessageItem)
     assert repr(chat) == "Conversation(items=2, loops=1)"
+
+
+async def test_output_type_parses_the_answer() -> None:
+    """`output_type` is the request's structured output; the result holds the model."""
+    from pydantic import BaseModel
+
+    class City(BaseModel):
+        name: str
+        country: str
+
+    script = ScriptedProvider([text('{"name": "Paris", "country": "France"}')])
+    agent = Agent(script, output_type=City)
+    with anyio.fail_after(10):
+        result = await agent.run("The capital of France?")
+    assert result.output == City(name="Paris", country="France")
+    assert script.requests[0].structured_output is City
+
+
+async def test_none_continues_a_conversation() -> None:
+    """`message=None` runs on what the conversation holds (it must end with a user message)."""
+    agent = Agent(FunctionProvider(_echo))
+    chat = Conversation(ModelContext(items=[UserMessage(content="queued")]))
+    with anyio.fail_after(10):
+        result = await agent.run(None, conversation=chat)
+    assert _answer(result) == "queued"
+    with pytest.raises(ConfigurationError, match="must end with a user message"):
+        await agent.run(None, conversation=chat)  # it ends with the answer now
