@@ -82,7 +82,7 @@ class Conversation:
             )
         self.context = context if context is not None else ModelContext()
         """The instructions and the items; each loop started on the
-        conversation appends to it (and sets the instructions to its agent's)."""
+        conversation appends to it (and an agent with instructions sets them)."""
         self.loop_ids: list[str] = []
         """The loops started on this conversation, oldest first."""
 
@@ -105,7 +105,8 @@ class Agent:
         model: a `provider:model` name (`"openai:gpt-4.1-mini"`), or a provider
             object, which the agent registers with each runtime it uses.
         name: the `agent_id` its loops run under (default `"agent"`).
-        instructions: the system prompt.
+        instructions: the system prompt; each loop's context gets it (without
+            it, a conversation keeps the instructions it has).
         tools: `Tool`s, or typed functions (each made a tool as `@tool` would).
         model_settings: temperature, seed, tool choice, ... (`ModelSettings`).
             A forcing `tool_choice` (`"required"` or a tool's name) is forced
@@ -202,13 +203,16 @@ class Agent:
     def request(self, context: ModelContext) -> InferenceInput:
         """The `InferenceInput` a loop of this agent runs on `context`.
 
-        For `Runtime.run_loop` directly; the context gets the agent's instructions.
+        For `Runtime.run_loop` directly. The context gets the agent's
+        instructions, if it has any (so agents taking turns on a conversation
+        each speak with their own); otherwise it keeps its own.
         """
         if not isinstance(context, ModelContext):
             raise ConfigurationError(
                 f"context must be a ModelContext, got {type(context).__name__}"
             )
-        context.instructions = self.instructions
+        if self.instructions is not None:
+            context.instructions = self.instructions
         return self._input.model_copy(update={"context": context})
 
     def start(

@@ -315,3 +315,21 @@ async def test_none_continues_a_conversation() -> None:
     assert _answer(result) == "queued"
     with pytest.raises(ConfigurationError, match="must end with a user message"):
         await agent.run(None, conversation=chat)  # it ends with the answer now
+
+
+async def test_instructions_on_a_shared_conversation() -> None:
+    """Each agent's loop runs with its instructions; one without keeps the context's."""
+    seen: list[str | None] = []
+
+    def record(request: InferenceInput) -> InferenceOutput:
+        seen.append(request.context.instructions)
+        return text("ok")
+
+    provider = FunctionProvider(record)
+    chat = Conversation(ModelContext(instructions="Be kind."))
+    with anyio.fail_after(10):
+        async with Runtime():
+            await Agent(provider).run("a", conversation=chat)
+            await Agent(provider, instructions="Be brief.").run("b", conversation=chat)
+            await Agent(provider, instructions="Be French.").run("c", conversation=chat)
+    assert seen == ["Be kind.", "Be brief.", "Be French."]
