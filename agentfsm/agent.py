@@ -173,7 +173,7 @@ class Agent:
         """The tools every loop offers."""
         self._handlers = _handler_list(handlers, name)
         LoopOptions.of(options)  # bad options fail here, not at the first loop
-        self._options: LoopOptionsDict = options
+        self._options: LoopOptionsDict = {**options}  # (the caller keeps theirs)
         settings = _settings(model_settings, name)
         try:
             # Built once: each loop's request is this one on its own context.

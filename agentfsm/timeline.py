@@ -8,7 +8,7 @@ other way (`agentfsm.testing.EventRecorder`, a bus subscription):
 ```python
 events = list(read_events("events.jsonl"))
 print(format_table(summarize(events)))
-timeline = build_timeline(events, find_loop(events, "01a2"))
+timeline = build_timeline(events, find_loop(events, "4454f1a2")  # its short id, or any unique part of its id)
 print(format_timeline(timeline))
 ```
 """
@@ -39,8 +39,8 @@ __all__ = (
     "format_table",
     "format_timeline",
     "group_by_loop",
-    "short_ids",
     "render_html",
+    "short_ids",
     "summarize",
 )
 
