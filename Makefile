@@ -5,14 +5,14 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 LOCAL  := $(VENV)/.local-installed
 
-.PHONY: test demo bench bench-instructions bench-peers lint typecheck pytest quick clean
+.PHONY: test demo bench bench-instructions bench-peers lint typecheck pytest quick clean docs docs-check
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[test,lint]"
+	$(PY) -m pip install --quiet -e ".[test,lint,docs]"
 	touch $(STAMP)
 
 # The `local` extra, installed by hand: PyPI has only the source of
@@ -38,7 +38,17 @@ typecheck: $(STAMP)
 pytest: $(STAMP) $(LOCAL)
 	$(PY) -m pytest
 
-test: lint typecheck pytest
+test: lint typecheck docs-check pytest
+
+# The documentation site (mkdocs-material; the API reference from the
+# docstrings by mkdocstrings) in site/. docs-check builds it with --strict, so
+# a broken reference or a docstring griffe cannot read fails `make test`.
+docs: $(STAMP)
+	$(PY) -m mkdocs build
+
+docs-check: $(STAMP)
+	$(PY) -m mkdocs build --strict --site-dir .docs-check
+	rm -rf .docs-check
 
 quick: $(STAMP)
 	$(PY) -m pytest -m "not e2e" -x -q
@@ -82,4 +92,4 @@ bench-peers: $(STAMP)
 	$(PY) bench/peers/run.py
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache site .docs-check

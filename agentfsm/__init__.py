@@ -13,6 +13,8 @@ from ._loop import current_loop_id as current_loop_id
 from ._runtime import Runtime as Runtime
 from ._runtime import current_runtime as current_runtime
 from ._runtime import run_loop as run_loop
+from .agent import Agent as Agent
+from .agent import Conversation as Conversation
 from .exceptions import AgentFSMError as AgentFSMError
 from .exceptions import ConfigurationError as ConfigurationError
 from .exceptions import LoopAborted as LoopAborted
@@ -23,6 +25,7 @@ from .exceptions import TransitionRejected as TransitionRejected
 from .inference import InferenceInput as InferenceInput
 from .inference import InferenceOutput as InferenceOutput
 from .inference import ModelRequest as ModelRequest
+from .inference import ModelSettings as ModelSettings
 from .inference import RequestMetadata as RequestMetadata
 from .interception import Abort as Abort
 from .interception import Decision as Decision
@@ -86,6 +89,10 @@ _LAZY: Final = ("AgentEvent", "AgentEventAdapter", "events")
 
 
 __all__ = (
+    # agents
+    "Agent",
+    "Conversation",
+    "ModelSettings",
     # runtime
     "Runtime",
     "run_loop",

@@ -1,11 +1,18 @@
 """The library's logger. agentfsm never configures structlog; applications do.
 
+Until the application configures structlog (`structlog.is_configured()`), the
+library says nothing below warning, and what it says goes to stderr: structlog's
+defaults would print every info line of every loop to stdout, into the
+program's own output. Once structlog is configured, its configuration decides.
+
 structlog is imported on first use, not with agentfsm: importing it costs about
 40 ms, and `import agentfsm` (a CLI's `agentfsm diagram`, say) need not pay it.
 """
 
 from __future__ import annotations
 
+import logging
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -19,13 +26,28 @@ _bind: Callable[..., Any] | None = None
 
 
 def get_logger() -> FilteringBoundLogger:
-    """The `agentfsm` logger (structlog's lazy proxy: it follows later configuration)."""
+    """The `agentfsm` logger, as structlog is configured now.
+
+    Configured: structlog's lazy proxy (it follows later configuration).
+    Unconfigured: a logger that drops everything below warning and writes the
+    rest to the current `sys.stderr`. Callers ask for it when they log (a loop
+    when it starts), so configuring structlog later takes effect then.
+    """
     global _logger
     if _logger is None:
         import structlog
 
         _logger = structlog.get_logger("agentfsm")
-    return _logger
+    import structlog  # cached in sys.modules by now: a dict lookup
+
+    if structlog.is_configured():
+        return _logger
+    quiet: FilteringBoundLogger = structlog.wrap_logger(
+        structlog.PrintLogger(sys.stderr),
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        logger_name="agentfsm",
+    )
+    return quiet
 
 
 def bind_contextvars(**values: Any) -> None:

@@ -57,8 +57,16 @@ _MACHINE_TITLE = "agentfsm loop"
 
 
 def render_mermaid(title: str = _MACHINE_TITLE) -> str:
-    """The machine as a mermaid `stateDiagram-v2` (drawn by transitions' mermaid engine)."""
-    return draw_mermaid(title)
+    """The machine as a mermaid `stateDiagram-v2` (drawn by transitions' mermaid engine).
+
+    No state is styled as active: transitions draws a machine for a model, and
+    styles the model's state (`idle`, where it starts) as the current one; the
+    machine itself has no current state.
+    """
+    return _ACTIVE.sub(r"\1 s_default", draw_mermaid(title))
+
+
+_ACTIVE = re.compile(r"^(\s*Class \w+) s_active$", re.MULTILINE)
 
 
 def render_markdown() -> str:
@@ -256,8 +264,9 @@ _DOT_EDGE: dict[_EdgeKind, str] = {
 }
 
 
-def _depths() -> dict[LoopState, int]:
-    """Each state's distance from `idle` along the normal edges (for the layout)."""
+def _ranks() -> list[list[LoopState]]:
+    """The states by distance from `idle` along the normal edges: the rows of
+    the drawing, top to bottom, in the order a loop meets them."""
     depth = {LoopState.idle: 0}
     todo = [LoopState.idle]
     while todo:
@@ -266,18 +275,70 @@ def _depths() -> dict[LoopState, int]:
             if src is source and trigger not in ERROR_TRIGGERS and dest not in depth:
                 depth[dest] = depth[source] + 1
                 todo.append(dest)
-    return depth
+    rows: list[list[LoopState]] = [[] for _ in range(max(depth.values()) + 1)]
+    for state in LoopState:  # in state order within a row
+        rows[depth[state]].append(state)
+    return rows
 
 
-_DEPTH = _depths()
-"""Edges back towards `idle` (`constraint=false`) do not shape graphviz's layout,
-so the states line up left to right in the order a loop meets them."""
+_RANKS = _ranks()
+_DEPTH = {state: row for row, states in enumerate(_RANKS) for state in states}
+
+_END = "idle_end"
+"""The node that draws `idle` as the loop's end, at the bottom: every loop
+starts in `idle` and ends in it, and one node at the top with every ending edge
+climbing back to it tangled the drawing. Both nodes are the one state."""
+_ENDED = "__ended__"
+"""The junction the error edges (`abort | fail | cancel`) of every state meet
+at, drawn once from there to the end instead of once per state."""
+_DOT_END = ", peripheries=2"
+_DOT_JUNCTION = '  __ended__ [shape=point, width=0.06, color=gray55, label=""];'
+_DOT_TO_JUNCTION = "arrowhead=none, style=dashed, color=gray70"
+_ERROR_LABEL = " | ".join(t for t in Trigger if t in ERROR_TRIGGERS)
+
+
+def _dot_edges(path: LoopPath | None) -> list[str]:
+    """The DOT edges: forward edges shape the rows, edges back up do not, and
+    the ending edges lead to the end node, the untaken error ones grouped."""
+    lines: list[str] = []
+    to_junction: list[LoopState] = []
+    for e in _edges(path):
+        label = e.label
+        if e.dest is LoopState.idle and e.kind == "plain":
+            triggers = label.split(" | ")
+            ending = [t for t in triggers if t not in ERROR_TRIGGERS]
+            if len(ending) < len(triggers):
+                to_junction.append(e.source)
+            if not ending:
+                continue
+            label = " | ".join(ending)
+        dest = _END if e.dest is LoopState.idle else str(e.dest)
+        back = e.dest is not LoopState.idle and _DEPTH[e.dest] <= _DEPTH[e.source]
+        extra = _DOT_EDGE[e.kind] + (", constraint=false" if back else "")
+        lines.append(f"  {e.source} -> {dest} [label={_dot_str(label)}{extra}];")
+    lines.extend(f"  {s} -> {_ENDED} [{_DOT_TO_JUNCTION}];" for s in to_junction)
+    if to_junction:
+        lines.append(f"  {_ENDED} -> {_END} [label={_dot_str(_ERROR_LABEL)}];")
+    return lines
+
+
+def _end_classes(path: LoopPath | None) -> tuple[str | None, str | None]:
+    """The highlight of the start node and of the end node (both `idle`)."""
+    css = _state_class(LoopState.idle, path)
+    if path is None or not path.steps or css in (None, "visited"):
+        return css, None  # not ended: it is (or was) only where loops start
+    return "visited", css
 
 
 def render_dot(
     loop: LoopPath | LoopView | LoopResult | None = None, *, title: str | None = None
 ) -> str:
     """The machine, or one loop's path over it, as graphviz DOT text.
+
+    The states are drawn in rows in the order a loop meets them, from `idle`
+    at the top to `idle` again at the bottom (one state, drawn twice: where
+    loops start and where they end, with a double border). The error edges of
+    the states meet at one point on their way to the end.
 
     Highlighting as in `render_path_mermaid`: visited states blue, the current
     one red (gold when paused), taken edges blue, rewritten ones orange, the
@@ -289,21 +350,23 @@ def render_dot(
     """
     path = None if loop is None else LoopPath.of(loop)
     label = title or (path.title if path is not None else _MACHINE_TITLE)
+    start_css, end_css = _end_classes(path)
     lines = [
         "digraph agentfsm {",
         f"  graph [label={_dot_str(label)}{_DOT_GRAPH}];",
         *_DOT_DEFAULTS,
     ]
     for state in LoopState:
-        style = _DOT_STATE[_state_class(state, path)]
-        lines.append(f"  {state} [label={_dot_str(state)}{style}];")
-    lines.extend(("", "  __start__ -> idle;"))
-    for e in _edges(path):
-        back = ", constraint=false" if _DEPTH[e.dest] <= _DEPTH[e.source] else ""
-        style = _DOT_EDGE[e.kind]
-        lines.append(
-            f"  {e.source} -> {e.dest} [label={_dot_str(e.label)}{style}{back}];"
-        )
+        css = start_css if state is LoopState.idle else _state_class(state, path)
+        lines.append(f"  {state} [label={_dot_str(state)}{_DOT_STATE[css]}];")
+    lines.append(f'  {_END} [label="idle"{_DOT_STATE[end_css]}{_DOT_END}];')
+    lines.append(_DOT_JUNCTION)
+    for row in _RANKS:
+        if len(row) > 1:  # one row, left to right in state order (invisible edges)
+            order = " -> ".join(row)
+            lines.append(f"  {{rank=same; {order} [style=invis]}}")
+    lines.append(f"  {{rank=sink; {_END}}}")
+    lines.extend(("", "  __start__ -> idle;", *_dot_edges(path)))
     note = _pause_note(path)
     if path is not None and note is not None:
         lines.append("")

@@ -7,11 +7,12 @@ These classes are re-exported from `agentfsm.providers` and `agentfsm`.
 """
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Annotated, Any, Literal, NamedTuple, TypeAlias
+from typing import Annotated, Any, Literal, NamedTuple, TypeAlias, TypedDict
 
 from pydantic import (
     AliasChoices,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     GetCoreSchemaHandler,
@@ -24,10 +25,12 @@ from pydantic_core import CoreSchema, core_schema
 
 from agentfsm.messages import (
     FunctionCallItem,
+    FunctionCallOutputItem,
     ModelContext,
     ModelMessageItem,
     OutputItem,
     TokenUsage,
+    UserMessage,
 )
 from agentfsm.tools import Tool
 
@@ -37,6 +40,7 @@ __all__ = (
     "ItemSource",
     "ModelNext",
     "ModelRequest",
+    "ModelSettings",
     "ModelWrapper",
     "OutputCompleted",
     "ReasoningDelta",
@@ -61,6 +65,15 @@ def _tool_sequence(value: Any) -> tuple[Any, ...]:
     if isinstance(value, Sequence) and not isinstance(value, str | bytes):
         return tuple(value)
     raise ValueError(f"expected a sequence of tools, got {type(value).__name__}")
+
+
+def _stop_sequences(value: Any) -> Any:
+    """A single stop sequence as a one-item tuple; each sequence non-empty."""
+    if isinstance(value, str):
+        value = (value,)
+    if isinstance(value, Sequence) and any(s == "" for s in value):
+        raise ValueError("a stop sequence cannot be empty")
+    return value
 
 
 def _tools_schema(_: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
@@ -92,7 +105,9 @@ class InferenceInput(BaseModel):
     model: str
     """`provider:model`, resolved by the runtime's provider registry."""
     context: ModelContext
-    """The instructions and the conversation; the loop appends to it."""
+    """The instructions and the conversation; the loop appends to it. Loops
+    started on one `InferenceInput` share this context (they see each other's
+    items): for one context per conversation, start them from an `Agent`."""
     max_output_tokens: int | None = Field(default=None, gt=0)
     """Upper bound on generated tokens."""
     reasoning_effort: str | None = None
@@ -101,10 +116,49 @@ class InferenceInput(BaseModel):
     """Tools the model may call (kept as a tuple)."""
     tool_choice: str | None = None
     """`auto`, `required`, `none`, or the name of one tool to force."""
+    reset_tool_choice: Literal["auto", "none"] | None = None
+    """What a forcing `tool_choice` (`required` or a tool's name) becomes once
+    a tool has answered since the last user message: `"auto"` forces the tool
+    once and then lets the model choose (the OpenAI Agents SDK's
+    `reset_tool_choice`), `"none"` forces it once and then has the model answer
+    (what small models need: given the choice, they call the tool again and
+    again). `None`, the default, forces it on every request. Providers send
+    `effective_tool_choice`."""
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    """Sampling temperature (`None`: the provider's default; the local model's
+    is 0.2). A hint: a provider without it (Anthropic) leaves it out."""
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    """Nucleus sampling: sample from the smallest set of tokens whose
+    probability adds up to `top_p`. A hint, like `temperature`."""
+    seed: int | None = None
+    """Seed for sampling, for repeatable outputs (best effort). A hint: the
+    OpenAI Responses API and Anthropic have none and leave it out."""
+    stop_sequences: Annotated[tuple[str, ...], BeforeValidator(_stop_sequences)] = ()
+    """Text at which generation stops (not included in the output); a single
+    string is one sequence. A provider without them (the OpenAI Responses API)
+    refuses the request with a `ConfigurationError`, since they change the answer."""
+    parallel_tool_calls: bool | None = None
+    """Whether the model may ask for several tool calls in one output (`None`:
+    the provider's default, which is yes). `False` on a provider that cannot
+    limit a turn to one call (the local model) is a `ConfigurationError`."""
     streaming: bool = False
     """Take the `inference_streaming` path and publish each chunk."""
     structured_output: InstanceOf[type[BaseModel]] | dict[str, Any] | None = None
     """A pydantic model or JSON schema the answer must follow."""
+
+    @property
+    def effective_tool_choice(self) -> str | None:
+        """The tool choice this request goes out with: `tool_choice`, or
+        `reset_tool_choice` once a forced tool has answered (see there)."""
+        choice = self.tool_choice
+        if self.reset_tool_choice is None or choice in (None, "auto", "none"):
+            return choice
+        for item in reversed(self.context.items):
+            if isinstance(item, FunctionCallOutputItem):
+                return self.reset_tool_choice
+            if isinstance(item, UserMessage):
+                break
+        return choice
 
     def tool_named(self, name: str) -> Tool | None:
         """The tool offered under `name`, if any."""
@@ -112,6 +166,29 @@ class InferenceInput(BaseModel):
             if candidate.name == name:
                 return candidate
         return None
+
+
+class ModelSettings(TypedDict, total=False):
+    """The settings of `InferenceInput` an `Agent` takes as `model_settings`.
+
+    Each key is the `InferenceInput` field of the same name (see there for what
+    each provider does with it).
+
+    Example:
+        ```python
+        Agent("openai:gpt-4.1-mini", model_settings={"temperature": 0.2, "seed": 7})
+        ```
+    """
+
+    temperature: float
+    top_p: float
+    seed: int
+    stop_sequences: Sequence[str] | str
+    parallel_tool_calls: bool
+    max_output_tokens: int
+    reasoning_effort: str
+    tool_choice: str
+    reset_tool_choice: Literal["auto", "none"]
 
 
 class InferenceOutput(BaseModel):

@@ -25,7 +25,7 @@ import inspect
 import itertools
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic_core import to_json
 
@@ -103,15 +103,22 @@ class ScriptedProvider:
 
     Each loop has its own cursor, so any number of loops can run the same script
     at once. A step may be an `InferenceOutput`, an exception to raise, or a
-    function of the request. Running past the end raises `ProviderError`.
-    `requests` records every request, in arrival order.
+    function of the request. Running past the end raises `ProviderError` naming
+    the script's length (a script one step short fails the loop, rather than
+    starting over). `requests` records every request, in arrival order.
     """
 
-    __slots__ = ("_cursors", "_record", "requests", "script")
+    __slots__ = ("_cursors", "_finished", "_record", "requests", "script")
+
+    _FINISHED_KEPT: ClassVar[int] = 4096
+    """How many finished loops are remembered (so that their next request
+    raises): enough for any loop still running, bounded for long benchmarks."""
 
     def __init__(self, script: Sequence[ScriptStep], *, record: bool = True) -> None:
         self.script = tuple(script)
         self._cursors: dict[str | None, int] = {}
+        # Loops that played their last step, oldest first (a dict keeps order).
+        self._finished: dict[str | None, None] = {}
         self._record = record
         self.requests: list[InferenceInput] = []
         """Every request, in arrival order (unless built with `record=False`,
@@ -121,15 +128,15 @@ class ScriptedProvider:
         if self._record:
             self.requests.append(request)
         key = current_loop_id()
-        index = self._cursors.get(key, 0)
-        if index >= len(self.script):
-            self._cursors.pop(key, None)
+        if key in self._finished or not self.script:
+            where = "outside a loop" if key is None else f"loop {key}"
             raise ProviderError(
-                f"the script has {len(self.script)} steps and request {index + 1} "
-                f"of loop {key} asked for another"
+                f"the script has {len(self.script)} steps and {where} asked for "
+                f"step {len(self.script) + 1}"
             )
+        index = self._cursors.pop(key, 0)
         if index + 1 == len(self.script):
-            self._cursors.pop(key, None)  # forget finished loops
+            self._finish(key)
         else:
             self._cursors[key] = index + 1
         step = self.script[index]
@@ -138,6 +145,11 @@ class ScriptedProvider:
         if isinstance(step, BaseException):
             raise step
         return step(request)
+
+    def _finish(self, key: str | None) -> None:
+        self._finished[key] = None
+        if len(self._finished) > self._FINISHED_KEPT:
+            del self._finished[next(iter(self._finished))]
 
     async def complete(self, request: InferenceInput, /) -> InferenceOutput:
         """The next step of this loop's script."""

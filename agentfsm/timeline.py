@@ -8,7 +8,7 @@ other way (`agentfsm.testing.EventRecorder`, a bus subscription):
 ```python
 events = list(read_events("events.jsonl"))
 print(format_table(summarize(events)))
-timeline = build_timeline(events, find_loop(events, "01a2"))
+timeline = build_timeline(events, find_loop(events, "4454f1a2")  # its short id, or any unique part of its id)
 print(format_timeline(timeline))
 ```
 """
@@ -19,7 +19,7 @@ import html
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import NamedTuple, final
+from typing import Final, NamedTuple, final
 
 from . import events as ev
 from ._paths import LoopPath
@@ -40,6 +40,7 @@ __all__ = (
     "format_timeline",
     "group_by_loop",
     "render_html",
+    "short_ids",
     "summarize",
 )
 
@@ -59,6 +60,10 @@ class LoopSummary(NamedTuple):
     """When its first event was published."""
     last_at: datetime
     """When its last event was published (its end, for a finished loop)."""
+    question: str | None = None
+    """The user message it started with (`None`: it continued its context)."""
+    answer: str | None = None
+    """The answer it published, if any."""
 
     @property
     def duration(self) -> float:
@@ -111,12 +116,16 @@ def group_by_loop(events: Iterable[ev.AgentEvent]) -> dict[str, list[ev.AgentEve
 
 
 def find_loop(events: Iterable[ev.AgentEvent], prefix: str | None = None) -> str:
-    """The id of the one loop whose id is `prefix`, starts with it or ends with it.
+    """The id of the one loop whose id is `prefix` or contains it.
+
+    Loop ids are UUIDv7: ids made close together share their start (a
+    timestamp) and differ at their end (random), so a short id is best taken
+    from the end, as `short_ids` does; any part unique to one loop works.
 
     Args:
         events: events of one or more loops.
-        prefix: the loop's id, its start or its end; `None` picks the only loop
-            there is.
+        prefix: the loop's id or any part of it (its start, its end, its
+            middle); `None` picks the only loop there is.
 
     Raises:
         EventLogError: no loop, or several, match (the message lists them).
@@ -133,22 +142,36 @@ def find_loop(events: Iterable[ev.AgentEvent], prefix: str | None = None) -> str
         )
     if prefix in ids:
         return prefix
-    matches = [i for i in ids if i.startswith(prefix)] if prefix else []
-    if len(matches) != 1 and prefix:
-        # Loop ids are UUIDv7: ids made in the same second share their start,
-        # while their end is random, so a unique end works as well.
-        matches = [i for i in ids if i.endswith(prefix)] or matches
+    matches = [i for i in ids if prefix in i] if prefix else []
     if len(matches) == 1:
         return matches[0]
     if matches:
+        shorts = short_ids(ids)
+        listed = ", ".join(shorts[i] for i in matches[:10])
         raise EventLogError(
-            f"{len(matches)} loops start or end with {prefix!r}: "
-            f"{', '.join(matches[:10])}{' ...' if len(matches) > 10 else ''}; "
-            "give more of the id"
+            f"{len(matches)} loops have {prefix!r} in their id; say which one by "
+            f"its short id (the end of its id): {listed}"
+            f"{' ...' if len(matches) > 10 else ''}"
         )
-    raise EventLogError(
-        f"no loop starts or ends with {prefix!r} (loops: {known or 'none'})"
-    )
+    raise EventLogError(f"no loop id contains {prefix!r} (loops: {known or 'none'})")
+
+
+_SHORT_ID: Final = 8
+"""The fewest characters of a short id."""
+
+
+def short_ids(ids: Iterable[str]) -> dict[str, str]:
+    """Each id's short form: its shortest end (of `_SHORT_ID` characters at
+    least) that no other id contains, which `find_loop` finds it by."""
+    unique = list(dict.fromkeys(ids))
+    shorts: dict[str, str] = {}
+    for loop_id in unique:
+        others = [i for i in unique if i != loop_id]
+        size = min(_SHORT_ID, len(loop_id))
+        while size < len(loop_id) and any(loop_id[-size:] in o for o in others):
+            size += 1
+        shorts[loop_id] = loop_id[-size:]
+    return shorts
 
 
 def summarize(events: Iterable[ev.AgentEvent]) -> list[LoopSummary]:
@@ -179,6 +202,22 @@ def _summary(mine: Sequence[ev.AgentEvent]) -> LoopSummary:
         usage=usage,
         started_at=first.ts,
         last_at=last.ts,
+        question=next(
+            (
+                e.message.content
+                for e in mine
+                if isinstance(e, ev.LoopStarted) and e.message is not None
+            ),
+            None,
+        ),
+        answer=next(
+            (
+                e.message.content
+                for e in reversed(mine)
+                if isinstance(e, ev.ModelAnswer)
+            ),
+            None,
+        ),
     )
 
 
@@ -395,31 +434,54 @@ def _outcome(summary: LoopSummary) -> str:
     )
 
 
+_QUOTE_WIDTH: Final = 32
+"""How much of a question or an answer the table shows."""
+
+
 def format_table(summaries: Sequence[LoopSummary]) -> str:
-    """The loops as a table: id, agent, outcome, turns, tool calls, tokens, duration."""
-    header = ("LOOP", "AGENT", "OUTCOME", "TURNS", "TOOL CALLS", "TOKENS", "DURATION")
+    """The loops as a table: short id, agent, outcome, turns, tool calls, tokens,
+    duration, question and answer (`--loop` takes the short id)."""
+    header = (
+        "LOOP",
+        "AGENT",
+        "OUTCOME",
+        "TURNS",
+        "TOOLS",
+        "TOKENS",
+        "TIME",
+        "QUESTION",
+        "ANSWER",
+    )
+    shorts = short_ids(s.loop_id for s in summaries)
     rows = [
         (
-            s.loop_id,
+            shorts[s.loop_id],
             s.agent_id,
             _outcome(s),
             str(s.model_requests),
             str(s.tool_calls),
             str(s.usage.total_tokens),
             _seconds(s.duration),
+            _line(s.question),
+            _line(s.answer),
         )
         for s in summaries
     ]
     widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
-    left = 3  # id, agent and outcome are text; the rest are numbers
+    numbers = range(3, 7)  # turns to time are right-aligned; the rest is text
     lines = [
         "  ".join(
-            cell.ljust(w) if i < left else cell.rjust(w)
+            cell.rjust(w) if i in numbers else cell.ljust(w)
             for i, (cell, w) in enumerate(zip(row, widths, strict=True))
         ).rstrip()
         for row in (header, *rows)
     ]
     return "\n".join((*lines, _count(len(rows), "loop"))) + "\n"
+
+
+def _line(text: str | None) -> str:
+    """A question or answer on one line of the table, cut to `_QUOTE_WIDTH`."""
+    return "-" if text is None else _short(text, _QUOTE_WIDTH)
 
 
 def _totals(summary: LoopSummary) -> str:

@@ -17,10 +17,12 @@ Example:
 """
 
 import inspect
+import re
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
 from contextvars import ContextVar
 from functools import partial
 from typing import (
+    Annotated,
     Any,
     Final,
     Literal,
@@ -28,6 +30,7 @@ from typing import (
     TypedDict,
     Unpack,
     cast,
+    get_origin,
     get_type_hints,
     overload,
 )
@@ -44,6 +47,7 @@ from pydantic import (
     create_model,
 )
 from pydantic.fields import FieldInfo
+from pydantic_core import to_json
 
 from . import _models
 from .exceptions import ConfigurationError, ToolArgumentsError, ToolError, ToolTimeout
@@ -147,9 +151,12 @@ class Tool:
     model's JSON arguments and runs the function.
 
     Args:
-        function: a typed sync or async function; its docstring is the description.
+        function: a sync or async function with every parameter annotated; its
+            docstring describes the tool and (Google, NumPy or Sphinx style)
+            its parameters.
         name: the name the model sees (default: the function's name).
-        description: what the model reads about the tool (default: the docstring).
+        description: what the model reads about the tool (default: the docstring,
+            without its parameters section, which describes the parameters).
         timeout: seconds a call may run (`None`: no limit).
         run_in_thread: run a sync function in a worker thread (turn off only for
             functions that never block).
@@ -198,17 +205,17 @@ class Tool:
         self.execution_mode = execution_mode
         self._is_async = inspect.iscoroutinefunction(function)
         self._awaits = self._is_async and _awaits(function)
-        self._args_model = _arguments_model(function, self.name)
+        summary, descriptions = _docstring(function)
+        self._args_model = _arguments_model(function, self.name, descriptions)
         fields = self._args_model.model_fields
         names = tuple(field.alias or name for name, field in fields.items())
         # The parameter names, when some field is not named after its parameter.
         self._parameters = None if names == tuple(fields) else names
         schema = self._args_model.model_json_schema()
         schema.pop("title", None)
-        doc = inspect.getdoc(function) or ""
         self.definition = ToolDefinition(
             name=self.name,
-            description=description if description is not None else doc,
+            description=description if description is not None else summary,
             parameters=schema,
         )
 
@@ -273,10 +280,11 @@ class Tool:
         self,
         arguments: str | Mapping[str, Any],
         cancel_scope: "Callable[[], anyio.CancelScope]",  # quoted: anyio loads it lazily
-    ) -> Any:
-        """`invoke`, returning what the function returned (the loop turns it into
-        an output itself), and making its scope with `cancel_scope` (the loop
-        passes the running backend's class, found once per runtime)."""
+    ) -> "str | ToolResult":
+        """`invoke`, returning the function's `ToolResult` or its value as text
+        (the loop makes the output itself), and making its scope with
+        `cancel_scope` (the loop passes the running backend's class, found once
+        per runtime)."""
         kwargs = self.validate_arguments(arguments)
         if self.timeout is None or not (
             self._awaits if self._is_async else self.run_in_thread
@@ -284,7 +292,7 @@ class Tool:
             # No scope where nothing could be interrupted: a call that never
             # suspends (an async function without an await, a sync function run
             # in the loop's thread) cannot be cancelled, so no deadline can end it.
-            return await self._call(kwargs)
+            return self._output(await self._call(kwargs))
         # The scope is entered before the first step: a step may open scopes of
         # its own, and scopes must nest.
         with cancel_scope() as scope:
@@ -296,7 +304,7 @@ class Tool:
                 try:
                     first = coro.send(None)
                 except StopIteration as done:
-                    return done.value
+                    return self._output(done.value)
                 scope.deadline = anyio.current_time() + self.timeout
                 result = await _Resume(coro, first)
             else:
@@ -306,7 +314,24 @@ class Tool:
             raise ToolTimeout(
                 f"tool {self.name!r} timed out after {self.timeout:g}s", tool=self.name
             )
-        return result
+        return self._output(result)
+
+    def _output(self, value: Any) -> "str | ToolResult":
+        """The function's value as the loop takes it: a `ToolResult` or text.
+
+        Serialized here, not by the loop, so that a value JSON cannot hold is
+        reported as that, not as the tool having raised.
+        """
+        if isinstance(value, str | ToolResult):
+            return value
+        try:
+            return to_json(value).decode()
+        except ValueError as exc:  # PydanticSerializationError, circular references
+            raise ToolError(
+                f"tool {self.name!r} returned a value that cannot be serialized "
+                f"to JSON ({type(value).__name__}): {exc}",
+                tool=self.name,
+            ) from exc
 
     def _call(self, kwargs: dict[str, Any]) -> Awaitable[Any]:
         """The call to await (the function's own coroutine for an async tool: no
@@ -375,9 +400,11 @@ def _awaits(function: Callable[..., Any]) -> bool:
     return any(i.opname == "YIELD_VALUE" for i in dis.get_instructions(code))
 
 
-def _arguments_model(function: ToolFunction, name: str) -> type[BaseModel]:
+def _arguments_model(
+    function: ToolFunction, name: str, descriptions: Mapping[str, str]
+) -> type[BaseModel]:
     try:
-        hints = get_type_hints(function)
+        hints = get_type_hints(function, include_extras=True)
     except NameError as exc:
         raise ConfigurationError(
             f"tool {name!r}: cannot resolve annotation: {exc}"
@@ -393,11 +420,25 @@ def _arguments_model(function: ToolFunction, name: str) -> type[BaseModel]:
             raise ConfigurationError(
                 f"tool {name!r}: positional-only parameter {param.name!r} is not supported"
             )
-        annotation = hints.get(param.name, Any)
+        if param.name not in hints:
+            # The model would be told nothing about the value, and anything it
+            # wrote would be passed on unchecked.
+            raise ConfigurationError(
+                f"tool {name!r}: parameter {param.name!r} has no type annotation "
+                f"(annotate it, e.g. `{param.name}: str`, or `Any` to accept anything)"
+            )
+        annotation = hints[param.name]
         default = ... if param.default is param.empty else param.default
-        info = Field(default, alias=param.name)
+        # The docstring's description, unless the parameter's own `Field` (in
+        # `Annotated` or as the default) gives one.
+        described: dict[str, Any] = {}  # (a `description=None` would erase one)
+        if param.name in descriptions and not _describes(annotation, default):
+            described["description"] = descriptions[param.name]
+        info = Field(default, alias=param.name, **described)
         if isinstance(default, FieldInfo):  # `n: int = Field(1, ge=1)`
-            info = FieldInfo.merge_field_infos(default, Field(alias=param.name))
+            info = FieldInfo.merge_field_infos(
+                default, Field(alias=param.name, **described)
+            )
         # A field is named after its parameter, unless BaseModel has that name
         # (`schema`, `json`, `model_config`, ...) or pydantic reserves it (`_x`):
         # then it gets a neutral name no parameter has (p<position>, and
@@ -413,6 +454,62 @@ def _arguments_model(function: ToolFunction, name: str) -> type[BaseModel]:
         __config__=ConfigDict(extra="forbid", defer_build=True),
         **fields,
     )
+
+
+def _describes(annotation: Any, default: Any) -> bool:
+    """Whether a parameter's own `Field` (as default or in `Annotated`) describes it."""
+    infos = [default] if isinstance(default, FieldInfo) else []
+    if get_origin(annotation) is Annotated:
+        infos.extend(m for m in annotation.__metadata__ if isinstance(m, FieldInfo))
+    return any(info.description is not None for info in infos)
+
+
+# A docstring with any of these has sections for griffe to find: Google's
+# `Args:` and friends, NumPy's underlined headings, Sphinx's `:param x:` fields.
+_SECTIONED: Final = re.compile(
+    r"^\s*(Args|Arguments|Parameters|Params|Keyword Args|Keyword Arguments"
+    r"|Other Parameters|Returns?|Yields|Raises|Examples?|Notes?|Warnings?):\s*$"
+    r"|^\s*-{3,}\s*$"
+    r"|^\s*:(param|parameter|arg|argument|key|keyword|type|returns?|rtype|raises?)\b",
+    re.MULTILINE,
+)
+
+
+def _docstring(function: ToolFunction) -> tuple[str, dict[str, str]]:
+    """The tool's description and each parameter's, from the function's docstring.
+
+    The description is the docstring's text without its sections (a `Returns`
+    section is kept as one line: it tells the model what it gets back); the
+    parameters' come from its Google `Args:`, NumPy `Parameters` or Sphinx
+    `:param x:` section, whichever style the docstring is written in.
+    """
+    doc = inspect.getdoc(function) or ""
+    if not _SECTIONED.search(doc):
+        return doc, {}
+    import griffe  # here: ~45 ms to import, and most tools have one-line docstrings
+
+    quiet: Any = {"warnings": False}  # griffe would log each parameter it cannot type
+    sections = griffe.Docstring(
+        doc,
+        parser="auto",
+        parser_options={
+            "default": "google",
+            "per_style_options": {"google": quiet, "numpy": quiet, "sphinx": quiet},
+        },
+    ).parse()
+    text: list[str] = []
+    parameters: dict[str, str] = {}
+    for section in sections:
+        kind = section.kind.value
+        if kind == "text":
+            text.append(section.value)
+        elif kind in ("parameters", "other parameters"):
+            parameters.update((p.name, p.description) for p in section.value)
+        elif kind == "returns":
+            returns = " ".join(r.description for r in section.value if r.description)
+            if returns:
+                text.append(f"Returns: {returns}")
+    return "\n\n".join(text).strip(), parameters
 
 
 @overload

@@ -62,3 +62,28 @@ def test_every_peer_plays_the_harness_script() -> None:
             assert "script_step(" in source, path.name
             assert "ANSWER" in source, path.name
         assert "main(" in source, path.name
+
+
+def test_readme_table_is_the_last_full_run() -> None:
+    """README.md's performance block is what `make bench-peers` writes from peers.json."""
+    code = (
+        "import json, sys\n"
+        "sys.path[:0] = ['bench/peers']\n"
+        "import run\n"
+        "data = json.load(open('bench/peers.json'))\n"
+        "sys.stdout.write(run.readme_block(data['rows'], run.CONCURRENT, data['machine']))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=50,
+        check=True,
+    )
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    begin = "<!-- bench-peers:begin (written by `make bench-peers`) -->\n"
+    block = readme[
+        readme.index(begin) + len(begin) : readme.index("<!-- bench-peers:end")
+    ]
+    assert block == out.stdout

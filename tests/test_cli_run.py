@@ -14,7 +14,9 @@ import structlog
 from agentfsm import (
     AgentEventAdapter,
     ConfigurationError,
+    FunctionProvider,
     InferenceInput,
+    InferenceOutput,
     ModelContext,
     Runtime,
     TokenUsage,
@@ -26,9 +28,8 @@ from agentfsm.cli.run import (
     _request,
     _watch,
     load_tool,
-    release_tool_choice,
 )
-from agentfsm.demo_tools import add, clock
+from agentfsm.demo_tools import add
 from agentfsm.providers.local import LocalProvider
 from agentfsm.testing import ScriptedProvider, call, calls, text
 
@@ -86,30 +87,26 @@ class TestRequest:
         assert _request(_args("hi", "--tool-choice", "add"), [add]).tool_choice == "add"
 
 
-async def test_release_tool_choice() -> None:
-    """A forced tool is forced until it answered; then the `then` choice applies."""
-    provider = ScriptedProvider([calls(call("add", a=2, b=3)), text("5")])
-    request = InferenceInput(
-        model="s:m", context=ModelContext(), tools=(add, clock), tool_choice="add"
+@pytest.mark.parametrize("then", ["none", "auto"])
+async def test_a_forced_tool_is_forced_once(then: str) -> None:
+    """`--tool-choice add` forces `add` until it answered, then `--then-tool-choice`."""
+    request = _request(
+        _args("2+3?", "--tool-choice", "add", "--then-tool-choice", then), [add]
     )
-    async with Runtime(providers={"s": provider}) as runtime:
+    assert (request.tool_choice, request.reset_tool_choice) == ("add", then)
+    script = ScriptedProvider([calls(call("add", a=2, b=3)), text("5")])
+    sent: list[str | None] = []
+
+    async def provider(request: InferenceInput) -> InferenceOutput:
+        sent.append(request.effective_tool_choice)  # as a provider sends it, now
+        return await script.complete(request)
+
+    async with Runtime(providers={"s": FunctionProvider(provider)}) as runtime:
         loop_id = runtime.run_loop(
-            "a", "2+3?", request, model_wrappers=[release_tool_choice()]
+            "a", "2+3?", request.model_copy(update={"model": "s:m"})
         )
         assert (await runtime.wait(loop_id)).outcome == "answered"
-    assert [r.tool_choice for r in provider.requests] == ["add", "none"]
-
-
-async def test_release_tool_choice_leaves_auto_alone() -> None:
-    """A request that forces nothing goes out unchanged."""
-    provider = ScriptedProvider([calls(call("add", a=2, b=3)), text("5")])
-    request = InferenceInput(model="s:m", context=ModelContext(), tools=(add,))
-    async with Runtime(providers={"s": provider}) as runtime:
-        loop_id = runtime.run_loop(
-            "a", "2+3?", request, model_wrappers=[release_tool_choice("auto")]
-        )
-        await runtime.wait(loop_id)
-    assert [r.tool_choice for r in provider.requests] == [None, None]
+    assert sent == ["add", then]
 
 
 @pytest.mark.parametrize("streaming", [True, False], ids=["stream", "no-stream"])

@@ -83,3 +83,10 @@ def test_cli_markdown_to_file(tmp_path: Path) -> None:
     target = tmp_path / "loop.md"
     assert run_cli("--markdown", "-o", str(target)) == ""
     assert target.read_text(encoding="utf-8") == COMMITTED.read_text(encoding="utf-8")
+
+
+def test_the_machine_has_no_active_state() -> None:
+    """The machine diagram styles no state as active (transitions marks its model's)."""
+    mermaid = render_mermaid()
+    assert "s_active\n" not in mermaid.replace("classDef s_active", "")
+    assert "  Class idle s_default" in mermaid.splitlines()

@@ -10,6 +10,7 @@ import anyio
 import pytest
 
 from agentfsm import (
+    AgentEventAdapter,
     LoopState,
     LoopStatus,
     Runtime,
@@ -21,15 +22,21 @@ from agentfsm.eventlog import EventLogWriter, read_events
 from agentfsm.events import FunctionCallCompleted, LoopStarted
 from agentfsm.exceptions import EventLogError
 from agentfsm.testing import ScriptedProvider, call, calls, text
-from agentfsm.timeline import build_timeline, find_loop, format_table, summarize
+from agentfsm.timeline import (
+    build_timeline,
+    find_loop,
+    format_table,
+    short_ids,
+    summarize,
+)
 from tests.helpers import needs_dot, pause_tools, request, stream_after_tools
 
 SVG = "{http://www.w3.org/2000/svg}"
 
 TABLE = """\
-LOOP    AGENT       OUTCOME    TURNS  TOOL CALLS  TOKENS  DURATION
-loop-1  calculator  answered       2           1      61    0.230s
-loop-2  reviewer    cancelled      1           0      25    0.090s
+LOOP    AGENT       OUTCOME    TURNS  TOOLS  TOKENS    TIME  QUESTION          ANSWER
+loop-1  calculator  answered       2      1      61  0.230s  What is 2 + 3?    2 + 3 = <5>
+loop-2  reviewer    cancelled      1      0      25  0.090s  Add <b>1</b> & 1  -
 2 loops
 """
 
@@ -145,7 +152,8 @@ def inspect(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, s
 
 
 def test_table(recorded_log: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """`inspect FILE`: one line per loop with agent, outcome, turns, calls, tokens, time."""
+    """`inspect FILE`: one line per loop: short id, agent, outcome, turns, calls,
+    tokens, time, question and answer."""
     assert inspect(capsys, str(recorded_log)) == (0, TABLE, "")
 
 
@@ -188,35 +196,66 @@ def test_ambiguous_or_unknown_loop(
     code, out, err = inspect(capsys, str(recorded_log), "--loop", "loop")
     assert (code, out) == (1, "")
     assert (
-        "2 loops start or end with 'loop': loop-1, loop-2; give more of the id" in err
+        "2 loops have 'loop' in their id; say which one by its short id "
+        "(the end of its id): loop-1, loop-2" in err
     )
     code, _, err = inspect(capsys, str(recorded_log), "--loop", "zzz")
     assert code == 1
-    assert "no loop starts or ends with 'zzz' (loops: loop-1, loop-2)" in err
+    assert "no loop id contains 'zzz' (loops: loop-1, loop-2)" in err
 
 
-def test_a_loop_found_by_the_end_of_its_id() -> None:
-    """Ids made in the same second share their start; a unique end finds the loop."""
-    ids = [
-        "01a22b54-a012-7000-b4d5-31bce8e74e50",
-        "01a22b54-a012-7001-8991-8534ed9d1542",
-    ]
-    events = [
-        LoopStarted(
-            event_id=f"{i}:1",
-            loop_id=i,
-            agent_id="a",
-            seq=1,
-            state=LoopState.idle,
-            message=None,
-            model="m:x",
-            streaming=False,
-        )
-        for i in ids
-    ]
-    with pytest.raises(EventLogError, match="2 loops start or end with '01a22b54'"):
+UUID7_IDS = [
+    "01a22b54-a012-7000-b4d5-31bce8e74e50",
+    "01a22b54-a012-7001-8991-8534ed9d1542",
+    "01a22b54-a013-7000-8002-77aae8e74e50",  # the first id's last 8, by chance
+]
+
+
+def test_a_loop_found_by_any_unique_part_of_its_id() -> None:
+    """Ids made in the same second share their start; any unique part finds a loop."""
+    events = [started(i) for i in UUID7_IDS]
+    with pytest.raises(
+        EventLogError,
+        match=r"3 loops have '01a22b54' in their id; say which one by its short "
+        r"id \(the end of its id\): ce8e74e50, ed9d1542, ae8e74e50",
+    ):
         find_loop(events, "01a22b54")
-    assert find_loop(events, "9d1542") == ids[1]
+    assert find_loop(events, "9d1542") == UUID7_IDS[1]  # an end
+    assert find_loop(events, "8991-85") == UUID7_IDS[1]  # a middle
+    assert find_loop(events, "a013") == UUID7_IDS[2]
+    with pytest.raises(EventLogError, match="2 loops have 'e8e74e50'"):
+        find_loop(events, "e8e74e50")
+
+
+def test_short_ids_are_unique_ends() -> None:
+    """A short id is the shortest end (8 characters at least) no other id contains."""
+    assert short_ids(UUID7_IDS) == {
+        UUID7_IDS[0]: "ce8e74e50",  # "e8e74e50" would find the third id too
+        UUID7_IDS[1]: "ed9d1542",
+        UUID7_IDS[2]: "ae8e74e50",
+    }
+    for loop_id, short in short_ids(UUID7_IDS).items():
+        assert find_loop([started(i) for i in UUID7_IDS], short) == loop_id
+
+
+def test_the_table_shows_short_ids_that_select_the_loop(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each short id the table shows is accepted by `--loop`."""
+    log = tmp_path / "events.jsonl"
+    log.write_text(
+        "".join(
+            AgentEventAdapter.dump_json(started(i)).decode() + "\n" for i in UUID7_IDS
+        ),
+        encoding="utf-8",
+    )
+    code, out, _ = inspect(capsys, str(log))
+    assert code == 0
+    shorts = [line.split()[0] for line in out.splitlines()[1:-1]]
+    assert shorts == ["ce8e74e50", "ed9d1542", "ae8e74e50"]
+    for short, loop_id in zip(shorts, UUID7_IDS, strict=True):
+        code, out, _ = inspect(capsys, str(log), "--loop", short)
+        assert (code, out.splitlines()[0]) == (0, f"loop {loop_id}")
 
 
 def test_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

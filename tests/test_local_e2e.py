@@ -40,7 +40,7 @@ from agentfsm import (
     Runtime,
     UserMessage,
 )
-from agentfsm.cli.run import DEFAULT_INSTRUCTIONS, release_tool_choice
+from agentfsm.cli.run import DEFAULT_INSTRUCTIONS
 from agentfsm.demo_tools import add
 from agentfsm.events import InferenceStream, LoopIdle
 from agentfsm.providers import TextDelta
@@ -133,6 +133,7 @@ def _request(*, streaming: bool) -> InferenceInput:
         context=ModelContext(instructions=DEFAULT_INSTRUCTIONS),
         tools=(add,),
         tool_choice="add",
+        reset_tool_choice="none",
         streaming=streaming,
         max_output_tokens=MAX_TOKENS,
     )
@@ -150,7 +151,6 @@ async def _run_forced(
             QUESTION,
             request,
             max_turns=4,
-            model_wrappers=[release_tool_choice()],
         )
         with anyio.fail_after(240):
             result = await runtime.wait(loop_id)

@@ -134,3 +134,60 @@ def test_library_never_configures_structlog() -> None:
         timeout=30,
     )
     assert done.stdout.splitlines()[-1] == "configured: False False answered"
+
+
+_QUIET_SCRIPT = """
+import anyio, structlog
+import agentfsm
+from agentfsm.exceptions import ProviderError
+from agentfsm.testing import ScriptedProvider, text
+from tests.helpers import request
+
+async def main():
+    provider = ScriptedProvider([text("hi")])
+    failing = ScriptedProvider([ProviderError("model is down")])
+    async with agentfsm.Runtime(
+        providers={"scripted": provider, "down": failing}
+    ) as runtime:
+        answered = await runtime.wait(runtime.run_loop("a", "hi", request()))
+        failed = await runtime.wait(
+            runtime.run_loop("b", "hi", request(model="down:m"))
+        )
+    return answered.outcome, failed.outcome
+
+if CONFIGURE:
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory())  # stdout
+print("outcomes:", *anyio.run(main))
+"""
+
+
+def _run_quiet_script(configure: bool) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", f"CONFIGURE = {configure}\n{_QUIET_SCRIPT}"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+        timeout=30,
+    )
+
+
+def test_unconfigured_the_library_warns_on_stderr_only() -> None:
+    """Unconfigured, no info line is written anywhere and warnings go to stderr."""
+    done = _run_quiet_script(configure=False)
+    assert done.stdout == "outcomes: answered failed\n"  # the program's output only
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "loop_failed" in lines[0]
+    assert "warning" in lines[0]
+    assert "ProviderError: model is down" in lines[0]
+    assert "loop_idle" not in done.stderr  # an info line
+
+
+def test_once_configured_the_application_decides() -> None:
+    """An application that configures structlog gets the info lines where it said."""
+    done = _run_quiet_script(configure=True)
+    assert done.stdout.splitlines()[-1] == "outcomes: answered failed"
+    assert "loop_idle" in done.stdout
+    assert "loop_failed" in done.stdout
+    assert done.stderr == ""

@@ -129,31 +129,38 @@ digraph agentfsm {
   edge [color=gray55, fontcolor=gray35, fontname="Helvetica", fontsize=10];
 
   __start__ [shape=point, width=0.12, color=black, fillcolor=black, label=""];
-  idle [label="idle", fillcolor=darksalmon, color=red, penwidth=2];
+  idle [label="idle", fillcolor=azure, color=blue];
   context_update [label="context_update", fillcolor=azure, color=blue];
   inference [label="inference", fillcolor=azure, color=blue];
   inference_streaming [label="inference_streaming", fillcolor=azure, color=blue];
   function_call [label="function_call", fillcolor=azure, color=blue];
   model_message [label="model_message", fillcolor=azure, color=blue];
+  idle_end [label="idle", fillcolor=darksalmon, color=red, penwidth=2, peripheries=2];
+  __ended__ [shape=point, width=0.06, color=gray55, label=""];
+  {rank=same; inference -> inference_streaming [style=invis]}
+  {rank=same; function_call -> model_message [style=invis]}
+  {rank=sink; idle_end}
 
   __start__ -> idle;
   idle -> context_update [label="start (#1)", color=blue, fontcolor=blue, penwidth=2];
   context_update -> inference [label="infer (#2)", color=blue, fontcolor=blue, penwidth=2];
   context_update -> inference_streaming [label="infer_streaming"];
-  context_update -> idle [label="abort | fail | cancel", constraint=false];
   inference -> function_call [label="call_tools (#3)", color=blue, fontcolor=blue, penwidth=2];
   inference -> model_message [label="answer (#7)", color=blue, fontcolor=blue, penwidth=2];
-  inference -> idle [label="abort | fail | cancel", constraint=false];
   inference_streaming -> function_call [label="call_tools (#5)", color=blue, fontcolor=blue, penwidth=2];
   inference_streaming -> model_message [label="answer"];
-  inference_streaming -> idle [label="abort | fail | cancel", constraint=false];
   function_call -> inference [label="infer (#6 rewritten)", color=darkorange, fontcolor=darkorange, penwidth=2, constraint=false];
   function_call -> inference_streaming [label="infer_streaming (#4 rewritten from inference)", color=darkorange, fontcolor=darkorange, penwidth=2, constraint=false];
   function_call -> context_update [label="steer", constraint=false];
-  function_call -> idle [label="stop | abort | fail | cancel", constraint=false];
+  function_call -> idle_end [label="stop"];
   model_message -> context_update [label="follow_up", constraint=false];
-  model_message -> idle [label="finish (#8)", color=blue, fontcolor=blue, penwidth=2, constraint=false];
-  model_message -> idle [label="abort | fail | cancel", constraint=false];
+  model_message -> idle_end [label="finish (#8)", color=blue, fontcolor=blue, penwidth=2];
+  context_update -> __ended__ [arrowhead=none, style=dashed, color=gray70];
+  inference -> __ended__ [arrowhead=none, style=dashed, color=gray70];
+  inference_streaming -> __ended__ [arrowhead=none, style=dashed, color=gray70];
+  function_call -> __ended__ [arrowhead=none, style=dashed, color=gray70];
+  model_message -> __ended__ [arrowhead=none, style=dashed, color=gray70];
+  __ended__ -> idle_end [label="abort | fail | cancel"];
 }
 """
 
@@ -227,14 +234,22 @@ def tool_script() -> ScriptedProvider:
 
 
 def dot_edges(dot: str) -> set[tuple[LoopState, Trigger, LoopState]]:
-    """The `(source, trigger, dest)` edges DOT text draws (labels split on ` | `)."""
+    """The `(source, trigger, dest)` edges DOT text draws (labels split on ` | `).
+
+    `idle_end` is `idle` drawn where loops end; the error edges of the states
+    linked to the `__ended__` junction are the junction's label, once per state.
+    """
     found = set()
+    joined = re.findall(r"^  (\w+) -> __ended__ \[", dot, re.MULTILINE)
     for source, dest, label in re.findall(
         r"^  (\w+) -> (\w+) \[label=\"([^\"]*)\"", dot, re.MULTILINE
     ):
+        sources = joined if source == "__ended__" else [source]
         for trigger in label.split(" | "):
             name = trigger.split(" (")[0]
-            found.add((LoopState(source), Trigger(name), LoopState(dest)))
+            for s in sources:
+                end = "idle" if dest == "idle_end" else dest
+                found.add((LoopState(s), Trigger(name), LoopState(end)))
     return found
 
 
@@ -283,7 +298,52 @@ class TestSnapshots:
         dot = render_dot()
         assert dot_edges(dot) == {(s, t, d) for (s, t), d in TABLE.items()}
         assert "(#" not in dot
-        assert "fillcolor=azure" not in dot
+        for color in ("fillcolor=azure", "fillcolor=darksalmon", "fillcolor=gold"):
+            assert color not in dot
+
+    def test_machine_dot_layout(self) -> None:
+        """Rows in loop order, `idle` drawn at the end too, error edges grouped once."""
+        lines = render_dot().splitlines()
+        assert "  {rank=same; inference -> inference_streaming [style=invis]}" in lines
+        assert "  {rank=same; function_call -> model_message [style=invis]}" in lines
+        assert "  {rank=sink; idle_end}" in lines
+        assert '  idle_end [label="idle", peripheries=2];' in lines
+        # One labelled error edge for the whole machine, not one per state.
+        errors = [line for line in lines if "abort | fail | cancel" in line]
+        assert errors == ['  __ended__ -> idle_end [label="abort | fail | cancel"];']
+        back = [line for line in lines if "constraint=false" in line]
+        assert {line.split(" [")[0].strip() for line in back} == {
+            "function_call -> inference",
+            "function_call -> inference_streaming",
+            "function_call -> context_update",
+            "model_message -> context_update",
+        }
+
+    def test_a_failed_loops_edge_is_drawn_on_its_own(self) -> None:
+        """A taken error edge leads straight to the end; the others stay grouped."""
+        failed = LoopPath(
+            loop_id="x",
+            agent_id="a",
+            steps=(
+                PathStep(S.idle, T.start, S.context_update),
+                PathStep(S.context_update, T.infer, S.inference),
+                PathStep(S.inference, T.fail, S.idle),
+            ),
+            status=LoopStatus.done,
+            outcome=Outcome.failed,
+        )
+        lines = render_dot(failed).splitlines()
+        assert (
+            '  inference -> idle_end [label="fail (#3)", color=blue, fontcolor=blue, '
+            "penwidth=2];" in lines
+        )
+        assert (
+            "  inference -> __ended__ [arrowhead=none, style=dashed, color=gray70];"
+            in (lines)
+        )
+        assert dot_edges(render_dot(failed)) == {
+            (s, t, d) for (s, t), d in TABLE.items()
+        }
 
     def test_path_dot_draws_every_edge_of_the_table(self) -> None:
         """A path diagram still draws the whole machine."""
@@ -391,7 +451,8 @@ class TestGraphviz:
             name: {p.get("fill") for p in g.iter(f"{SVG}path")}
             for name, g in nodes.items()
         }
-        assert fills["idle"] == {"darksalmon"}
+        assert "darksalmon" in fills["idle_end"]  # where the loop ended (2 borders)
+        assert fills["idle"] == {"azure"}  # where it started
         assert fills["function_call"] == {"azure"}
         assert (
             f"<!-- agentfsm DOT sha256:{dot_digest(render_dot(REWRITTEN))} -->" in svg
@@ -522,4 +583,4 @@ class TestCli:
         log.write_text("", encoding="utf-8")
         done = run_cli("--events", str(log), "--loop", "nope")
         assert done.returncode == 1
-        assert b"no loop starts or ends with 'nope'" in done.stderr
+        assert b"no loop id contains 'nope'" in done.stderr

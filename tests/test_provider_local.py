@@ -112,7 +112,7 @@ class TestRequestKwargs:
     def test_no_tools(self) -> None:
         """Without tools no tool fields are sent; the token limit is."""
         kwargs = request_kwargs(_request(max_output_tokens=64))
-        assert set(kwargs) == {"messages", "max_tokens"}
+        assert set(kwargs) == {"messages", "max_tokens", "temperature"}
         assert kwargs["max_tokens"] == 64
 
     def test_tools(self) -> None:

@@ -12,6 +12,8 @@ import pytest
 import agentfsm
 
 PUBLIC_MODULES = (
+    "agentfsm.agent",
+    "agentfsm.inference",
     "agentfsm.events",
     "agentfsm.interception",
     "agentfsm.tools",

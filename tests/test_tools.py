@@ -3,25 +3,29 @@
 from __future__ import annotations
 
 import inspect
+import subprocess
 import sys
 import threading
 import warnings
 from collections.abc import AsyncIterator
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any
 
 import anyio
 import anyio.lowlevel
 import pytest
 from pydantic import BaseModel, Field, ValidationError
 
+from agentfsm import Runtime
 from agentfsm.exceptions import (
     ConfigurationError,
     ToolArgumentsError,
     ToolError,
     ToolTimeout,
 )
-from agentfsm.messages import ModelContext
+from agentfsm.messages import FunctionCallOutputItem, ModelContext
 from agentfsm.providers import InferenceInput
+from agentfsm.testing import ScriptedProvider, call, calls, text
 from agentfsm.tools import DEFAULT_TOOL_TIMEOUT, Tool, tool
 
 
@@ -541,3 +545,213 @@ class TestOffered:
     def test_strict_validation_takes_a_list_too(self) -> None:
         data = {"model": "m:x", "context": ModelContext(), "tools": [add]}
         assert InferenceInput.model_validate(data, strict=True).tools == (add,)
+
+
+def _google(city: str, days: int = 1) -> str:
+    """Forecast the weather.
+
+    Uses the national service.
+
+    Args:
+        city: the city to forecast,
+            by its English name.
+        days: how many days ahead.
+
+    Returns:
+        one line per day.
+    """
+    return city * days
+
+
+def _numpy(city: str, days: int = 1) -> str:
+    """Forecast the weather.
+
+    Uses the national service.
+
+    Parameters
+    ----------
+    city : str
+        the city to forecast,
+        by its English name.
+    days : int
+        how many days ahead.
+
+    Returns
+    -------
+    str
+        one line per day.
+    """
+    return city * days
+
+
+def _sphinx(city: str, days: int = 1) -> str:
+    """Forecast the weather.
+
+    Uses the national service.
+
+    :param city: the city to forecast,
+        by its English name.
+    :param days: how many days ahead.
+    :returns: one line per day.
+    """
+    return city * days
+
+
+def _dice(
+    n: Annotated[int, Field(ge=1, le=5, description="How many dice (1 to 5).")],
+    sides: int = 6,
+) -> int:
+    """Roll dice.
+
+    Args:
+        n: overridden by the Field's own description.
+        sides: faces per die.
+    """
+    return n * sides
+
+
+class TestDocstrings:
+    @pytest.mark.parametrize(
+        "function",
+        [
+            pytest.param(_google, id="google"),
+            pytest.param(_numpy, id="numpy"),
+            pytest.param(_sphinx, id="sphinx"),
+        ],
+    )
+    def test_parameter_descriptions(self, function: Any) -> None:
+        """Each style's parameter section describes the parameters, not the tool."""
+        t = Tool.from_function(function)
+        properties = t.definition.parameters["properties"]
+        assert properties["city"]["description"] == (
+            "the city to forecast,\nby its English name."
+        )
+        assert properties["days"]["description"] == "how many days ahead."
+        assert t.definition.description == (
+            "Forecast the weather.\n\nUses the national service.\n\n"
+            "Returns: one line per day."
+        )
+
+    def test_a_field_description_wins_over_the_docstring(self) -> None:
+        """`Field(description=...)` is kept; the docstring describes the rest."""
+        properties = Tool.from_function(_dice).definition.parameters["properties"]
+        assert properties["n"]["description"] == "How many dice (1 to 5)."
+        assert properties["sides"]["description"] == "faces per die."
+
+    def test_a_docstring_without_sections_is_the_description(self) -> None:
+        """A docstring with no sections is kept whole, and describes no parameter."""
+        assert scale.definition.description == "Scale a point.\n\nThe label is ignored."
+        assert "description" not in scale.definition.parameters["properties"]["factor"]
+
+    def test_one_line_docstrings_do_not_import_griffe(self) -> None:
+        """griffe is imported only for a docstring with sections (it costs ~45 ms)."""
+        code = (
+            "import sys, agentfsm\n"
+            "@agentfsm.tool\n"
+            "def add(a: int, b: int) -> int:\n"
+            "    'Add two integers.'\n"
+            "    return a + b\n"
+            "assert 'griffe' not in sys.modules, 'griffe was imported'\n"
+            "from tests.test_tools import _google\n"
+            "agentfsm.Tool.from_function(_google)\n"
+            "assert 'griffe' in sys.modules\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=Path(__file__).resolve().parent.parent,
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert done.returncode == 0, done.stderr
+
+
+class TestAnnotatedConstraints:
+    def test_constraints_reach_the_schema(self) -> None:
+        """`Annotated[int, Field(ge=1, le=5)]` bounds the parameter in the schema."""
+        n = Tool.from_function(_dice).definition.parameters["properties"]["n"]
+        assert (n["minimum"], n["maximum"], n["type"]) == (1, 5, "integer")
+        assert Tool.from_function(_dice).definition.parameters["required"] == ["n"]
+
+    @pytest.mark.parametrize("n", [0, 6], ids=["below", "above"])
+    def test_values_out_of_bounds_are_rejected(self, n: int) -> None:
+        """A value outside the `Field`'s bounds fails validation, naming the field."""
+        with pytest.raises(ToolArgumentsError, match=r"n: Input should be"):
+            Tool.from_function(_dice).validate_arguments({"n": n})
+
+    def test_values_in_bounds_pass(self) -> None:
+        assert Tool.from_function(_dice).validate_arguments({"n": 5}) == {
+            "n": 5,
+            "sides": 6,
+        }
+
+
+class TestUnannotated:
+    def test_an_unannotated_parameter_is_rejected_by_name(self) -> None:
+        """A parameter without a type fails when the tool is defined, naming it."""
+
+        def f(city: str, days) -> str:  # type: ignore[no-untyped-def]
+            return str(city)
+
+        with pytest.raises(
+            ConfigurationError,
+            match="tool 'f': parameter 'days' has no type annotation",
+        ):
+            tool(f)
+
+    def test_any_is_accepted(self) -> None:
+        """`Any` says "anything" explicitly."""
+
+        def f(value: Any) -> str:
+            return str(value)
+
+        assert tool(f).validate_arguments({"value": [1]}) == {"value": [1]}
+
+
+class _Opaque:
+    """Something JSON cannot hold."""
+
+
+class TestUnserializable:
+    async def test_invoke_reports_the_value_not_a_raise(self) -> None:
+        """A return value JSON cannot hold is a `ToolError` saying exactly that."""
+
+        async def give() -> object:
+            return _Opaque()
+
+        with pytest.raises(ToolError) as info:
+            await Tool.from_function(give).invoke("{}")
+        message = str(info.value)
+        assert "tool 'give' returned a value that cannot be serialized" in message
+        assert "(_Opaque)" in message
+        assert "raised" not in message
+
+    async def test_the_loop_writes_that_as_the_output(self) -> None:
+        """In a loop the call's error output says the value could not be serialized."""
+
+        @tool
+        def opaque() -> object:
+            """Return something opaque."""
+            return _Opaque()
+
+        provider = ScriptedProvider([calls(call("opaque")), text("done")])
+        with anyio.fail_after(10):
+            async with Runtime(providers={"scripted": provider}) as runtime:
+                loop_id = runtime.run_loop(
+                    "a",
+                    "go",
+                    InferenceInput(
+                        model="scripted:t", context=ModelContext(), tools=[opaque]
+                    ),
+                )
+                await runtime.wait(loop_id)
+        [output] = [
+            i
+            for i in provider.requests[-1].context.items
+            if isinstance(i, FunctionCallOutputItem)
+        ]
+        assert output.is_error
+        assert output.output.startswith(
+            "tool 'opaque' returned a value that cannot be serialized to JSON (_Opaque)"
+        )

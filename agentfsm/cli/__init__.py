@@ -10,6 +10,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from agentfsm import __version__
+
 from . import diagram, inspect, run
 
 SUBCOMMANDS = (diagram, run, inspect)
@@ -20,6 +22,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="agentfsm",
         description="An explicit state-machine runtime for LLM agent loops.",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"agentfsm {__version__}"
     )
     commands = parser.add_subparsers(dest="command", required=True)
     for command in SUBCOMMANDS:

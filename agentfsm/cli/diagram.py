@@ -3,7 +3,7 @@
 ```sh
 agentfsm diagram                                  # the machine, mermaid
 agentfsm diagram --format svg -o loop.svg         # the machine, SVG (graphviz)
-agentfsm diagram --events events.jsonl --loop 01a2 --format png -o path.png
+agentfsm diagram --events events.jsonl --loop 4454f1a2 --format png -o path.png
 ```
 """
 
@@ -54,7 +54,7 @@ def add_parser(commands: Any) -> None:
     parser.add_argument(
         "--loop",
         metavar="ID",
-        help="the loop to draw (its id or a unique start of it); "
+        help="the loop to draw (its id, its short id, or any part of its id unique to it); "
         "may be left out when the log holds one loop",
     )
     parser.add_argument(

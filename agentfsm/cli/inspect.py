@@ -2,8 +2,8 @@
 
 ```sh
 agentfsm inspect events.jsonl                      # a table of the loops
-agentfsm inspect events.jsonl --loop 01a2          # one loop's timeline
-agentfsm inspect events.jsonl --loop 01a2 --html loop.html
+agentfsm inspect events.jsonl --loop 4454f1a2      # one loop's timeline (its short id)
+agentfsm inspect events.jsonl --loop 4454f1a2 --html loop.html
 ```
 
 The work is done by `agentfsm.timeline`; this module only parses arguments,
@@ -47,7 +47,10 @@ def add_parser(commands: Any) -> None:
     )
     parser.add_argument("events", metavar="FILE.jsonl", help="the event log")
     parser.add_argument(
-        "--loop", metavar="ID", help="a loop's id, or a unique start of it"
+        "--loop",
+        metavar="ID",
+        help="a loop's id, its short id (as the table shows it), or any part "
+        "of its id that no other loop's has",
     )
     parser.add_argument(
         "--html",

@@ -17,11 +17,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, TextIO
+from typing import Any, TextIO
 
 import anyio
 import structlog
@@ -30,13 +31,11 @@ from agentfsm import (
     AgentEvent,
     AgentFSMError,
     InferenceInput,
-    InferenceOutput,
     LoopResult,
     ModelContext,
-    ModelRequest,
     Runtime,
+    TokenUsage,
     Tool,
-    UserMessage,
 )
 from agentfsm.events import (
     FunctionCallCompleted,
@@ -49,10 +48,7 @@ from agentfsm.events import (
     ModelAnswer,
 )
 from agentfsm.exceptions import ConfigurationError, ProviderError
-from agentfsm.messages import FunctionCallOutputItem
 from agentfsm.providers import (
-    ModelNext,
-    ModelWrapper,
     Provider,
     TextDelta,
     split_model,
@@ -61,7 +57,7 @@ from agentfsm.providers._common import TOOL_CHOICE_MODES
 from agentfsm.providers.local import DEFAULT_MODEL, LoadProgress, LocalProvider
 from agentfsm.states import Outcome
 
-__all__ = ("add_parser", "load_tool", "release_tool_choice", "run")
+__all__ = ("add_parser", "load_tool", "run")
 
 DEFAULT_INSTRUCTIONS = (
     "You are a helpful assistant. Answer with the results of the tools you call."
@@ -122,6 +118,23 @@ def add_parser(commands: Any) -> None:
         help="most tokens per model request (default: 256)",
     )
     parser.add_argument(
+        "--base-url",
+        metavar="URL",
+        help="the API's address, for openai:, openai-chat: (any OpenAI-compatible "
+        "server) and anthropic: models (default: OPENAI_BASE_URL / ANTHROPIC_BASE_URL)",
+    )
+    parser.add_argument(
+        "--api-key",
+        metavar="KEY",
+        help="the API key (default: OPENAI_API_KEY / ANTHROPIC_API_KEY); prefer the "
+        "environment variable, which other users cannot see in the process list",
+    )
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        help="sampling temperature (default: the provider's; 0.2 for local models)",
+    )
+    parser.add_argument(
         "--events",
         metavar="FILE.jsonl",
         help="append every event to a JSON-lines file (see `agentfsm inspect`)",
@@ -144,9 +157,11 @@ def run(args: argparse.Namespace) -> int:
         wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
     )
+    display = _Display(sys.stdout)
     try:
-        return anyio.run(_run, args, request)
+        return anyio.run(_run, args, request, display)
     except KeyboardInterrupt:
+        display.interrupted()
         return _error("interrupted", 130)
     finally:
         structlog.configure(**saved)
@@ -161,6 +176,12 @@ def load_tool(spec: str) -> Tool:
     module_name, sep, attribute = spec.partition(":")
     if not sep or not module_name or not attribute:
         raise ConfigurationError(f"--tool {spec!r} must be 'module:function'")
+    # `agentfsm` is a console script: its sys.path starts with the script's
+    # directory, not the current one, where `--tool mytools:fn` means mytools.py
+    # (as `python -m` would find it).
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -177,14 +198,32 @@ def _request(args: argparse.Namespace, tools: Sequence[Tool]) -> InferenceInput:
     split_model(args.model)  # a name without a prefix fails here, clearly
     if args.max_turns < 1 or args.max_output_tokens < 1:
         raise ConfigurationError("--max-turns and --max-output-tokens must be >= 1")
+    remote = args.base_url is not None or args.api_key is not None
+    if remote and split_model(args.model)[0] not in (
+        "openai",
+        "openai-chat",
+        "anthropic",
+    ):
+        raise ConfigurationError(
+            "--base-url and --api-key apply to openai:, openai-chat: and "
+            f"anthropic: models, not {args.model!r}"
+        )
+    if args.temperature is not None and not 0 <= args.temperature <= 2:
+        raise ConfigurationError(
+            f"--temperature must be in 0..2, got {args.temperature}"
+        )
     choice = args.tool_choice
     request = InferenceInput(
         model=args.model,
         context=ModelContext(instructions=args.instructions),
         tools=tuple(tools),
         tool_choice=choice,
+        # Forced until a tool answered: forced on every turn, the loop would
+        # never get its answer.
+        reset_tool_choice=args.then_tool_choice,
         streaming=args.stream,
         max_output_tokens=args.max_output_tokens,
+        temperature=args.temperature,
     )
     named = choice is not None and choice not in TOOL_CHOICE_MODES
     if named and request.tool_named(choice) is None:
@@ -195,49 +234,23 @@ def _request(args: argparse.Namespace, tools: Sequence[Tool]) -> InferenceInput:
     return request
 
 
-def release_tool_choice(then: Literal["auto", "none"] = "none") -> ModelWrapper:
-    """A model wrapper that forces the tool choice only until a tool has answered.
-
-    A request that forces a tool (`required` or a name) would force it on every
-    turn, and the loop would never answer. Once the context holds a tool output
-    after the last user message, the request goes out with `tool_choice=then`:
-    `"none"` makes the model answer now (small models, given the choice, tend
-    to call the tool again and again); `"auto"` lets it choose, as the OpenAI
-    Agents SDK's `reset_tool_choice` does.
-
-    Example:
-        ```python
-        runtime.run_loop("agent", "2 + 3?", request, model_wrappers=[release_tool_choice()])
-        ```
-    """
-
-    def release(request: ModelRequest, next: ModelNext) -> Awaitable[InferenceOutput]:
-        inference = request.input
-        if inference.tool_choice in (None, "auto", "none"):
-            return next(request)
-        for item in reversed(inference.context.items):
-            if isinstance(item, UserMessage):
-                break
-            if isinstance(item, FunctionCallOutputItem):
-                released = inference.model_copy(update={"tool_choice": then})
-                return next(request.model_copy(update={"input": released}))
-        return next(request)
-
-    return release
-
-
 def _error(message: str, code: int) -> int:
     print(message, file=sys.stderr)
     return code
 
 
-async def _run(args: argparse.Namespace, request: InferenceInput) -> int:
+async def _run(
+    args: argparse.Namespace, request: InferenceInput, display: _Display
+) -> int:
     providers: dict[str, Provider] = {}
     try:
-        if split_model(request.model)[0] == "local":
+        prefix = split_model(request.model)[0]
+        if prefix == "local":
             providers["local"] = await _load_local(request.model)
+        elif args.base_url is not None or args.api_key is not None:
+            providers[prefix] = _remote(prefix, args.base_url, args.api_key)
         async with Runtime(providers=providers, event_log=args.events) as runtime:
-            result = await _watch(runtime, args, request, sys.stdout)
+            result = await _watch(runtime, args, request, sys.stdout, display)
     except (ConfigurationError, ProviderError) as exc:
         return _error(f"error: {exc}", 2)
     except OSError as exc:  # e.g. the --events file cannot be opened
@@ -246,6 +259,25 @@ async def _run(args: argparse.Namespace, request: InferenceInput) -> int:
     except AgentFSMError as exc:
         return _error(f"error: {exc}", 1)
     return _summary(result)
+
+
+def _remote(prefix: str, base_url: str | None, api_key: str | None) -> Provider:
+    """The provider of a built-in remote prefix, with `--base-url`/`--api-key`."""
+    if prefix in ("openai", "openai-chat"):
+        from agentfsm.providers.openai import (
+            OpenAIChatProvider,
+            OpenAIResponsesProvider,
+        )
+
+        kind = (
+            OpenAIChatProvider if prefix == "openai-chat" else OpenAIResponsesProvider
+        )
+        return kind(base_url=base_url, api_key=api_key)
+    if prefix == "anthropic":
+        from agentfsm.providers.anthropic import AnthropicProvider
+
+        return AnthropicProvider(base_url=base_url, api_key=api_key)
+    raise AssertionError(prefix)  # `_request` let no other prefix through
 
 
 async def _load_local(model: str) -> LocalProvider:
@@ -273,8 +305,9 @@ async def _watch(
     args: argparse.Namespace,
     request: InferenceInput,
     out: TextIO,
+    display: _Display | None = None,
 ) -> LoopResult:
-    display = _Display(out)
+    display = _Display(out) if display is None else display
     # Subscribe before the loop starts so no event is missed; backpressure, so
     # every chunk is shown however fast the model streams.
     with runtime.bus.subscribe("*", backpressure=True) as events:
@@ -283,7 +316,6 @@ async def _watch(
             args.question,
             request,
             max_turns=args.max_turns,
-            model_wrappers=[release_tool_choice(args.then_tool_choice)],
         )
         async for event in events:
             display.show(event)
@@ -310,12 +342,30 @@ def _summary(result: LoopResult) -> int:
 class _Display:
     """Shows a loop's events as they come: transitions, tool calls, streamed text."""
 
-    __slots__ = ("_out", "_streamed", "_text_open")
+    __slots__ = ("_out", "_states", "_streamed", "_text_open", "_tools", "_usage")
 
     def __init__(self, out: TextIO) -> None:
         self._out = out
         self._text_open = False  # a line of streamed text is being written
         self._streamed = False  # the current answer arrived as chunks
+        # What the loop did so far, for the summary of an interrupted run.
+        self._states: list[str] = ["idle"]
+        self._usage = TokenUsage()
+        self._tools = 0
+
+    def interrupted(self) -> None:
+        """End the line being written and tell how far the loop got."""
+        if self._text_open:
+            self._out.write("\n")
+            self._text_open = False
+        usage = self._usage
+        self._out.write(
+            f"\ninterrupted in {self._states[-1]}\n"
+            f"path: {' -> '.join(self._states)}\n"
+            f"tokens: {usage.input_tokens} in + {usage.output_tokens} out = "
+            f"{usage.total_tokens} total, and {self._tools} tool call(s), so far\n"
+        )
+        self._out.flush()
 
     def _line(self, text: str) -> None:
         if self._text_open:
@@ -326,6 +376,7 @@ class _Display:
 
     def show(self, event: AgentEvent) -> None:
         """Print what `event` tells, if anything."""
+        self._count(event)
         match event:
             case InferenceStream(delta=TextDelta(text=text)):
                 if not self._text_open:
@@ -351,6 +402,14 @@ class _Display:
                 self._line(f"failed: {event.error_type}: {event.message}")
             case _:
                 pass
+
+    def _count(self, event: AgentEvent) -> None:
+        if isinstance(event, LoopTransition):
+            self._states.append(str(event.dest))
+        elif isinstance(event, InferenceCompleted) and event.output.token_usage:
+            self._usage = self._usage + event.output.token_usage
+        elif isinstance(event, FunctionCallCompleted):
+            self._tools += 1
 
 
 class _LoadDisplay:

@@ -120,6 +120,13 @@ def _builtin_provider(prefix: str) -> Provider:
     return provider
 
 
+def _describe(value: object) -> str:
+    """`value` as an error message shows it: its type, and itself when short."""
+    text = repr(value)
+    kind = type(value).__name__
+    return f"{kind} {text}" if len(text) <= 60 else f"a {kind}"
+
+
 class ProviderRegistry:
     """Maps the `provider` prefix of model names to providers.
 
@@ -134,17 +141,34 @@ class ProviderRegistry:
         self._providers: dict[str, Provider] = {}
         self._builtins: dict[str, Provider] = {}
         self._cache: dict[str, Provider] = {}
-        for prefix, provider in (providers or {}).items():
+        if providers is None:
+            return
+        if not isinstance(providers, Mapping):
+            raise ConfigurationError(
+                "providers must map model prefixes to providers, e.g. "
+                f"providers={{'scripted': provider}}, got {_describe(providers)}"
+            )
+        for prefix, provider in providers.items():
             self.register(prefix, provider)
 
     def register(self, prefix: str, provider: Provider) -> None:
         """Serve models named `prefix:...` with `provider` (replacing any earlier one)."""
+        if not isinstance(prefix, str):
+            raise ConfigurationError(
+                f"a provider prefix must be a str (the part of a model name "
+                f"before ':'), got {_describe(prefix)}"
+            )
         if not prefix or ":" in prefix:
             raise ConfigurationError(f"invalid provider prefix {prefix!r}")
+        if isinstance(provider, type):
+            raise ConfigurationError(
+                f"provider for {prefix!r} must be an instance, got the class "
+                f"{provider.__name__} (call it: {provider.__name__}(...))"
+            )
         if not isinstance(provider, Provider):
             raise ConfigurationError(
                 f"provider for {prefix!r} must have complete() and stream(), "
-                f"got {type(provider).__name__}"
+                f"got {_describe(provider)}"
             )
         self._providers[prefix] = provider
         self._cache.clear()

@@ -118,13 +118,24 @@ def _text(text: str) -> dict[str, Any] | None:
     return {"type": "text", "text": text} if text.strip() else None
 
 
-def tool_choice(choice: str) -> dict[str, Any]:
-    """`tool_choice`: `required` is `any`, a tool's name is `tool`."""
+def tool_choice(
+    choice: str | None, *, parallel: bool | None = None
+) -> dict[str, Any] | None:
+    """`tool_choice`: `required` is `any`, a tool's name is `tool`; with
+    `parallel=False`, `disable_parallel_tool_use` (on `auto` if none is forced)."""
+    if choice is None and parallel is False:
+        choice = "auto"
+    if choice is None:
+        return None
     if choice == "required":
-        return {"type": "any"}
-    if choice in ("auto", "none"):
-        return {"type": choice}
-    return {"type": "tool", "name": choice}
+        sent: dict[str, Any] = {"type": "any"}
+    elif choice in ("auto", "none"):
+        sent = {"type": choice}
+    else:
+        sent = {"type": "tool", "name": choice}
+    if parallel is False and choice != "none":  # `none` takes no such flag
+        sent["disable_parallel_tool_use"] = True
+    return sent
 
 
 def output_schema(output: type[BaseModel] | dict[str, Any]) -> dict[str, Any]:

@@ -28,6 +28,7 @@ __all__ = (
     "error_detail",
     "new_call_id",
     "next_or_none",
+    "refuse_unsupported",
     "retryable_status",
     "schema_name",
     "status_error",
@@ -134,6 +135,23 @@ def error_detail(body: object, fallback: str) -> tuple[str | None, str]:
                 message if isinstance(message, str) and message else fallback,
             )
     return None, fallback
+
+
+def refuse_unsupported(provider: str, unsupported: Mapping[str, str | None]) -> None:
+    """Refuse a request that sets a model setting the provider cannot honour.
+
+    `unsupported` maps each setting the request sets but the provider lacks onto
+    what to use instead (or `None`). Used for the settings that change what the
+    output is (`stop_sequences`, `parallel_tool_calls=False`): dropping them
+    would hand the loop an answer its author ruled out. Sampling hints
+    (`temperature`, `top_p`, `seed`) a provider lacks are left out instead.
+
+    Raises:
+        ConfigurationError: naming the first such setting.
+    """
+    for setting, instead in unsupported.items():
+        hint = f"; {instead}" if instead else ""
+        raise ConfigurationError(f"{provider} has no {setting} setting{hint}")
 
 
 def new_call_id() -> str:

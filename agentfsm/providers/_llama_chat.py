@@ -9,7 +9,7 @@ uses them, and re-exports them.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from agentfsm.exceptions import ConfigurationError
 from agentfsm.messages import (
@@ -31,11 +31,18 @@ from agentfsm.providers import (
 from agentfsm.providers._common import structured_schema
 
 __all__ = (
+    "DEFAULT_TEMPERATURE",
     "ChunkAssembler",
     "chat_messages",
     "completion_output",
     "request_kwargs",
 )
+
+
+DEFAULT_TEMPERATURE: Final = 0.2
+"""The local model's temperature when the request sets none: low, so a small
+model answers sensibly (at llama.cpp's server default, 0.8, SmolLM2-135M answers
+"What is the capital of France?" with nonsense; at 0.2, "Paris")."""
 
 
 def chat_messages(request: InferenceInput) -> list[dict[str, Any]]:
@@ -82,7 +89,7 @@ def chat_messages(request: InferenceInput) -> list[dict[str, Any]]:
 
 
 def _tool_choice(request: InferenceInput) -> str | dict[str, Any]:
-    choice = request.tool_choice or "auto"
+    choice = request.effective_tool_choice or "auto"
     if choice in ("auto", "none"):
         return choice
     if choice == "required":
@@ -103,7 +110,8 @@ def request_kwargs(request: InferenceInput) -> dict[str, Any]:
     """The keyword arguments of `Llama.create_chat_completion` for a request.
 
     Raises:
-        ConfigurationError: `tool_choice` names a tool the request does not offer.
+        ConfigurationError: `tool_choice` names a tool the request does not
+            offer, or `parallel_tool_calls=False` (which llama.cpp cannot honour).
     """
     kwargs: dict[str, Any] = {"messages": chat_messages(request)}
     tool_choice: str | dict[str, Any] = "none"
@@ -116,6 +124,20 @@ def request_kwargs(request: InferenceInput) -> dict[str, Any]:
         kwargs["tool_choice"] = tool_choice
     if request.max_output_tokens is not None:
         kwargs["max_tokens"] = request.max_output_tokens
+    if request.tools and request.parallel_tool_calls is False:
+        raise ConfigurationError(
+            "the local provider has no parallel_tool_calls setting (llama.cpp's "
+            "chatml-function-calling has no way to ask for one call at most)"
+        )
+    kwargs["temperature"] = (
+        DEFAULT_TEMPERATURE if request.temperature is None else request.temperature
+    )
+    if request.top_p is not None:
+        kwargs["top_p"] = request.top_p
+    if request.seed is not None:
+        kwargs["seed"] = request.seed
+    if request.stop_sequences:
+        kwargs["stop"] = list(request.stop_sequences)
     if request.structured_output is not None and tool_choice == "none":
         # llama-cpp-python spells a JSON-schema answer `json_object` + `schema`
         # and turns it into a grammar (only when no tool may be called).

@@ -78,10 +78,22 @@ def request_params(
         params[max_tokens_field] = request.max_output_tokens
     if request.reasoning_effort is not None:
         params["reasoning_effort"] = request.reasoning_effort
+    if request.temperature is not None:
+        params["temperature"] = request.temperature
+    if request.top_p is not None:
+        params["top_p"] = request.top_p
+    if request.seed is not None:
+        params["seed"] = request.seed
+    if request.stop_sequences:
+        params["stop"] = list(request.stop_sequences)
     if request.tools:
         params["tools"] = [_tool(t.definition.model_dump()) for t in request.tools]
-    if request.tool_choice is not None:
-        params["tool_choice"] = _tool_choice(request.tool_choice)
+        # Servers reject `parallel_tool_calls` on a request without tools.
+        if request.parallel_tool_calls is not None:
+            params["parallel_tool_calls"] = request.parallel_tool_calls
+    choice = request.effective_tool_choice
+    if choice is not None:
+        params["tool_choice"] = _tool_choice(choice)
     if request.structured_output is not None:
         params["response_format"] = _response_format(request.structured_output)
     return params

@@ -68,6 +68,7 @@ from agentfsm.providers._common import (
     TOOL_CHOICE_MODES,
     count,
     new_call_id,
+    refuse_unsupported,
     schema_name,
     strict_compatible,
     structured_schema,
@@ -114,10 +115,25 @@ def request_params(
         encrypted = request.reasoning_effort is not None and not store
     if encrypted:
         params["include"] = ["reasoning.encrypted_content"]
+    # No `seed`: the Responses API has none, and a seed is a hint (see
+    # `agentfsm.providers.openai`). No stop sequences either, and those change
+    # the answer: refused.
+    if request.stop_sequences:
+        refuse_unsupported(
+            "the OpenAI Responses API",
+            {"stop_sequences": "Chat Completions has: use the `openai-chat:` prefix"},
+        )
+    if request.temperature is not None:
+        params["temperature"] = request.temperature
+    if request.top_p is not None:
+        params["top_p"] = request.top_p
     if request.tools:
         params["tools"] = [_tool(t.definition.model_dump()) for t in request.tools]
-    if request.tool_choice is not None:
-        params["tool_choice"] = _tool_choice(request.tool_choice)
+        if request.parallel_tool_calls is not None:
+            params["parallel_tool_calls"] = request.parallel_tool_calls
+    choice = request.effective_tool_choice
+    if choice is not None:
+        params["tool_choice"] = _tool_choice(choice)
     if request.structured_output is not None:
         params["text"] = {"format": _text_format(request.structured_output)}
     return params

@@ -31,6 +31,12 @@ Request settings:
   `none` turns thinking off.
 - `tool_choice`: `auto` → `auto`, `required` → `any`, `none` → `none`, a tool's
   name → that tool.
+- `stop_sequences` is `stop_sequences`.
+- `parallel_tool_calls=False` is `tool_choice.disable_parallel_tool_use` (on an
+  `auto` choice when the request forces none).
+- `temperature`, `top_p` and `seed` are not sent: the Messages API takes no
+  sampling settings (the model samples as it was tuned to). They are hints, so
+  an agent tuned for another provider still runs here.
 - `structured_output`: `output_config.format` with a JSON schema (a pydantic
   model's through the SDK's `transform_schema`, a dict as given).
 
@@ -209,8 +215,16 @@ class AnthropicProvider(OwnedClient[AsyncAnthropic]):
                 }
                 for t in request.tools
             ]
-        if request.tool_choice is not None:
-            params["tool_choice"] = mapping.tool_choice(request.tool_choice)
+        # `temperature`, `top_p` and `seed` are left out: the Messages API has
+        # no sampling settings (see the module docstring).
+        if request.stop_sequences:
+            params["stop_sequences"] = list(request.stop_sequences)
+        choice = mapping.tool_choice(
+            request.effective_tool_choice,
+            parallel=request.parallel_tool_calls if request.tools else None,
+        )
+        if choice is not None:
+            params["tool_choice"] = choice
         output_config: dict[str, Any] = {}
         if request.reasoning_effort is not None:
             thinking, effort, max_tokens = self._thinking_of(

@@ -22,6 +22,11 @@ format has gaps the mapping works around, each noted where it happens:
 - it reports no usage in streams: the provider counts the prompt and generated
   tokens of the generation itself.
 
+Model settings: `temperature` (default `DEFAULT_TEMPERATURE`, 0.2, so that a
+small model answers sensibly), `top_p`, `seed` and `stop_sequences` are
+llama.cpp's own; `parallel_tool_calls=False` is refused with a
+`ConfigurationError` (the format has no way to limit a turn to one call).
+
 Every request streams internally, so `complete` and `stream` share one path.
 
 Example:

@@ -25,6 +25,16 @@ What maps where (see `_openai_responses` and `_openai_chat` for the details):
 | `reasoning_effort`   | `reasoning.effort` (+ `summary`)   | `reasoning_effort`                    |
 | `tool_choice`        | `auto`/`required`/`none`/function  | the same                              |
 | `structured_output`  | `text.format` json_schema          | `response_format` json_schema         |
+| `temperature`, `top_p` | `temperature`, `top_p`           | the same                              |
+| `seed`               | not sent (no such setting)         | `seed`                                |
+| `stop_sequences`     | refused (no such setting)          | `stop`                                |
+| `parallel_tool_calls` | `parallel_tool_calls` (with tools) | the same                             |
+
+`tool_choice` goes out as `InferenceInput.effective_tool_choice`, so
+`reset_tool_choice` is honoured. Of the settings the Responses API lacks, `seed`
+is a sampling hint (OpenAI's own is best effort) and is left out; stop
+sequences would change the answer, so a request with them is refused with a
+`ConfigurationError` pointing to `openai-chat:`, which has them.
 
 A pydantic model as `structured_output` is sent strict, through the SDK's own
 schema transform; a JSON schema given as a dict is sent as given, strict only

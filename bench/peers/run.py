@@ -136,6 +136,29 @@ def table(table_rows: list[dict[str, Any]], in_flight: int) -> str:
     return head + "\n".join(lines) + "\n"
 
 
+def readme_table(table_rows: list[dict[str, Any]], in_flight: int) -> str:
+    """The short table README.md shows (the full one is printed, and in peers.json)."""
+    head = (
+        f"| runtime | µs/run | x bare | µs/run, {in_flight:,} in flight | "
+        "KB/run in flight | import ms |\n"
+        "|---|--:|--:|--:|--:|--:|\n"
+    )
+    lines = []
+    for r in table_rows:
+        name = f"{r['name']} {r['version']}".strip()
+        imp = "-" if r["import_ms"] is None else f"{r['import_ms']:.0f}"
+        lines.append(
+            f"| {name} | {r['us']:,.1f} | {r['ratio']:,.1f} | {r['cus']:,.1f} | "
+            f"{r['kb']:.1f} | {imp} |"
+        )
+    return head + "\n".join(lines) + "\n"
+
+
+def readme_block(table_rows: list[dict[str, Any]], in_flight: int, machine: str) -> str:
+    """What `make bench-peers` writes between README.md's markers."""
+    return f"{readme_table(table_rows, in_flight)}\n{machine}.\n"
+
+
 def targets(fsm: dict[str, Any], observed: dict[str, Any] | None) -> list[str]:
     def mark(ok: bool) -> str:
         return "met" if ok else "MISSED"
@@ -242,13 +265,7 @@ def main() -> None:
         )
         plot(data, BENCH / "peers.png")
         if not args.no_readme:
-            update_readme(
-                text
-                + "\n"
-                + machine
-                + ".\n\n"
-                + "".join(f"- {line}\n" for line in targets(fsm, observed))
-            )
+            update_readme(readme_block(table_rows, in_flight, machine))
     print(f"total {time.monotonic() - start:.0f} s")
     y = fastest["ratio"] / fsm["ratio"] if fastest else float("nan")
     if observed is not None:

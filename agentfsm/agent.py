@@ -1,0 +1,407 @@
+"""An agent definition: what loops are started from, over and over.
+
+An `Agent` holds what does not change from one loop to the next: the model, the
+instructions, the tools, the model settings, the interception handlers and the
+loop options. It holds no conversation: each loop runs on a `Conversation`'s
+context (one `ModelContext` per conversation), or on a fresh one. So one agent
+can serve any number of users at once, and no user sees another's messages.
+
+```python
+agent = Agent("openai:gpt-4.1-mini", instructions="Answer in one sentence.")
+print(agent.run_sync("What is the capital of France?").answer.content)
+```
+
+A conversation over several loops keeps its context between them:
+
+```python
+chat = Conversation()
+await agent.run("My name is Ada.", conversation=chat)
+result = await agent.run("What is my name?", conversation=chat)  # it knows
+```
+
+`Agent.start` starts a loop and returns its id at once, as `Runtime.run_loop`
+does (it is a thin layer over it); `Agent.run` waits for the result, on the
+current runtime or on one it opens for the call; `Agent.run_sync` is `run` for
+scripts. The model may be a provider object instead of a name (a
+`ScriptedProvider` in tests, say): the agent registers it with each runtime it
+starts loops on.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any, Final, Literal, Unpack, final, get_type_hints
+
+import anyio
+from pydantic import BaseModel, ValidationError
+
+from ._runtime import Runtime, current_runtime
+from .exceptions import AgentFSMError, ConfigurationError, NoRuntimeError
+from .inference import InferenceInput, ModelSettings
+from .interception import InterceptionHandler
+from .messages import ContextItem, ModelContext, UserMessage
+from .options import LoopOptions, LoopOptionsDict
+from .providers import Provider, split_model
+from .results import LoopResult
+from .tools import Tool, format_validation_error
+
+__all__ = ("Agent", "Conversation")
+
+_SETTINGS: Final = frozenset(get_type_hints(ModelSettings))
+_FORCING: Final = frozenset({"auto", "none"})
+_prefixes = itertools.count(1)
+
+
+@final
+class Conversation:
+    """One conversation: the context its loops share, one loop after another.
+
+    Each loop started on it appends the user's message and the model's items
+    to `context`, so the next loop sees them. Start loops on one conversation
+    one at a time (await each); loops started on it together would interleave
+    their items, as loops sharing any context do.
+
+    Example:
+        ```python
+        chat = Conversation()
+        await agent.run("My name is Ada.", conversation=chat)
+        await agent.run("What is my name?", conversation=chat)
+        chat.items  # both questions, both answers
+        ```
+    """
+
+    __slots__ = ("context", "loop_ids")
+
+    def __init__(self, context: ModelContext | None = None) -> None:
+        """A new conversation (or one continuing `context`)."""
+        if context is not None and not isinstance(context, ModelContext):
+            raise ConfigurationError(
+                f"context must be a ModelContext, got {type(context).__name__}"
+            )
+        self.context = context if context is not None else ModelContext()
+        """The instructions and the items; each loop started on the
+        conversation appends to it (and an agent with instructions sets them)."""
+        self.loop_ids: list[str] = []
+        """The loops started on this conversation, oldest first."""
+
+    @property
+    def items(self) -> list[ContextItem]:
+        """The conversation so far, oldest first."""
+        return self.context.items
+
+    def __repr__(self) -> str:
+        return (
+            f"Conversation(items={len(self.context.items)}, loops={len(self.loop_ids)})"
+        )
+
+
+@final
+class Agent:
+    """A reusable, stateless agent definition: loops are started from it.
+
+    Args:
+        model: a `provider:model` name (`"openai:gpt-4.1-mini"`), or a provider
+            object, which the agent registers with each runtime it uses.
+        name: the `agent_id` its loops run under (default `"agent"`).
+        instructions: the system prompt; each loop's context gets it (without
+            it, a conversation keeps the instructions it has).
+        tools: `Tool`s, or typed functions (each made a tool as `@tool` would).
+        model_settings: temperature, seed, tool choice, ... (`ModelSettings`).
+            A forcing `tool_choice` (`"required"` or a tool's name) is forced
+            once, then `"auto"`, unless `reset_tool_choice` says otherwise.
+        output_type: a pydantic model (or JSON schema) the answer must follow;
+            the parsed answer is `LoopResult.output`.
+        streaming: take the streaming path (each chunk is published as
+            `inference.stream`).
+        handlers: interception handlers, run in order before every transition.
+        **options: loop options (`max_turns`, `stop_when`, `tool_execution`,
+            ...: see `agentfsm.options.LoopOptions`).
+
+    Raises:
+        ConfigurationError: any of it is wrong (the error says which), at once.
+
+    Example:
+        ```python
+        agent = Agent(
+            "openai:gpt-4.1-mini",
+            instructions="Use the tools.",
+            tools=[add],
+            model_settings={"temperature": 0.2},
+            max_turns=8,
+        )
+        result = await agent.run("What is 2 + 3?")
+        ```
+    """
+
+    __slots__ = (
+        "_handlers",
+        "_input",
+        "_options",
+        "_prefix",
+        "_provider",
+        "instructions",
+        "model",
+        "name",
+        "tools",
+    )
+
+    def __init__(
+        self,
+        model: str | Provider,
+        *,
+        name: str = "agent",
+        instructions: str | None = None,
+        tools: Sequence[Tool | Callable[..., Any]] = (),
+        model_settings: ModelSettings | None = None,
+        output_type: type[BaseModel] | dict[str, Any] | None = None,
+        streaming: bool = False,
+        handlers: Sequence[InterceptionHandler] | InterceptionHandler = (),
+        **options: Unpack[LoopOptionsDict],
+    ) -> None:
+        if not isinstance(name, str) or not name:  # type: ignore[redundant-expr]
+            raise ConfigurationError(
+                f"an agent's name must be a non-empty str, got {name!r}"
+            )
+        self.name = name
+        """The `agent_id` of the loops started from this agent."""
+        self._provider, self._prefix, self.model = _model(model, name)
+        self.instructions = instructions
+        """The system prompt of every loop."""
+        self.tools: tuple[Tool, ...] = _tools(tools, name)
+        """The tools every loop offers."""
+        self._handlers = _handler_list(handlers, name)
+        LoopOptions.of(options)  # bad options fail here, not at the first loop
+        self._options: LoopOptionsDict = {**options}  # (the caller keeps theirs)
+        settings = _settings(model_settings, name)
+        try:
+            # Built once: each loop's request is this one on its own context.
+            self._input = InferenceInput(
+                model=self.model,
+                context=ModelContext(instructions=instructions),
+                tools=self.tools,
+                structured_output=output_type,
+                streaming=streaming,
+                **settings,
+            )
+        except ValidationError as exc:
+            raise ConfigurationError(
+                f"agent {name!r}: {format_validation_error(exc)}"
+            ) from exc
+
+    def __repr__(self) -> str:
+        return f"Agent({self.model!r}, name={self.name!r}, tools={len(self.tools)})"
+
+    @property
+    def model_settings(self) -> ModelSettings:
+        """The model settings every request goes out with (those set)."""
+        values = self._input.model_dump(include=set(_SETTINGS), exclude_defaults=True)
+        settings: ModelSettings = values  # type: ignore[assignment]
+        return settings
+
+    def request(self, context: ModelContext) -> InferenceInput:
+        """The `InferenceInput` a loop of this agent runs on `context`.
+
+        For `Runtime.run_loop` directly. The context gets the agent's
+        instructions, if it has any (so agents taking turns on a conversation
+        each speak with their own); otherwise it keeps its own.
+        """
+        if not isinstance(context, ModelContext):
+            raise ConfigurationError(
+                f"context must be a ModelContext, got {type(context).__name__}"
+            )
+        if self.instructions is not None:
+            context.instructions = self.instructions
+        return self._input.model_copy(update={"context": context})
+
+    def start(
+        self,
+        message: UserMessage | str | None,
+        *,
+        conversation: Conversation | None = None,
+        runtime: Runtime | None = None,
+        **options: Unpack[LoopOptionsDict],
+    ) -> str:
+        """Start a loop on `message` and return its `loop_id` at once.
+
+        Args:
+            message: the user's message (`None` continues the conversation,
+                which must then end with a user message or a tool output).
+            conversation: the conversation to continue (default: a new context
+                for this loop alone).
+            runtime: the runtime to run it on (default: the current one).
+            **options: loop options for this loop, over the agent's own.
+
+        Raises:
+            NoRuntimeError: no runtime given and none is current.
+            ConfigurationError: the message or an option is wrong.
+        """
+        if runtime is None:
+            try:
+                runtime = current_runtime()
+            except NoRuntimeError:
+                raise NoRuntimeError(
+                    "agent.start() needs a runtime: call it inside `async with "
+                    "Runtime():`, pass runtime=, or use `await agent.run(...)`, "
+                    "which opens one"
+                ) from None
+        if conversation is None:
+            conversation = Conversation()
+        elif not isinstance(conversation, Conversation):
+            raise ConfigurationError(
+                f"conversation must be a Conversation, got {type(conversation).__name__}"
+            )
+        self._register(runtime)
+        merged: LoopOptionsDict = {**self._options, **options}
+        loop_id = runtime.run_loop(
+            self.name,
+            message,
+            self.request(conversation.context),
+            self._handlers,
+            **merged,
+        )
+        conversation.loop_ids.append(loop_id)
+        return loop_id
+
+    async def run(
+        self,
+        message: UserMessage | str | None,
+        *,
+        conversation: Conversation | None = None,
+        runtime: Runtime | None = None,
+        **options: Unpack[LoopOptionsDict],
+    ) -> LoopResult:
+        """Run a loop on `message` and return how it ended.
+
+        On `runtime`, or the current one; without either, on a `Runtime` opened
+        for this call (and closed after it). Every outcome is returned, failures
+        included: `result.raise_for_outcome()` raises for those.
+
+        Example:
+            ```python
+            result = await agent.run("What is 2 + 3?")
+            print(result.answer.content if result.answer else result.outcome)
+            ```
+        """
+        if runtime is None:
+            try:
+                runtime = current_runtime()
+            except NoRuntimeError:
+                async with Runtime() as own:
+                    return await self.run(
+                        message, conversation=conversation, runtime=own, **options
+                    )
+        loop_id = self.start(
+            message, conversation=conversation, runtime=runtime, **options
+        )
+        return await runtime.wait(loop_id)
+
+    def run_sync(
+        self,
+        message: UserMessage | str | None,
+        *,
+        conversation: Conversation | None = None,
+        backend: Literal["asyncio", "trio"] = "asyncio",
+        **options: Unpack[LoopOptionsDict],
+    ) -> LoopResult:
+        """`run` for code that is not async: opens an event loop and a runtime.
+
+        Raises:
+            ConfigurationError: called from async code (await `run` there).
+        """
+        try:
+            anyio.get_current_task()
+        except RuntimeError:  # no event loop runs here: as it should be
+            pass
+        else:
+            raise ConfigurationError(
+                "run_sync() was called inside a running event loop: "
+                "use `await agent.run(...)` there"
+            )
+        run = partial(self.run, message, conversation=conversation, **options)
+        return anyio.run(run, backend=backend)
+
+    def _register(self, runtime: Runtime) -> None:
+        """Register the agent's provider object (if it has one) with `runtime`."""
+        if self._provider is None:
+            return
+        registry = runtime.providers
+        try:
+            registered = registry.resolve(self.model)
+        except AgentFSMError:  # not registered yet (UnknownProvider)
+            registered = None
+        if registered is not self._provider:
+            registry.register(self._prefix, self._provider)
+
+
+def _model(model: str | Provider, name: str) -> tuple[Provider | None, str, str]:
+    """`(provider object or None, its prefix, the model name)` of `Agent(model)`."""
+    if isinstance(model, str):
+        prefix, _ = split_model(model)  # a name without a prefix fails here
+        return None, prefix, model
+    if isinstance(model, type) or not isinstance(model, Provider):
+        raise ConfigurationError(
+            f"agent {name!r}: model must be a 'provider:model' name or a provider "
+            f"object (with complete() and stream()), got {model!r}"
+        )
+    # A prefix of its own per agent: it never takes the place of another provider.
+    prefix = f"{type(model).__name__.lower()}-{next(_prefixes)}"
+    return model, prefix, f"{prefix}:{name}"
+
+
+def _tools(tools: Sequence[Tool | Callable[..., Any]], name: str) -> tuple[Tool, ...]:
+    if isinstance(tools, Tool) or callable(tools) or not isinstance(tools, Sequence):
+        raise ConfigurationError(
+            f"agent {name!r}: tools must be a list, e.g. tools=[{getattr(tools, 'name', 'fn')}]"
+        )
+    made: list[Tool] = []
+    for candidate in tools:
+        if isinstance(candidate, Tool):
+            made.append(candidate)
+        elif callable(candidate):
+            made.append(Tool.from_function(candidate))
+        else:
+            raise ConfigurationError(
+                f"agent {name!r}: a tool must be a Tool or a function, got {candidate!r}"
+            )
+    names = [t.name for t in made]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ConfigurationError(
+            f"agent {name!r}: two tools are named {', '.join(map(repr, duplicates))}"
+        )
+    return tuple(made)
+
+
+def _handler_list(
+    handlers: Sequence[InterceptionHandler] | InterceptionHandler, name: str
+) -> tuple[InterceptionHandler, ...]:
+    found = (handlers,) if callable(handlers) else tuple(handlers)
+    for handler in found:
+        if not callable(handler):
+            raise ConfigurationError(
+                f"agent {name!r}: interception handler {handler!r} is not callable"
+            )
+    return found
+
+
+def _settings(settings: ModelSettings | None, name: str) -> dict[str, Any]:
+    """The `InferenceInput` fields of `model_settings`, checked by name."""
+    if settings is None:
+        return {}
+    if not isinstance(settings, dict):
+        raise ConfigurationError(
+            f"agent {name!r}: model_settings must be a dict, got {type(settings).__name__}"
+        )
+    unknown = set(settings) - _SETTINGS
+    if unknown:
+        raise ConfigurationError(
+            f"agent {name!r}: unknown model settings: {', '.join(sorted(unknown))} "
+            f"(known: {', '.join(sorted(_SETTINGS))})"
+        )
+    values: dict[str, Any] = dict(settings)
+    # Forced on every turn, a tool would be called until max_turns: force it once.
+    if values.get("tool_choice") not in (None, *_FORCING):
+        values.setdefault("reset_tool_choice", "auto")
+    return values
