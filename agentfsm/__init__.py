@@ -67,6 +67,7 @@ from .tools import tool as tool
 if TYPE_CHECKING:
     from .events import AgentEvent as AgentEvent
     from .events import AgentEventAdapter as AgentEventAdapter
+    from .record import LoopRecord as LoopRecord
 
 __version__ = "0.1.0"
 
@@ -78,11 +79,13 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         events = importlib.import_module(f"{__name__}.events")
         return events if name == "events" else getattr(events, name)
+    if name == "LoopRecord":  # what Runtime.snapshot returns; few programs ask
+        return importlib.import_module(f"{__name__}.record").LoopRecord
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+    return sorted({*globals(), *_LAZY, "LoopRecord"})
 
 
 _LAZY: Final = ("AgentEvent", "AgentEventAdapter", "events")
@@ -103,6 +106,7 @@ __all__ = (
     "LoopResult",
     "LoopView",
     "LoopStatus",
+    "LoopRecord",
     "PathStep",
     "LoopOptions",
     "TurnSnapshot",

@@ -9,6 +9,7 @@ AgentFSMError                  base for everything raised by agentfsm
 ├── TransitionError            carries loop_id, source, trigger
 │   └── TransitionRejected     an interception Rewrite named an illegal edge or payload
 ├── LoopAborted                an interception handler returned Abort(reason)
+├── LoopFailedError            LoopResult.raise_for_outcome() of a failed loop
 ├── LoopTimeout                the loop ran past its deadline
 ├── StructuredOutputError      the answer kept failing `structured_output`
 ├── ToolError                  carries the tool name
@@ -30,7 +31,12 @@ its `fail` edge to `idle`, and its result carries the error type and message.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .states import LoopState, Trigger
+
+if TYPE_CHECKING:
+    from .results import ErrorInfo
 
 __all__ = (
     "AgentFSMError",
@@ -40,6 +46,7 @@ __all__ = (
     "EventLogError",
     "GraphvizError",
     "LoopAborted",
+    "LoopFailedError",
     "LoopStateError",
     "LoopTimeout",
     "NoRuntimeError",
@@ -118,6 +125,16 @@ class LoopAborted(AgentFSMError):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class LoopFailedError(AgentFSMError):
+    """Raised by `LoopResult.raise_for_outcome()` for a failed loop."""
+
+    def __init__(self, loop_id: str, error: ErrorInfo) -> None:
+        super().__init__(f"loop {loop_id} failed: {error.type}: {error.message}")
+        self.loop_id = loop_id
+        self.error = error
+        """The type and message of the error the loop failed with."""
 
 
 class ToolError(AgentFSMError):

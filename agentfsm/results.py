@@ -6,14 +6,14 @@ from typing import Any, NamedTuple, final
 
 from pydantic import BaseModel, ConfigDict
 
-from .exceptions import AgentFSMError, LoopAborted
+from .exceptions import LoopAborted, LoopFailedError
 from .interception import PendingTransition
 from .messages import ModelMessageItem, TokenUsage
 from .states import LoopState, Outcome, Trigger
 
 __all__ = (
     "ErrorInfo",
-    "LoopFailedError",
+    "LoopFailedError",  # re-exported from agentfsm.exceptions, where it lives
     "LoopResult",
     "LoopStatus",
     "LoopView",
@@ -49,15 +49,6 @@ class ErrorInfo(BaseModel):
     message: str
 
 
-class LoopFailedError(AgentFSMError):
-    """Raised by `LoopResult.raise_for_outcome()` for a failed loop."""
-
-    def __init__(self, loop_id: str, error: ErrorInfo) -> None:
-        super().__init__(f"loop {loop_id} failed: {error.type}: {error.message}")
-        self.loop_id = loop_id
-        self.error = error
-
-
 @final
 class LoopResult(BaseModel):
     """How a loop ended: outcome, answer, totals and the path it took."""
@@ -90,11 +81,12 @@ class LoopResult(BaseModel):
     def raise_for_outcome(self) -> "LoopResult":
         """Return self if the loop answered or stopped; raise for the other outcomes.
 
+        A cancelled loop raises `LoopAborted` (with its reason), never anyio's
+        cancellation exception.
+
         Raises:
             LoopFailedError: the loop failed.
-            LoopAborted: a handler aborted it.
-            anyio.get_cancelled_exc_class() is never raised here; a cancelled
-            loop raises `LoopAborted` with reason `cancelled`.
+            LoopAborted: a handler aborted it, or it was cancelled.
         """
         if self.outcome is Outcome.failed and self.error is not None:
             raise LoopFailedError(self.loop_id, self.error)
