@@ -9,8 +9,10 @@ import pytest
 from agentfsm import (
     InferenceInput,
     InferenceOutput,
+    Outcome,
     Proceed,
     Runtime,
+    tool,
 )
 from agentfsm._bus import BusStatistics, EventBus, Subscription, SubscriptionStatistics
 from agentfsm.events import (
@@ -581,3 +583,66 @@ async def test_a_late_subscriber_sees_seq_numbers_counted_from_the_start() -> No
     from_start, joined = await run(late=False), await run(late=True)
     assert joined[0][0] == "loop.resumed"
     assert joined == from_start[-len(joined) :]
+
+
+class TestBackpressureTiming:
+    async def test_an_event_reaches_a_backpressure_subscriber_as_it_is_published(
+        self,
+    ) -> None:
+        """`function_call.started` reaches a backpressure subscriber while the
+        tool still runs: the tool waits for the subscriber to have seen it (it
+        arrived with `.completed`, after the tool, when events were held until
+        the state's work ended)."""
+        order: list[str] = []
+        seen_start = anyio.Event()
+
+        @tool
+        async def slow(x: int) -> int:
+            """Wait until the start of this call was observed."""
+            order.append("tool running")
+            with anyio.fail_after(5):
+                await seen_start.wait()
+            order.append("tool done")
+            return x
+
+        async def watch(subscription: Subscription) -> None:
+            async for event in subscription:
+                order.append(event.type)
+                if event.type == "function_call.started":
+                    seen_start.set()
+                if event.type == "loop.idle":
+                    return
+
+        provider = ScriptedProvider([calls(call("slow", x=1)), text("done")])
+        async with Runtime(providers={"scripted": provider}) as runtime:
+            subscription = runtime.bus.subscribe(
+                ["function_call.*", "loop.idle"], backpressure=True, buffer=2
+            )
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(watch, subscription)
+                result = await runtime.wait(
+                    runtime.run_loop("agent", "go", request(slow))
+                )
+        assert result.outcome is Outcome.answered
+        # The subscriber saw the start while the tool ran (before it was done).
+        assert order.index("function_call.started") < order.index("tool done")
+        assert order[-3:] == ["tool done", "function_call.completed", "loop.idle"]
+
+    async def test_a_full_backpressure_subscriber_holds_the_loop_in_order(
+        self,
+    ) -> None:
+        """With the subscriber's buffer full, later events are held (in order)
+        and the loop waits for room: nothing is dropped or reordered."""
+        provider = ScriptedProvider([calls(call("add", a=1, b=2)), text("3")])
+        async with Runtime(providers={"scripted": provider}) as runtime:
+            subscription = runtime.bus.subscribe(buffer=1, backpressure=True)
+            loop_id = runtime.run_loop("agent", "go", request())
+            received = []
+            async for event in subscription:
+                received.append(event)
+                if event.type == "loop.idle":
+                    break
+            result = await runtime.wait(loop_id)
+        assert [e.seq for e in received] == list(range(1, len(received) + 1))
+        assert subscription.statistics().dropped == 0
+        assert result.outcome is Outcome.answered
