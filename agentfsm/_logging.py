@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 __all__ = ("bind_contextvars", "get_logger")
 
 _logger: FilteringBoundLogger | None = None
+_structlog: Any = None  # the module, once imported
 _bind: Callable[..., Any] | None = None
 
 
@@ -33,13 +34,14 @@ def get_logger() -> FilteringBoundLogger:
     rest to the current `sys.stderr`. Callers ask for it when they log (a loop
     when it starts), so configuring structlog later takes effect then.
     """
-    global _logger
+    global _logger, _structlog
     if _logger is None:
         import structlog
 
+        _structlog = structlog
         _logger = structlog.get_logger("agentfsm")
-    import structlog  # cached in sys.modules by now: a dict lookup
-
+    structlog = _structlog  # an `import` statement per loop cost ~1,500 instructions
+    assert structlog is not None
     if structlog.is_configured():
         return _logger
     quiet: FilteringBoundLogger = structlog.wrap_logger(

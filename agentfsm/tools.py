@@ -133,6 +133,10 @@ class ToolResult(BaseModel):
         return cls(output=message, is_error=True)
 
 
+_TEXT_OR_RESULT: Final = (str, ToolResult)
+"""What a tool may return as it is (`Tool._output`)."""
+
+
 class ToolOptions(TypedDict, total=False):
     """Options of `Tool`, `Tool.from_function` and `@tool`."""
 
@@ -322,7 +326,9 @@ class Tool:
         Serialized here, not by the loop, so that a value JSON cannot hold is
         reported as that, not as the tool having raised.
         """
-        if isinstance(value, str | ToolResult):
+        if isinstance(
+            value, _TEXT_OR_RESULT
+        ):  # a tuple: `str | ToolResult` builds a union per call
             return value
         try:
             return to_json(value).decode()

@@ -48,6 +48,8 @@ _STEPS: dict[tuple[LoopState, Trigger, LoopState, LoopState | None], PathStep] =
 step is an immutable tuple, and a path of shared steps leaves the garbage
 collector ten objects fewer to walk per loop in flight or kept for `wait`."""
 
+_DONE: Final = LoopStatus.done  # a module constant: enum members cost more to look up
+
 _OUTCOMES: Final = {
     _T.stop: Outcome.stopped,
     _T.abort: Outcome.aborted,
@@ -179,7 +181,7 @@ def end(
 ) -> None:
     """How a loop ends: its outcome, from the edge it took to `idle` and that
     edge's reason. An `abort`, `fail` or `cancel` edge is taken here."""
-    if loop.status is LoopStatus.done:
+    if loop.status is _DONE:
         return
     if error is not None:
         loop.error = ErrorInfo(type=type(error).__name__, message=str(error))
@@ -187,10 +189,10 @@ def end(
     if loop.state is not _S.idle:
         commit(loop, loop.state, (trigger, payload, reason), _S.idle)
     if trigger is _T.finish:
-        if isinstance(payload, ModelMessageItem) and (
-            reason is None or loop.answer is not None
-        ):
-            _settle_answer(loop, payload)
+        # The payload of `finish` is a ModelMessageItem: the state made it, or a
+        # rewrite was checked to give one (`intercept.payload_problem`).
+        if reason is None or loop.answer is not None:
+            _settle_answer(loop, payload)  # type: ignore[arg-type]
         outcome = Outcome.answered if reason is None else Outcome.stopped
     else:
         outcome = _OUTCOMES[trigger]
@@ -198,7 +200,7 @@ def end(
             reason = "intercepted"  # a handler chose the edge
     loop.outcome = outcome
     loop.reason = reason
-    loop.status = LoopStatus.done
+    loop.status = _DONE
     loop.ended_at = datetime.now(UTC)
     loop.paused = None
     loop.output = None

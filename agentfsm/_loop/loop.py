@@ -62,6 +62,10 @@ _NO_USAGE: Final = _models.trusted(
     set(),
 )
 
+_NO_TOOLS: Final[dict[str, Tool]] = {}
+"""What `tools_by_name` is before the first batch (never written to: `tool_index`
+replaces it)."""
+
 _RESULT_FIELDS: Final = set(LoopResult.model_fields)
 """Every field `Loop.result` sets (shared: pydantic copies it before changing it)."""
 
@@ -142,7 +146,6 @@ class Loop(Emitter):
 
     def __init__(
         self,
-        *,
         loop_id: str,
         agent_id: str,
         message: UserMessage | None,
@@ -156,6 +159,8 @@ class Loop(Emitter):
         on_end: Callable[[Loop], None],
         on_commit: Callable[[Loop], None] | None = None,
     ) -> None:
+        # (The runtime passes these by position: keyword arguments to a class
+        # cost ~2,000 instructions more per loop, a dict built and unpacked.)
         self.loop_id = loop_id
         self.agent_id = agent_id
         self.input = inference_input
@@ -228,7 +233,7 @@ class Loop(Emitter):
         self.on_commit = on_commit
         self.scan: ContextScan = context_scan(inference_input.context)
         self.tools_of: Sequence[Tool] | None = None
-        self.tools_by_name: dict[str, Tool] = {}
+        self.tools_by_name: dict[str, Tool] = _NO_TOOLS
         self.worker: Any = None  # the `Worker` running the loop, if any
         self._bound_log: FilteringBoundLogger | None = None
         self._done: anyio.Event | None = None  # made when someone waits

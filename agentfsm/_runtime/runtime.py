@@ -246,19 +246,19 @@ class Runtime:
         self.providers.resolve(inference_input.model)
         loop_id = uuid7()
         primitives = self._primitives
-        loop = Loop(
-            loop_id=loop_id,
-            agent_id=agent_id,
-            message=user_message,
-            inference_input=inference_input,
-            handlers=handlers,
-            options=loop_options,
-            bus=self.bus,
-            providers=self.providers,
-            cancel_scope=primitives.cancel_scope,
-            event=primitives.event,
-            on_end=self._loop_done,
-            on_commit=self._on_commit,
+        loop = Loop(  # by position (see `Loop.__init__`)
+            loop_id,
+            agent_id,
+            user_message,
+            inference_input,
+            handlers,
+            loop_options,
+            self.bus,
+            self.providers,
+            primitives.cancel_scope,
+            primitives.event,
+            self._loop_done,
+            self._on_commit,
         )
         self._loops[loop_id] = loop
         self._spawn(loop)
