@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Self, Unpack
 import anyio
 from anyio.abc import TaskGroup
 
-from agentfsm import _models
 from agentfsm._bus import EventBus
 from agentfsm._loop import Loop
 from agentfsm._loop.driver import end_paused
@@ -43,6 +42,7 @@ from agentfsm.states import LoopState
 
 from .backend import Primitives, primitives
 from .ids import uuid7
+from .inputs import handlers_of, user_message_of
 from .workers import WorkerPool
 
 if TYPE_CHECKING:
@@ -240,8 +240,8 @@ class Runtime:
                 f"inference_input must be an InferenceInput, got {type(inference_input).__name__}"
             )
         loop_options = LoopOptions.of(options)
-        user_message = _user_message(message, inference_input)
-        handlers = _handlers(interception_handler)
+        user_message = user_message_of(message, inference_input)
+        handlers = handlers_of(interception_handler)
         # An unknown provider fails here, loudly, before the loop exists.
         self.providers.resolve(inference_input.model)
         loop_id = uuid7()
@@ -408,44 +408,3 @@ def run_loop(
     return current_runtime().run_loop(
         agent_id, message, inference_input, interception_handler, **options
     )
-
-
-def _user_message(
-    message: UserMessage | str | None, inference_input: InferenceInput
-) -> UserMessage | None:
-    if isinstance(message, str):
-        # Built without validation: a str is all a UserMessage's content is
-        # (`str()` makes a str subclass, a StrEnum say, a plain one, as validating would).
-        return _models.trusted(
-            UserMessage, {"type": "user_message", "content": str(message)}, {"content"}
-        )
-    if isinstance(message, UserMessage):
-        return message
-    if message is not None:
-        raise ConfigurationError(
-            f"message must be a str, a UserMessage or None, got {type(message).__name__}"
-        )
-    items = inference_input.context.items
-    if not items:
-        raise ConfigurationError(
-            "message=None continues the context, but the context is empty"
-        )
-    last = items[-1]
-    if last.type not in ("user_message", "function_call_output"):
-        raise ConfigurationError(
-            "message=None continues the context, which must end with a user message or "
-            f"a function output; it ends with a {last.type}"
-        )
-    return None
-
-
-def _handlers(
-    handler: InterceptionHandler | Sequence[InterceptionHandler] | None,
-) -> tuple[InterceptionHandler, ...]:
-    if handler is None:
-        return ()
-    handlers = tuple(handler) if isinstance(handler, Sequence) else (handler,)
-    for h in handlers:
-        if not callable(h):
-            raise ConfigurationError(f"interception handler {h!r} is not callable")
-    return handlers

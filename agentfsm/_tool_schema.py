@@ -1,0 +1,143 @@
+"""How a Python function becomes a tool: its arguments model (the JSON schema the
+model sees and the validation of what it sends), its description and parameter
+descriptions from the docstring, and whether its body can suspend.
+
+`agentfsm.tools.Tool` calls these once, when the tool is made.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable, Mapping
+from typing import Annotated, Any, Final, get_origin, get_type_hints
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic.fields import FieldInfo
+
+from .exceptions import ConfigurationError
+
+ToolFunction = Callable[..., Any]
+
+
+def awaits(function: Callable[..., Any]) -> bool:
+    """Whether an async function may suspend: whether its code has a yield point
+    (any `await`, `async for` or `async with`). Unknown code counts as yes."""
+    code = getattr(function, "__code__", None)
+    if code is None or not code.co_flags & inspect.CO_COROUTINE:
+        return True  # e.g. a sync function marked as a coroutine function
+    import dis  # only when a tool is made
+
+    return any(i.opname == "YIELD_VALUE" for i in dis.get_instructions(code))
+
+
+def arguments_model(
+    function: ToolFunction, name: str, descriptions: Mapping[str, str]
+) -> type[BaseModel]:
+    try:
+        hints = get_type_hints(function, include_extras=True)
+    except NameError as exc:
+        raise ConfigurationError(
+            f"tool {name!r}: cannot resolve annotation: {exc}"
+        ) from exc
+    fields: dict[str, Any] = {}
+    parameters = inspect.signature(function).parameters
+    for param in parameters.values():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise ConfigurationError(
+                f"tool {name!r}: *args and **kwargs are not supported"
+            )
+        if param.kind is param.POSITIONAL_ONLY:
+            raise ConfigurationError(
+                f"tool {name!r}: positional-only parameter {param.name!r} is not supported"
+            )
+        if param.name not in hints:
+            # The model would be told nothing about the value, and anything it
+            # wrote would be passed on unchecked.
+            raise ConfigurationError(
+                f"tool {name!r}: parameter {param.name!r} has no type annotation "
+                f"(annotate it, e.g. `{param.name}: str`, or `Any` to accept anything)"
+            )
+        annotation = hints[param.name]
+        default = ... if param.default is param.empty else param.default
+        # The docstring's description, unless the parameter's own `Field` (in
+        # `Annotated` or as the default) gives one.
+        described: dict[str, Any] = {}  # (a `description=None` would erase one)
+        if param.name in descriptions and not _describes(annotation, default):
+            described["description"] = descriptions[param.name]
+        info = Field(default, alias=param.name, **described)
+        if isinstance(default, FieldInfo):  # `n: int = Field(1, ge=1)`
+            info = FieldInfo.merge_field_infos(
+                default, Field(alias=param.name, **described)
+            )
+        # A field is named after its parameter, unless BaseModel has that name
+        # (`schema`, `json`, `model_config`, ...) or pydantic reserves it (`_x`):
+        # then it gets a neutral name no parameter has (p<position>, and
+        # underscores after it while taken), and the parameter as alias.
+        key = param.name
+        if key.startswith(("_", "model_")) or hasattr(BaseModel, key):
+            key = f"p{len(fields)}"
+            while key in parameters or hasattr(BaseModel, key):
+                key += "_"
+        fields[key] = (annotation, info)
+    return create_model(
+        f"{name}_arguments",
+        __config__=ConfigDict(extra="forbid", defer_build=True),
+        **fields,
+    )
+
+
+def _describes(annotation: Any, default: Any) -> bool:
+    """Whether a parameter's own `Field` (as default or in `Annotated`) describes it."""
+    infos = [default] if isinstance(default, FieldInfo) else []
+    if get_origin(annotation) is Annotated:
+        infos.extend(m for m in annotation.__metadata__ if isinstance(m, FieldInfo))
+    return any(info.description is not None for info in infos)
+
+
+# A docstring with any of these has sections for griffe to find: Google's
+# `Args:` and friends, NumPy's underlined headings, Sphinx's `:param x:` fields.
+_SECTIONED: Final = re.compile(
+    r"^\s*(Args|Arguments|Parameters|Params|Keyword Args|Keyword Arguments"
+    r"|Other Parameters|Returns?|Yields|Raises|Examples?|Notes?|Warnings?):\s*$"
+    r"|^\s*-{3,}\s*$"
+    r"|^\s*:(param|parameter|arg|argument|key|keyword|type|returns?|rtype|raises?)\b",
+    re.MULTILINE,
+)
+
+
+def docstring(function: ToolFunction) -> tuple[str, dict[str, str]]:
+    """The tool's description and each parameter's, from the function's docstring.
+
+    The description is the docstring's text without its sections (a `Returns`
+    section is kept as one line: it tells the model what it gets back); the
+    parameters' come from its Google `Args:`, NumPy `Parameters` or Sphinx
+    `:param x:` section, whichever style the docstring is written in.
+    """
+    doc = inspect.getdoc(function) or ""
+    if not _SECTIONED.search(doc):
+        return doc, {}
+    import griffe  # here: ~45 ms to import, and most tools have one-line docstrings
+
+    quiet: Any = {"warnings": False}  # griffe would log each parameter it cannot type
+    sections = griffe.Docstring(
+        doc,
+        parser="auto",
+        parser_options={
+            "default": "google",
+            "per_style_options": {"google": quiet, "numpy": quiet, "sphinx": quiet},
+        },
+    ).parse()
+    text: list[str] = []
+    parameters: dict[str, str] = {}
+    for section in sections:
+        kind = section.kind.value
+        if kind == "text":
+            text.append(section.value)
+        elif kind in ("parameters", "other parameters"):
+            parameters.update((p.name, p.description) for p in section.value)
+        elif kind == "returns":
+            returns = " ".join(r.description for r in section.value if r.description)
+            if returns:
+                text.append(f"Returns: {returns}")
+    return "\n\n".join(text).strip(), parameters
