@@ -9,10 +9,11 @@ classes (`agentfsm.events`) are imported by the first subscription, not by
 
 A subscriber with backpressure is never dropped from. An event goes into its
 buffer at once while the buffer has room; once it is full, the emitter holds
-that event and every later one of the loop (in order) until the loop awaits
-`flush`, which waits for room. The loop flushes after each state and after each
-streamed chunk (when `outbox` is not None), so a loop publishing to a full
-subscriber waits there.
+that event and every later one of the loop (in order), releasing them as room
+appears, and the loop awaits `flush` (which waits for room) at its next
+checkpoint: after each state, each streamed chunk, and before a tool runs
+(whenever `outbox` is not None). A loop publishing to a full subscriber waits
+there.
 """
 
 from __future__ import annotations
@@ -119,14 +120,30 @@ class Emitter:
         _setattr(event, "__pydantic_fields_set__", fields_set)
         if bus.backpressure:
             outbox = self.outbox
-            if outbox is None and bus.has_room(targets):
+            if outbox is not None and not self._release():
+                outbox.append(event)  # earlier events still wait: keep the order
+            elif bus.has_room(targets):
                 bus._deliver(event, targets)
-            elif outbox is None:
-                self.outbox = [event]
             else:
-                outbox.append(event)
+                self.outbox = [event]
         else:
             bus._deliver(event, targets)
+
+    def _release(self) -> bool:
+        """Deliver the held events that have room now, oldest first; return
+        whether none is left (a subscriber that drained its buffer gets the
+        next events as they are published, not when the state ends)."""
+        outbox = self.outbox
+        assert outbox is not None
+        bus = self.bus
+        while outbox:
+            event = outbox[0]
+            targets = bus.targets(event.type, event.loop_id)
+            if not bus.has_room(targets):
+                return False
+            bus._deliver(outbox.pop(0), targets)
+        self.outbox = None
+        return True
 
     async def flush(self) -> None:
         """Publish the held events, in order, waiting for room as needed."""

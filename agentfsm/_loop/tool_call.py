@@ -142,6 +142,8 @@ async def _run_call(
         output, is_error = _unknown(call, tools), True
     else:
         loop.emit("function_call.started", call=call)
+        if loop.outbox is not None:
+            await loop.flush()  # the call starts once its start was received
         loop.tool_calls += 1
         if tool is not None:
             loop.last_tools.append(tool.name)

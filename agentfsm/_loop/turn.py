@@ -8,7 +8,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from agentfsm.inference import InferenceOutput, RequestMetadata
+from agentfsm.inference import InferenceInput, InferenceOutput, RequestMetadata
 from agentfsm.messages import ContextItem, FunctionCallOutputItem, UserMessage
 from agentfsm.options import QueueMode, TurnSnapshot
 from agentfsm.tools import Tool
@@ -32,8 +32,11 @@ __all__ = (
 
 def infer_step(loop: Loop) -> Step:
     """The step to the next model request: the loop's input, repaired if the
-    context holds calls without outputs."""
+    context holds calls without outputs, its forced tool choice released after
+    the loop's first request."""
     request = loop.input
+    if loop.model_requests and request.reset_tool_choice is not None:
+        request = released(loop, request)
     items = request.context.items
     scan = loop.scan
     loop.history = len(items)
@@ -42,6 +45,20 @@ def infer_step(loop: Loop) -> Step:
     else:
         request, loop.metadata = normalized(request, scan)
     return (_T.infer_streaming if request.streaming else _T.infer, request, None)
+
+
+def released(loop: Loop, request: InferenceInput) -> InferenceInput:
+    """`request` with `tool_choice` set to its `reset_tool_choice`: a loop forces
+    its tool on its first request only ("force once, then auto"), whatever
+    enters the context after it (steering is a user message, which on its own
+    would make `effective_tool_choice` force the tool again)."""
+    if request.tool_choice == request.reset_tool_choice:
+        return request
+    cached = loop.released
+    if cached is None or cached[0] is not request:
+        update = {"tool_choice": request.reset_tool_choice}
+        cached = loop.released = (request, request.model_copy(update=update))
+    return cached[1]
 
 
 def request_metadata(loop: Loop) -> RequestMetadata:
