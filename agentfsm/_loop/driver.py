@@ -158,16 +158,7 @@ def commit(
     loop.path.append(path_step)
     loop.state = dest
     loop.step = step
-    if loop.bus.listening:
-        loop.emit(
-            "loop.transition",
-            source=source,
-            trigger=trigger,
-            dest=dest,
-            rewritten_from=rewritten_from,
-        )
-    else:
-        loop.seq += 1  # what `emit` does when nobody listens, without the call
+    loop.emit_transition(source, trigger, dest, rewritten_from)
     if loop.on_commit is not None:
         loop.on_commit(loop)
 
@@ -191,7 +182,7 @@ def end(
     if trigger is _T.finish:
         # The payload of `finish` is a ModelMessageItem: the state made it, or a
         # rewrite was checked to give one (`intercept.payload_problem`).
-        if reason is None or loop.answer is not None:
+        if payload is not loop.answer and (reason is None or loop.answer is not None):
             _settle_answer(loop, payload)  # type: ignore[arg-type]
         outcome = Outcome.answered if reason is None else Outcome.stopped
     else:
@@ -204,14 +195,8 @@ def end(
     loop.ended_at = datetime.now(UTC)
     loop.paused = None
     loop.output = None
-    loop.emit(
-        "loop.idle",
-        outcome=outcome,
-        reason=reason,
-        answer=loop.answer,
-        usage=loop.usage,
-        model_requests=loop.model_requests,
-        tool_calls=loop.tool_calls,
+    loop.emit_idle(
+        outcome, reason, loop.answer, loop.usage, loop.model_requests, loop.tool_calls
     )
     loop.log.info("loop_idle", outcome=outcome, reason=reason)
     loop.ended()
@@ -236,7 +221,7 @@ def _settle_answer(loop: Loop, message: ModelMessageItem) -> None:
         items[at] = message
     loop.answer = message
     parsed = loop.parsed if message is written else None
-    loop.emit("model.answer", message=message, parsed=jsonable(parsed))
+    loop.emit_answer(message, jsonable(parsed))
 
 
 async def end_paused(loop: Loop, reason: str) -> None:

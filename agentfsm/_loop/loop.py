@@ -240,12 +240,7 @@ class Loop(Emitter):
         self.worker: Any = None  # the `Worker` running the loop, if any
         self._bound_log: FilteringBoundLogger | None = None
         self._done: anyio.Event | None = None  # made when someone waits
-        self.emit(
-            "loop.started",
-            message=message,
-            model=inference_input.model,
-            streaming=inference_input.streaming,
-        )
+        self.emit_started(message, inference_input.model, inference_input.streaming)
 
     @property
     def log(self) -> FilteringBoundLogger:
