@@ -80,9 +80,7 @@ class _Progress:
 
             anyio.from_thread.run_sync(self, progress)
         elif not self.done:
-            self._loop.emit(
-                "function_call.progress", call_id=self._call_id, progress=progress
-            )
+            self._loop.emit("function_call.progress", self._call_id, progress)
 
 
 async def run_batch(
@@ -141,7 +139,7 @@ async def _run_call(
     elif tool is None and chain is None:
         output, is_error = _unknown(call, tools), True
     else:
-        loop.emit_call_started(call)
+        loop.emit("function_call.started", call)
         if loop.outbox is not None:
             await loop.flush()  # the call starts once its start was received
         loop.tool_calls += 1
@@ -188,7 +186,7 @@ async def _run_call(
         loop.log.info(
             "tool_call_error", call_id=call.call_id, tool=call.name, error=output
         )
-    loop.emit_call_completed(call, out, time.perf_counter() - started)
+    loop.emit("function_call.completed", call, out, time.perf_counter() - started)
     return _tuple_new(CallResult, (out, terminate))
 
 
