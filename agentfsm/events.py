@@ -125,18 +125,12 @@ class _Event(BaseModel):
         defaults = _models.defaults(cls)
         # Every field in declaration order, holding its default (None until set).
         template = {name: defaults.get(name) for name in cls.model_fields}
-        own = tuple(n for n in cls.model_fields if n not in _ENVELOPE)
-        _SPECS[defaults["type"]] = (cls, template, set(cls.model_fields), own)
+        _SPECS[defaults["type"]] = (cls, template, set(cls.model_fields))
 
 
-_ENVELOPE: frozenset[str] = frozenset(
-    {"type", "event_id", "loop_id", "agent_id", "seq", "ts", "state"}
-)
-
-_SPECS: dict[str, tuple[type[_Event], dict[str, Any], set[str], tuple[str, ...]]] = {}
+_SPECS: dict[str, tuple[type[_Event], dict[str, Any], set[str]]] = {}
 """Per event type, what `Emitter.emit` builds its events from: the class, a dict of
-every field (defaults filled in) to copy, the set of fields it sets, and the
-event's own fields in declaration order (`emit` takes their values in that order).
+every field (defaults filled in) to copy, and the set of fields it sets.
 (Kept in a plain dict: class attributes of a pydantic model are looked up
 through its metaclass, several times slower.)"""
 

@@ -158,7 +158,7 @@ def commit(
     loop.path.append(path_step)
     loop.state = dest
     loop.step = step
-    loop.emit("loop.transition", source, trigger, dest, rewritten_from)
+    loop.emit_transition(source, trigger, dest, rewritten_from)
     if loop.on_commit is not None:
         loop.on_commit(loop)
 
@@ -176,7 +176,7 @@ def end(
         return
     if error is not None:
         loop.error = ErrorInfo(type=type(error).__name__, message=str(error))
-        loop.emit("loop.failed", loop.error.type, loop.error.message)
+        loop.emit("loop.failed", error_type=loop.error.type, message=loop.error.message)
     if loop.state is not _S.idle:
         commit(loop, loop.state, (trigger, payload, reason), _S.idle)
     if trigger is _T.finish:
@@ -195,14 +195,8 @@ def end(
     loop.ended_at = datetime.now(UTC)
     loop.paused = None
     loop.output = None
-    loop.emit(
-        "loop.idle",
-        outcome,
-        reason,
-        loop.answer,
-        loop.usage,
-        loop.model_requests,
-        loop.tool_calls,
+    loop.emit_idle(
+        outcome, reason, loop.answer, loop.usage, loop.model_requests, loop.tool_calls
     )
     loop.log.info("loop_idle", outcome=outcome, reason=reason)
     loop.ended()
@@ -227,7 +221,7 @@ def _settle_answer(loop: Loop, message: ModelMessageItem) -> None:
         items[at] = message
     loop.answer = message
     parsed = loop.parsed if message is written else None
-    loop.emit("model.answer", message, jsonable(parsed))
+    loop.emit_answer(message, jsonable(parsed))
 
 
 async def end_paused(loop: Loop, reason: str) -> None:

@@ -198,7 +198,7 @@ def decided(
         handler=handler,
         **{k: v for k, v in fields.items() if k == "reason" or k == "new_dest"},
     )
-    loop.emit_named(
+    loop.emit(
         "transition.intercepted",
         source=source,
         trigger=trigger,
@@ -221,7 +221,7 @@ def park(
     loop.pending = step
     loop.paused = Paused(pending, index, reason, original)
     loop.status = LoopStatus.paused
-    loop.emit_named(
+    loop.emit(
         "loop.paused",
         source=pending.source,
         trigger=pending.trigger,

@@ -240,9 +240,7 @@ class Loop(Emitter):
         self.worker: Any = None  # the `Worker` running the loop, if any
         self._bound_log: FilteringBoundLogger | None = None
         self._done: anyio.Event | None = None  # made when someone waits
-        self.emit(
-            "loop.started", message, inference_input.model, inference_input.streaming
-        )
+        self.emit_started(message, inference_input.model, inference_input.streaming)
 
     @property
     def log(self) -> FilteringBoundLogger:
@@ -285,7 +283,7 @@ class Loop(Emitter):
         self.paused = None
         self.resumed = Resumed(decision, paused.handler, paused.original_dest)
         self.status = LoopStatus.running
-        self.emit("loop.resumed", decision.kind)
+        self.emit("loop.resumed", decision=decision.kind)
 
     def queue(self, message: UserMessage, *, follow_up: bool) -> None:
         """Queue a steering or follow-up message for this loop."""

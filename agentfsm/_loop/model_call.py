@@ -91,7 +91,7 @@ async def _stream(
                 raise ProviderError(
                     f"the stream from {model!r} sent a chunk after its output"
                 )
-            loop.emit("inference.stream", index, delta)
+            loop.emit_stream(index, delta)
             index += 1
             if loop.outbox is not None:
                 await loop.flush()

@@ -80,7 +80,9 @@ class _Progress:
 
             anyio.from_thread.run_sync(self, progress)
         elif not self.done:
-            self._loop.emit("function_call.progress", self._call_id, progress)
+            self._loop.emit(
+                "function_call.progress", call_id=self._call_id, progress=progress
+            )
 
 
 async def run_batch(
@@ -139,7 +141,7 @@ async def _run_call(
     elif tool is None and chain is None:
         output, is_error = _unknown(call, tools), True
     else:
-        loop.emit("function_call.started", call)
+        loop.emit_call_started(call)
         if loop.outbox is not None:
             await loop.flush()  # the call starts once its start was received
         loop.tool_calls += 1
@@ -186,7 +188,7 @@ async def _run_call(
         loop.log.info(
             "tool_call_error", call_id=call.call_id, tool=call.name, error=output
         )
-    loop.emit("function_call.completed", call, out, time.perf_counter() - started)
+    loop.emit_call_completed(call, out, time.perf_counter() - started)
     return _tuple_new(CallResult, (out, terminate))
 
 

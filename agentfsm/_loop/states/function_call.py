@@ -74,7 +74,7 @@ def settled(
     if result is not None:
         return result.output
     out = FunctionCallOutputItem.error(call.call_id, INTERRUPTED)
-    loop.emit("function_call.completed", call, out, 0.0)
+    loop.emit_call_completed(call, out, 0.0)
     return out
 
 

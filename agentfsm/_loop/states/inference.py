@@ -56,7 +56,7 @@ def completed(loop: Loop, request: InferenceInput, output: InferenceOutput) -> S
         loop.usage = loop.usage + output.token_usage
     loop.request = request
     loop.output = output
-    loop.emit("inference.completed", request.model, output)
+    loop.emit_completed(request.model, output)
     calls = output.function_calls
     if not calls:
         return (_T.answer, output.message or ModelMessageItem(content=""), None)

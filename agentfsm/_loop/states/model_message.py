@@ -60,7 +60,7 @@ async def model_message(loop: Loop, payload: TransitionPayload) -> Step:
     problem = None if schema is None else parse(loop, schema, message)
     if problem is None:
         loop.answer = message
-        loop.emit("model.answer", message, jsonable(loop.parsed))
+        loop.emit_answer(message, jsonable(loop.parsed))
     if output is not None and loop.options.finish_turn is not None:
         await finish_turn(loop, output, ())
     # Limits and stop conditions only matter when the loop would go on: an
