@@ -225,8 +225,26 @@ class Emitter:
                 bus._deliver(event, targets)
             else:
                 self.outbox = [event]
-        else:
-            bus._deliver(event, targets)
+            return
+        # `bus._deliver(event, targets)`, inlined: a call per event is ~700
+        # instructions of the ~20,000 an observed event costs, and a run
+        # publishes 23 (tests/test_bus.py checks what each subscriber gets).
+        bus.published += 1
+        for sub in targets:
+            buffer = sub._buffer
+            if sub._closed:
+                continue
+            if len(buffer) < sub.capacity:
+                buffer.append(event)
+                sub.delivered += 1
+                bus.delivered += 1
+                waiter = sub._waiter
+                if waiter is not None:
+                    sub._waiter = None
+                    waiter.set()
+            else:
+                sub.dropped += 1
+                bus.dropped += 1
 
     def _release(self) -> bool:
         """Deliver the held events that have room now, oldest first; return
