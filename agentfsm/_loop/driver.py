@@ -199,7 +199,9 @@ def end(
         outcome, reason, loop.answer, loop.usage, loop.model_requests, loop.tool_calls
     )
     loop.log.info("loop_idle", outcome=outcome, reason=reason)
-    loop.ended()
+    if loop.done is not None:
+        loop.done.set()  # wake whoever waits
+    loop.on_end(loop)
 
 
 def _settle_answer(loop: Loop, message: ModelMessageItem) -> None:

@@ -131,7 +131,7 @@ class Loop(Emitter):
         "reason",
         # what the loop runs with (not data: not in the record)
         "_bound_log",
-        "_done",
+        "done",
         "cancel_scope",
         "event",
         "on_commit",
@@ -239,7 +239,8 @@ class Loop(Emitter):
         self.tools_by_name: dict[str, Tool] = _NO_TOOLS
         self.worker: Any = None  # the `Worker` running the loop, if any
         self._bound_log: FilteringBoundLogger | None = None
-        self._done: anyio.Event | None = None  # made when someone waits
+        self.done: anyio.Event | None = None
+        """Set when the loop ends; made when someone waits."""
         self.emit_started(message, inference_input.model, inference_input.streaming)
 
     @property
@@ -300,15 +301,9 @@ class Loop(Emitter):
         """Wait until the loop is done."""
         if self.status is LoopStatus.done:
             return
-        if self._done is None:
-            self._done = self.event()
-        await self._done.wait()
-
-    def ended(self) -> None:
-        """The driver ended the loop: wake its waiters, tell the runtime."""
-        if self._done is not None:
-            self._done.set()
-        self.on_end(self)
+        if self.done is None:
+            self.done = self.event()
+        await self.done.wait()
 
     # ------------------------------------------------------------------ views
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Final, NamedTuple
+from typing import TYPE_CHECKING, Final, TypeAlias
 
 import anyio
 from pydantic import JsonValue
@@ -39,15 +39,10 @@ _OUTPUT_FIELDS: Final = {"type", "call_id", "output", "is_error"}
 ToolChain = Callable[[ToolCall], Awaitable[ToolResult]]
 
 
-class CallResult(NamedTuple):
-    """How one call of a batch ended."""
-
-    output: FunctionCallOutputItem
-    terminate: bool
-    """Whether the tool asked to end the loop (`ToolResult(terminate=True)`)."""
-
-
-_tuple_new = tuple.__new__  # `CallResult(...)` without its Python-level `__new__`
+CallResult: TypeAlias = tuple[FunctionCallOutputItem, bool]
+"""How one call of a batch ended: `(output, terminate)`, terminate being whether
+the tool asked to end the loop (`ToolResult(terminate=True)`). A plain tuple: a
+`NamedTuple` made through `tuple.__new__` cost ~400 instructions a call more."""
 
 
 def chain_tool_wrappers(wrappers: Sequence[ToolWrapper]) -> ToolChain | None:
@@ -189,7 +184,7 @@ async def _run_call(
             "tool_call_error", call_id=call.call_id, tool=call.name, error=output
         )
     loop.emit_call_completed(call, out, time.perf_counter() - started)
-    return _tuple_new(CallResult, (out, terminate))
+    return out, terminate
 
 
 def _unknown(call: FunctionCallItem, tools: Mapping[str, Tool]) -> str:

@@ -72,7 +72,7 @@ def settled(
 ) -> FunctionCallOutputItem:
     """A call's output; an error output for a call that never ended."""
     if result is not None:
-        return result.output
+        return result[0]
     out = FunctionCallOutputItem.error(call.call_id, INTERRUPTED)
     loop.emit_call_completed(call, out, 0.0)
     return out
@@ -81,6 +81,6 @@ def settled(
 def all_terminate(results: list[CallResult | None]) -> bool:
     """Whether the batch ran calls and every one asked to end the loop."""
     for result in results:
-        if result is None or not result.terminate:
+        if result is None or not result[1]:
             return False
     return bool(results)
