@@ -4,7 +4,7 @@ The loop builds a dozen models per step (events, results, tool outputs) from
 values it already holds in the right types; validating them again was the
 largest cost of a step. `trusted()` does what `BaseModel.model_construct` does
 for a model whose every field is given, minus its per-field work (~1.9 µs
-against ~2.9 for `model_validate` of an event). `tests/test_trusted_models.py`
+against ~2.9 for `model_validate` of an event). `tests/internals/test_trusted_models.py`
 checks that each model built this way equals the validated one,
 `model_fields_set` included.
 """
