@@ -15,6 +15,7 @@ Example:
     ```
 """
 
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal, TypeAlias, TypedDict
@@ -152,6 +153,7 @@ class LoopOptions:
     finish_turn: FinishTurn | None = field(default=None)
 
     def __post_init__(self) -> None:
+        self._check_types()
         if not 1 <= self.max_turns <= MAX_TURNS_CAP:
             raise ConfigurationError(
                 f"max_turns must be in 1..{MAX_TURNS_CAP}, got {self.max_turns}"
@@ -183,6 +185,37 @@ class LoopOptions:
                 f"retry_backoff must be >= 0, got {self.retry_backoff}"
             )
 
+    def _check_types(self) -> None:
+        """Refuse a value of the wrong type by name, before it fails deep inside."""
+        for name in _INTS:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ConfigurationError(
+                    f"{name} must be an int, got {type(value).__name__} {value!r}"
+                )
+        for name in _SECONDS:
+            value = getattr(self, name)
+            if value is None and name != "retry_backoff":
+                continue
+            if (
+                not isinstance(value, int | float)
+                or isinstance(value, bool)
+                or not math.isfinite(value)
+            ):
+                raise ConfigurationError(
+                    f"{name} must be a finite number of seconds, got {value!r}"
+                )
+        for name in _CALLABLES:
+            for item in getattr(self, name):
+                if not callable(item):
+                    raise ConfigurationError(
+                        f"{name} must hold callables, got {type(item).__name__} {item!r}"
+                    )
+        if self.finish_turn is not None and not callable(self.finish_turn):
+            raise ConfigurationError(
+                f"finish_turn must be callable, got {type(self.finish_turn).__name__}"
+            )
+
     @classmethod
     def of(cls, options: LoopOptionsDict) -> "LoopOptions":
         """Options from `run_loop`'s keyword arguments (naming any unknown one)."""
@@ -195,10 +228,24 @@ class LoopOptions:
                 f"(known: {', '.join(cls.__dataclass_fields__)})"
             )
         values = dict(options)
-        for name in ("stop_when", "tool_wrappers", "model_wrappers"):
+        for name in _CALLABLES:
             if name in values:
-                values[name] = tuple(values[name])  # type: ignore[arg-type]
+                given = values[name]
+                if not isinstance(given, Sequence) or isinstance(given, str):
+                    raise ConfigurationError(
+                        f"{name} must be a list, got {type(given).__name__}"
+                    )
+                values[name] = tuple(given)
         return cls(**values)  # type: ignore[arg-type]
 
+
+_INTS: Final = (
+    "max_turns",
+    "max_tool_concurrency",
+    "max_retries",
+    "structured_output_retries",
+)
+_SECONDS: Final = ("inference_timeout", "deadline", "retry_backoff")
+_CALLABLES: Final = ("stop_when", "tool_wrappers", "model_wrappers")
 
 _DEFAULT: Final = LoopOptions()

@@ -161,3 +161,29 @@ async def test_an_answer_on_the_last_allowed_turn_is_answered() -> None:
     )
     assert (queued.outcome, queued.reason) == (Outcome.stopped, "max_turns")
     assert queued.model_requests == 1
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"max_turns": "3"}, "max_turns must be an int, got str"),
+        ({"max_turns": 2.5}, "max_turns must be an int, got float"),
+        ({"max_turns": True}, "max_turns must be an int, got bool"),
+        ({"max_retries": None}, "max_retries must be an int"),
+        ({"deadline": float("nan")}, "deadline must be a finite number"),
+        ({"inference_timeout": "5"}, "inference_timeout must be a finite number"),
+        ({"stop_when": [1]}, "stop_when must hold callables, got int"),
+        ({"stop_when": after_turns}, "stop_when must be a list, got function"),
+        ({"tool_wrappers": [None]}, "tool_wrappers must hold callables"),
+        ({"model_wrappers": "wrap"}, "model_wrappers must be a list, got str"),
+        ({"finish_turn": 3}, "finish_turn must be callable, got int"),
+    ],
+)
+async def test_options_of_the_wrong_type_are_refused_by_name(
+    options: dict[str, object], message: str
+) -> None:
+    """A wrong type fails `run_loop` itself, naming the option, not the loop later."""
+    async with Runtime(providers={"scripted": ScriptedProvider([text("x")])}) as rt:
+        with pytest.raises(ConfigurationError, match=message):
+            rt.run_loop("a", "q", request(), **options)  # type: ignore[arg-type]
+        assert rt.loops() == []
