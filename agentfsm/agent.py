@@ -23,8 +23,9 @@ result = await agent.run("What is my name?", conversation=chat)  # it knows
 does (it is a thin layer over it); `Agent.run` waits for the result, on the
 current runtime or on one it opens for the call; `Agent.run_sync` is `run` for
 scripts. The model may be a provider object instead of a name (a
-`ScriptedProvider` in tests, say): the agent registers it with each runtime it
-starts loops on.
+`ScriptedProvider` in tests, say), or a provider object may serve a model by
+name (`Agent("llama3", provider=OpenAIChatProvider(base_url=...))`): the agent
+registers it with each runtime it starts loops on.
 """
 
 from __future__ import annotations
@@ -102,8 +103,12 @@ class Agent:
     """A reusable, stateless agent definition: loops are started from it.
 
     Args:
-        model: a `provider:model` name (`"openai:gpt-4.1-mini"`), or a provider
-            object, which the agent registers with each runtime it uses.
+        model: a `provider:model` name (`"openai:gpt-4.1-mini"`); with
+            `provider=`, the model's name as that provider knows it
+            (`"llama3"`, sent as it is); or a provider object alone (a
+            `ScriptedProvider`, say: it gets the agent's name as the model).
+        provider: a provider object to send the requests to, which the agent
+            registers with each runtime it uses; `model` then names the model.
         name: the `agent_id` its loops run under (default `"agent"`).
         instructions: the system prompt; each loop's context gets it (without
             it, a conversation keeps the instructions it has).
@@ -133,6 +138,15 @@ class Agent:
         )
         result = await agent.run("What is 2 + 3?")
         ```
+
+        A provider configured in code, serving a model by name:
+
+        ```python
+        from agentfsm.providers.openai import OpenAIChatProvider
+
+        ollama = OpenAIChatProvider(base_url="http://localhost:11434/v1")
+        agent = Agent("llama3", provider=ollama)
+        ```
     """
 
     __slots__ = (
@@ -151,6 +165,7 @@ class Agent:
         self,
         model: str | Provider,
         *,
+        provider: Provider | None = None,
         name: str = "agent",
         instructions: str | None = None,
         tools: Sequence[Tool | Callable[..., Any]] = (),
@@ -166,7 +181,7 @@ class Agent:
             )
         self.name = name
         """The `agent_id` of the loops started from this agent."""
-        self._provider, self._prefix, self.model = _model(model, name)
+        self._provider, self._prefix, self.model = _model(model, provider, name)
         self.instructions = instructions
         """The system prompt of every loop."""
         self.tools: tuple[Tool, ...] = _tools(tools, name)
@@ -335,19 +350,42 @@ class Agent:
             registry.register(self._prefix, self._provider)
 
 
-def _model(model: str | Provider, name: str) -> tuple[Provider | None, str, str]:
-    """`(provider object or None, its prefix, the model name)` of `Agent(model)`."""
+def _model(
+    model: str | Provider, provider: Provider | None, name: str
+) -> tuple[Provider | None, str, str]:
+    """`(provider object or None, its prefix, the model name)` of
+    `Agent(model, provider=provider)`."""
+    if provider is not None:
+        if not isinstance(model, str) or not model:
+            raise ConfigurationError(
+                f"agent {name!r}: with provider=, model must be the name of the "
+                f"model (e.g. 'llama3'), got {model!r}"
+            )
+        return _provider_object(provider, "provider", name, model)
     if isinstance(model, str):
         prefix, _ = split_model(model)  # a name without a prefix fails here
         return None, prefix, model
-    if isinstance(model, type) or not isinstance(model, Provider):
-        raise ConfigurationError(
-            f"agent {name!r}: model must be a 'provider:model' name or a provider "
-            f"object (with complete() and stream()), got {model!r}"
+    return _provider_object(model, "model", name, name)
+
+
+def _provider_object(
+    provider: object, argument: str, name: str, model_name: str
+) -> tuple[Provider, str, str]:
+    if isinstance(provider, type) or not isinstance(provider, Provider):
+        what = (
+            "a 'provider:model' name or a provider"
+            if argument == "model"
+            else "a provider"
         )
-    # A prefix of its own per agent: it never takes the place of another provider.
-    prefix = f"{type(model).__name__.lower()}-{next(_prefixes)}"
-    return model, prefix, f"{prefix}:{name}"
+        raise ConfigurationError(
+            f"agent {name!r}: {argument} must be {what} object (with complete() "
+            f"and stream()), got {provider!r}"
+        )
+    # A prefix of its own per agent: it never takes the place of another
+    # provider. The model name follows it as it is (`llama3:8b` included: the
+    # provider reads what follows the first colon).
+    prefix = f"{type(provider).__name__.lower()}-{next(_prefixes)}"
+    return provider, prefix, f"{prefix}:{model_name}"
 
 
 def _tools(tools: Sequence[Tool | Callable[..., Any]], name: str) -> tuple[Tool, ...]:

@@ -22,6 +22,7 @@ from agentfsm import (
     UserMessage,
     current_runtime,
 )
+from agentfsm.providers import split_model
 from agentfsm.testing import RecordingHandler, ScriptedProvider, call, calls, text
 from tests.helpers import add, wait_until
 
@@ -149,6 +150,26 @@ async def test_start_returns_at_once() -> None:
             assert _answer(await runtime.wait(loop_id)) == "done"
 
 
+async def test_a_provider_object_serves_a_named_model() -> None:
+    """With `provider=`, the model name goes out to that provider as it is; a
+    provider object alone gets the agent's name (the scripted model ignores it)."""
+    seen: list[str] = []
+
+    def record(request: InferenceInput) -> InferenceOutput:
+        seen.append(split_model(request.model)[1])
+        return text("ok")
+
+    provider = FunctionProvider(record)
+    named = Agent("llama3", provider=provider, name="geo")
+    alone = Agent(provider, name="geo")
+    with anyio.fail_after(10):
+        async with Runtime():
+            for agent in (named, alone):
+                assert _answer(await agent.run("hi")) == "ok"
+    assert seen == ["llama3", "geo"]
+    assert named.model.endswith(":llama3")
+
+
 async def test_run_opens_a_runtime_when_none_is_current() -> None:
     """Outside `async with Runtime()`, `run` opens one for the call and closes it."""
     agent = Agent(ScriptedProvider([text("hi")]))
@@ -265,6 +286,16 @@ class TestDefinitionErrors:
             pytest.param({"max_turns": 0}, "max_turns must be in", id="bad-option"),
             pytest.param({"handlers": [1]}, "handler 1 is not callable", id="handler"),
             pytest.param({"name": ""}, "name must be a non-empty str", id="name"),
+            pytest.param(
+                {"model": "", "provider": FunctionProvider(_echo)},
+                "with provider=, model must be the name of the model",
+                id="provider-without-a-model-name",
+            ),
+            pytest.param(
+                {"model": "m", "provider": FunctionProvider},
+                "provider must be a provider object",
+                id="provider-a-class",
+            ),
         ],
     )
     def test_mistakes_fail_when_the_agent_is_defined(

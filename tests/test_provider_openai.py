@@ -17,6 +17,7 @@ from openai import AsyncOpenAI
 from pydantic import BaseModel
 
 from agentfsm import (
+    Agent,
     ConfigurationError,
     FunctionCallItem,
     FunctionCallOutputItem,
@@ -894,6 +895,16 @@ class TestChatRequest:
             await collect(chat_provider(api), make_request("openai-chat:m"))
         assert api.body["stream"] is True
         assert api.body["stream_options"] == {"include_usage": True}
+
+    async def test_an_agent_names_the_model_of_its_provider_object(self) -> None:
+        """`Agent("llama3:8b", provider=obj)` sends that model name, colon and all
+        (not the agent's name)."""
+        body = completion_body({"content": "Paris."})
+        async with MockAPI(json_response(body)) as api:
+            agent = Agent("llama3:8b", provider=chat_provider(api), name="geo")
+            result = await agent.run("The capital of France?")
+        assert result.outcome is Outcome.answered, result
+        assert api.body["model"] == "llama3:8b"
 
 
 class TestChatOutput:
