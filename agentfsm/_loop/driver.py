@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Final
 
 import anyio
 
+from agentfsm._errors import error_text
 from agentfsm._logging import bind_contextvars
 from agentfsm._machine import TABLE
 from agentfsm.exceptions import LoopAborted, LoopTimeout
@@ -89,9 +90,11 @@ async def run(loop: Loop) -> None:
         end(loop, _T.abort, reason=exc.reason)
     except Exception as exc:  # noqa: BLE001 - any error fails the loop, never the runtime
         loop.log.warning(
-            "loop_failed", state=loop.state, error=f"{type(exc).__name__}: {exc}"
+            "loop_failed",
+            state=loop.state,
+            error=f"{type(exc).__name__}: {error_text(exc)}",
         )
-        end(loop, _T.fail, reason=str(exc), error=exc)
+        end(loop, _T.fail, reason=error_text(exc), error=exc)
     if loop.outbox is not None:
         with anyio.CancelScope(shield=True):
             await loop.flush()
@@ -175,7 +178,7 @@ def end(
     if loop.status is _DONE:
         return
     if error is not None:
-        loop.error = ErrorInfo(type=type(error).__name__, message=str(error))
+        loop.error = ErrorInfo(type=type(error).__name__, message=error_text(error))
         loop.emit("loop.failed", error_type=loop.error.type, message=loop.error.message)
     if loop.state is not _S.idle:
         commit(loop, loop.state, (trigger, payload, reason), _S.idle)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Final
 
 import anyio
 
+from agentfsm._errors import error_text
 from agentfsm.exceptions import ProviderError, ProviderTimeout
 from agentfsm.inference import (
     InferenceInput,
@@ -63,7 +64,10 @@ async def request_model(
             delay = min(options.retry_backoff * 2**attempt, _MAX_BACKOFF)
             attempt += 1
             loop.log.warning(
-                "model_retry", model=request.model, attempt=attempt, error=str(exc)
+                "model_retry",
+                model=request.model,
+                attempt=attempt,
+                error=error_text(exc),
             )
             await anyio.sleep(delay)
             continue

@@ -17,6 +17,7 @@ import anyio
 from pydantic import JsonValue
 
 from agentfsm import _models
+from agentfsm._errors import error_text
 from agentfsm.exceptions import ToolError, UnknownTool
 from agentfsm.interception import ToolBatch
 from agentfsm.messages import FunctionCallItem, FunctionCallOutputItem
@@ -165,9 +166,11 @@ async def _run_call(
         except UnknownTool:
             output, is_error = _unknown(call, tools), True
         except ToolError as exc:
-            output, is_error = str(exc), True
+            output, is_error = error_text(exc), True
         except Exception as exc:  # noqa: BLE001 - a raising tool (or wrapper) becomes an error output
-            output = f"tool {call.name!r} raised {type(exc).__name__}: {exc}"
+            output = (
+                f"tool {call.name!r} raised {type(exc).__name__}: {error_text(exc)}"
+            )
             is_error = True
         finally:
             progress.done = True

@@ -33,7 +33,14 @@ from agentfsm.exceptions import (
     UnknownLoopError,
 )
 from agentfsm.inference import InferenceInput
-from agentfsm.interception import Decision, InterceptionHandler, Proceed
+from agentfsm.interception import (
+    Abort,
+    Decision,
+    InterceptionHandler,
+    Pause,
+    Proceed,
+    Rewrite,
+)
 from agentfsm.messages import UserMessage
 from agentfsm.options import LoopOptions, LoopOptionsDict
 from agentfsm.providers import Provider, ProviderRegistry
@@ -340,6 +347,13 @@ class Runtime:
             raise LoopStateError(f"loop {loop_id} is {loop.status}, not paused")
         if self._tg is None:
             raise LoopStateError("the runtime is not running")
+        if decision is not None and not isinstance(
+            decision, Proceed | Rewrite | Pause | Abort
+        ):
+            raise ConfigurationError(  # refused: the loop stays paused as it was
+                "resume() takes a decision (Proceed, Rewrite, Pause or Abort) or "
+                f"None, got {type(decision).__name__}"
+            )
         loop.resume(decision if decision is not None else Proceed())
         self._spawn(loop)
 
@@ -369,6 +383,11 @@ class Runtime:
         loop = self._live(loop_id)
         if loop is None or loop.status is LoopStatus.done:
             raise LoopStateError(f"loop {loop_id} has ended; start a new loop instead")
+        if not isinstance(message, str | UserMessage):  # callers without a type checker
+            kind = "follow_up" if follow_up else "steer"  # type: ignore[unreachable]
+            raise ConfigurationError(
+                f"{kind}() takes a str or a UserMessage, got {type(message).__name__}"
+            )
         if isinstance(message, str):
             message = UserMessage(content=message)
         loop.queue(message, follow_up=follow_up)

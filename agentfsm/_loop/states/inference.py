@@ -16,6 +16,7 @@ from agentfsm import _models
 from agentfsm._loop.model_call import request_model
 from agentfsm._loop.steps import _S, _T, Step
 from agentfsm._loop.turn import request_metadata, tool_index
+from agentfsm.exceptions import ProviderError
 from agentfsm.inference import InferenceInput, InferenceOutput, ModelRequest
 from agentfsm.interception import ToolBatch, TransitionPayload
 from agentfsm.messages import FunctionCallItem, ModelMessageItem
@@ -46,6 +47,13 @@ async def inference(loop: Loop, payload: TransitionPayload) -> Step:
         }
         request = _models.trusted(ModelRequest, values, _REQUEST_FIELDS)
         output = await loop.model_chain(request)
+        if type(output) is not InferenceOutput and not isinstance(
+            output, InferenceOutput
+        ):
+            raise ProviderError(
+                f"the model wrappers returned {type(output).__name__}, "
+                "not an InferenceOutput"
+            )
     return completed(loop, payload, output)
 
 

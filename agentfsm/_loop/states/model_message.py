@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ValidationError
 from pydantic_core import from_json
 
+from agentfsm._errors import error_text
 from agentfsm._loop.steps import _T, Step
 from agentfsm._loop.turn import drain, finish_turn, stop_check, write
 from agentfsm.exceptions import StructuredOutputError
@@ -94,7 +95,7 @@ def parse(
         error = (
             format_validation_error(exc)
             if isinstance(exc, ValidationError)
-            else str(exc)
+            else error_text(exc)
         )
         loop.structured_failures += 1
         if loop.structured_failures > loop.options.structured_output_retries:
