@@ -18,6 +18,7 @@ from .agent import Conversation as Conversation
 from .exceptions import AgentFSMError as AgentFSMError
 from .exceptions import ConfigurationError as ConfigurationError
 from .exceptions import LoopAborted as LoopAborted
+from .exceptions import LoopFailedError as LoopFailedError
 from .exceptions import NoRuntimeError as NoRuntimeError
 from .exceptions import ProviderError as ProviderError
 from .exceptions import ToolError as ToolError
@@ -159,6 +160,7 @@ __all__ = (
     "NoRuntimeError",
     "TransitionRejected",
     "LoopAborted",
+    "LoopFailedError",
     "ToolError",
     "ProviderError",
 )

@@ -21,8 +21,9 @@ result = await agent.run("What is my name?", conversation=chat)  # it knows
 
 `Agent.start` starts a loop and returns its id at once, as `Runtime.run_loop`
 does (it is a thin layer over it); `Agent.run` waits for the result, on the
-current runtime or on one it opens for the call; `Agent.run_sync` is `run` for
-scripts. The model may be a provider object instead of a name (a
+current runtime or on one it opens for the call, and raises `LoopFailedError`
+for a loop that failed (a wrong URL or key, say), so that a script never reads
+an answer that is not there; `Agent.run_sync` is `run` for scripts. The model may be a provider object instead of a name (a
 `ScriptedProvider` in tests, say), or a provider object may serve a model by
 name (`Agent("llama3", provider=OpenAIChatProvider(base_url=...))`): the agent
 registers it with each runtime it starts loops on.
@@ -30,6 +31,7 @@ registers it with each runtime it starts loops on.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -39,13 +41,19 @@ import anyio
 from pydantic import BaseModel, ValidationError
 
 from ._runtime import Runtime, current_runtime
-from .exceptions import AgentFSMError, ConfigurationError, NoRuntimeError
+from .exceptions import (
+    AgentFSMError,
+    ConfigurationError,
+    LoopFailedError,
+    NoRuntimeError,
+)
 from .inference import InferenceInput, ModelSettings
 from .interception import InterceptionHandler
 from .messages import ContextItem, ModelContext, UserMessage
 from .options import LoopOptions, LoopOptionsDict
 from .providers import Provider, split_model
-from .results import LoopResult
+from .results import ErrorInfo, LoopResult
+from .states import Outcome
 from .tools import Tool, format_validation_error
 
 __all__ = ("Agent", "Conversation")
@@ -285,13 +293,28 @@ class Agent:
         *,
         conversation: Conversation | None = None,
         runtime: Runtime | None = None,
+        raise_on_failure: bool = True,
         **options: Unpack[LoopOptionsDict],
     ) -> LoopResult:
         """Run a loop on `message` and return how it ended.
 
         On `runtime`, or the current one; without either, on a `Runtime` opened
-        for this call (and closed after it). Every outcome is returned, failures
-        included: `result.raise_for_outcome()` raises for those.
+        for this call (and closed after it).
+
+        Args:
+            message: the user's message (see `start`).
+            conversation: the conversation to continue (see `start`).
+            runtime: the runtime to run it on (see `start`).
+            raise_on_failure: raise `LoopFailedError` for a loop that failed
+                (the default); `False` returns its result, as for the other
+                outcomes (`answered`, `stopped`, `aborted`, `cancelled`),
+                which are always returned.
+            **options: loop options for this loop, over the agent's own.
+
+        Raises:
+            LoopFailedError: the loop failed (a provider or tool error it could
+                not get past: a wrong URL or key, say); its `result` is the
+                loop's result.
 
         Example:
             ```python
@@ -300,13 +323,27 @@ class Agent:
             ```
         """
         if runtime is None:
-            try:
+            with contextlib.suppress(NoRuntimeError):  # then one is opened here
                 runtime = current_runtime()
-            except NoRuntimeError:
-                async with Runtime() as own:
-                    return await self.run(
-                        message, conversation=conversation, runtime=own, **options
-                    )
+        if runtime is None:
+            async with Runtime() as own:
+                result = await self._run(message, conversation, own, options)
+        else:
+            result = await self._run(message, conversation, runtime, options)
+        # Raised here, out of the runtime this call opened: inside it, the
+        # error would leave as an ExceptionGroup on trio.
+        if raise_on_failure and result.outcome is Outcome.failed:
+            error = result.error or ErrorInfo(type="Error", message=result.reason or "")
+            raise LoopFailedError(result.loop_id, error, result=result)
+        return result
+
+    async def _run(
+        self,
+        message: UserMessage | str | None,
+        conversation: Conversation | None,
+        runtime: Runtime,
+        options: LoopOptionsDict,
+    ) -> LoopResult:
         loop_id = self.start(
             message, conversation=conversation, runtime=runtime, **options
         )
@@ -318,12 +355,14 @@ class Agent:
         *,
         conversation: Conversation | None = None,
         backend: Literal["asyncio", "trio"] = "asyncio",
+        raise_on_failure: bool = True,
         **options: Unpack[LoopOptionsDict],
     ) -> LoopResult:
         """`run` for code that is not async: opens an event loop and a runtime.
 
         Raises:
             ConfigurationError: called from async code (await `run` there).
+            LoopFailedError: the loop failed (unless `raise_on_failure=False`).
         """
         try:
             anyio.get_current_task()
@@ -334,7 +373,13 @@ class Agent:
                 "run_sync() was called inside a running event loop: "
                 "use `await agent.run(...)` there"
             )
-        run = partial(self.run, message, conversation=conversation, **options)
+        run = partial(
+            self.run,
+            message,
+            conversation=conversation,
+            raise_on_failure=raise_on_failure,
+            **options,
+        )
         return anyio.run(run, backend=backend)
 
     def _register(self, runtime: Runtime) -> None:

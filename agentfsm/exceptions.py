@@ -9,7 +9,7 @@ AgentFSMError                  base for everything raised by agentfsm
 ├── TransitionError            carries loop_id, source, trigger
 │   └── TransitionRejected     an interception Rewrite named an illegal edge or payload
 ├── LoopAborted                an interception handler returned Abort(reason)
-├── LoopFailedError            LoopResult.raise_for_outcome() of a failed loop
+├── LoopFailedError            a failed loop: Agent.run(), LoopResult.raise_for_outcome()
 ├── LoopTimeout                the loop ran past its deadline
 ├── StructuredOutputError      the answer kept failing `structured_output`
 ├── ToolError                  carries the tool name
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 from .states import LoopState, Trigger
 
 if TYPE_CHECKING:
-    from .results import ErrorInfo
+    from .results import ErrorInfo, LoopResult
 
 __all__ = (
     "AgentFSMError",
@@ -128,13 +128,17 @@ class LoopAborted(AgentFSMError):
 
 
 class LoopFailedError(AgentFSMError):
-    """Raised by `LoopResult.raise_for_outcome()` for a failed loop."""
+    """A loop failed: raised by `Agent.run` and `LoopResult.raise_for_outcome()`."""
 
-    def __init__(self, loop_id: str, error: ErrorInfo) -> None:
+    def __init__(
+        self, loop_id: str, error: ErrorInfo, *, result: LoopResult | None = None
+    ) -> None:
         super().__init__(f"loop {loop_id} failed: {error.type}: {error.message}")
         self.loop_id = loop_id
         self.error = error
         """The type and message of the error the loop failed with."""
+        self.result = result
+        """The loop's result (its path, usage, ...), when the raiser had it."""
 
 
 class ToolError(AgentFSMError):

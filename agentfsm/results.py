@@ -89,7 +89,7 @@ class LoopResult(BaseModel):
             LoopAborted: a handler aborted it, or it was cancelled.
         """
         if self.outcome is Outcome.failed and self.error is not None:
-            raise LoopFailedError(self.loop_id, self.error)
+            raise LoopFailedError(self.loop_id, self.error, result=self)
         if self.outcome in (Outcome.aborted, Outcome.cancelled):
             raise LoopAborted(self.reason or self.outcome.value)
         return self

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import pytest
@@ -14,6 +14,7 @@ from agentfsm import (
     FunctionProvider,
     InferenceInput,
     InferenceOutput,
+    LoopFailedError,
     ModelContext,
     ModelMessageItem,
     NoRuntimeError,
@@ -240,6 +241,33 @@ def test_run_sync_from_a_script() -> None:
     agent = Agent(ScriptedProvider([text("hi")]))
     assert _answer(agent.run_sync("hello")) == "hi"
     assert _answer(agent.run_sync("hello", backend="trio")) == "hi"
+
+
+async def test_a_failed_loop_raises() -> None:
+    """`run` raises `LoopFailedError` for a failed loop (not an `ExceptionGroup`,
+    on trio too, from the runtime it opens); `raise_on_failure=False` returns it."""
+    agent = Agent(ScriptedProvider([]))  # its first request is past the script
+    with anyio.fail_after(10):
+        with pytest.raises(LoopFailedError, match="failed: ProviderError: ") as caught:
+            await agent.run("hello")
+        assert caught.value.result is not None
+        assert caught.value.result.outcome is Outcome.failed
+        assert caught.value.error.type == "ProviderError"
+        async with Runtime():  # on the current runtime, likewise
+            with pytest.raises(LoopFailedError):
+                await agent.run("hello")
+        result = await agent.run("hello", raise_on_failure=False)
+    assert (result.outcome, result.answer) == (Outcome.failed, None)
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_run_sync_raises_for_a_failed_loop(backend: Literal["asyncio", "trio"]) -> None:
+    """The hello world (`run_sync(...).answer.content`) fails with the loop's error."""
+    agent = Agent(ScriptedProvider([]))
+    with pytest.raises(LoopFailedError, match="failed: ProviderError: "):
+        agent.run_sync("hello", backend=backend).answer.content  # type: ignore[union-attr]  # noqa: B018
+    result = agent.run_sync("hello", backend=backend, raise_on_failure=False)
+    assert result.outcome is Outcome.failed
 
 
 async def test_run_sync_inside_an_event_loop_is_refused() -> None:

@@ -72,7 +72,8 @@ def test_package_exports_core_errors() -> None:
     """The package exports the base error and every error a caller catches first."""
     from agentfsm import exceptions
 
-    for name in ("AgentFSMError", "ConfigurationError", "ToolError", "ProviderError"):
+    names = ("AgentFSMError", "ConfigurationError", "ToolError", "ProviderError")
+    for name in (*names, "LoopFailedError"):  # (`Agent.run` raises it)
         assert getattr(agentfsm, name) is getattr(exceptions, name)
 
 
