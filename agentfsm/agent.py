@@ -212,6 +212,7 @@ class Agent:
             raise ConfigurationError(
                 f"agent {name!r}: {format_validation_error(exc)}"
             ) from exc
+        _check_tool_choice(self._input.tool_choice, self.tools, name)
 
     def __repr__(self) -> str:
         return f"Agent({self.model!r}, name={self.name!r}, tools={len(self.tools)})"
@@ -434,9 +435,15 @@ def _provider_object(
 
 
 def _tools(tools: Sequence[Tool | Callable[..., Any]], name: str) -> tuple[Tool, ...]:
-    if isinstance(tools, Tool) or callable(tools) or not isinstance(tools, Sequence):
+    if isinstance(tools, Tool) or callable(tools):
+        example = getattr(tools, "name", None) or getattr(tools, "__name__", "fn")
         raise ConfigurationError(
-            f"agent {name!r}: tools must be a list, e.g. tools=[{getattr(tools, 'name', 'fn')}]"
+            f"agent {name!r}: tools must be a list of tools, e.g. tools=[{example}]"
+        )
+    given: object = tools  # (mypy holds it cannot be a str; a caller's can)
+    if isinstance(given, str | bytes) or not isinstance(given, Sequence):
+        raise ConfigurationError(
+            f"agent {name!r}: tools must be a list of tools, got {type(tools).__name__}"
         )
     made: list[Tool] = []
     for candidate in tools:
@@ -455,6 +462,26 @@ def _tools(tools: Sequence[Tool | Callable[..., Any]], name: str) -> tuple[Tool,
             f"agent {name!r}: two tools are named {', '.join(map(repr, duplicates))}"
         )
     return tuple(made)
+
+
+def _check_tool_choice(choice: str | None, tools: tuple[Tool, ...], name: str) -> None:
+    """Refuse a `tool_choice` that forces a tool the agent does not have: each
+    request would go out forcing it, and fail (or be ignored) at the provider."""
+    names = [t.name for t in tools]
+    if choice in (None, "auto", "none") or choice in names:
+        return
+    if choice == "required":
+        if not names:
+            raise ConfigurationError(
+                f"agent {name!r}: tool_choice 'required' forces a tool call, "
+                "but the agent has no tools"
+            )
+        return
+    raise ConfigurationError(
+        f"agent {name!r}: tool_choice {choice!r} is not one of its tools "
+        f"(its tools: {', '.join(map(repr, names)) or 'none'}; or 'auto', "
+        "'required', 'none')"
+    )
 
 
 def _handler_list(

@@ -302,8 +302,39 @@ class TestDefinitionErrors:
             ),
             pytest.param(
                 {"tools": add},
-                r"tools must be a list, e.g. tools=\[add\]",
+                r"tools must be a list of tools, e.g. tools=\[add\]",
                 id="one-tool",
+            ),
+            pytest.param(
+                {"tools": add.function},
+                r"tools must be a list of tools, e.g. tools=\[add\]",
+                id="one-function",
+            ),
+            pytest.param(
+                {"tools": "add"},
+                "agent 'agent': tools must be a list of tools, got str$",
+                id="a-str",
+            ),
+            pytest.param(
+                {"tools": {add}},
+                "tools must be a list of tools, got set$",
+                id="a-set",
+            ),
+            pytest.param(
+                {"tools": [add], "model_settings": {"tool_choice": "ad"}},
+                r"agent 'agent': tool_choice 'ad' is not one of its tools "
+                r"\(its tools: 'add'; or 'auto', 'required', 'none'\)",
+                id="tool-choice-unknown-tool",
+            ),
+            pytest.param(
+                {"model_settings": {"tool_choice": "add"}},
+                r"tool_choice 'add' is not one of its tools \(its tools: none;",
+                id="tool-choice-no-tools",
+            ),
+            pytest.param(
+                {"model_settings": {"tool_choice": "required"}},
+                "tool_choice 'required' forces a tool call, but the agent has no tools",
+                id="required-no-tools",
             ),
             pytest.param(
                 {"tools": [add, add]}, "two tools are named 'add'", id="duplicate-tool"
