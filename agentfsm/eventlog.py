@@ -28,6 +28,8 @@ How the writer keeps every event:
   and loops wait only when the buffer is full; one thread hop per batch (rather
   than per event) keeps the cost low under load. Flushing hands each batch to the
   OS, so a crash of the process loses nothing written; it does not `fsync`.
+- A writer killed mid-line (kill -9) leaves a torn last line. The next writer
+  ends it before appending, and `read_events` skips it with a warning.
 - It is shielded from cancellation and stops only once its subscription is
   closed and drained, so loops cancelled when the runtime exits (or when a
   scope around it is cancelled) can still publish their last events.
@@ -36,7 +38,7 @@ How the writer keeps every event:
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
 from typing import IO, Self
 
@@ -184,17 +186,46 @@ class EventLogWriter:
 
 
 def _open_for_append(path: str) -> IO[bytes]:
-    return open(path, "ab")
+    # "a+": every write appends, and the last byte can be read. The writer
+    # closes the file in aclose(); here only when ending a torn line fails.
+    file = open(path, "a+b")  # noqa: SIM115 - returned open, see above
+    try:
+        end = file.seek(0, os.SEEK_END) if file.seekable() else 0
+        if end:
+            file.seek(end - 1)
+            if file.read(1) != b"\n":
+                # A writer was killed mid-line: end its torn line, so that this
+                # run's first event starts a line of its own and reads back.
+                file.write(b"\n")
+                file.flush()
+    except BaseException:
+        file.close()
+        raise
+    return file
 
 
-def read_events(path: str | os.PathLike[str]) -> Iterator[AgentEvent]:
+def read_events(
+    path: str | os.PathLike[str], *, on_skip: Callable[[int], None] | None = None
+) -> Iterator[AgentEvent]:
     """The events of an event log, in file order (each loop's in `seq` order).
 
-    Blank lines are skipped. A last line without its newline (a writer killed
-    mid-write) is skipped when it is not a whole event.
+    Blank lines are skipped, and so are torn lines: lines that are not valid
+    JSON, because a writer was killed in the middle of writing them. One is
+    the last line of a log whose run was killed, or, once the next run appended
+    to the log, a line anywhere in it; an event the next run wrote on the same
+    line (writers before this one did not start a new line) is still read.
+    Each line skipped is reported: to `on_skip(line_number)` when given, else
+    as an `event_log_line_skipped` warning of the agentfsm logger, naming the
+    file and the line.
+
+    Args:
+        path: the event log.
+        on_skip: called with the number (from 1) of each torn line skipped,
+            instead of the warning.
 
     Raises:
-        EventLogError: a line is not an agentfsm event (the error names the line).
+        EventLogError: a line is JSON but not an agentfsm event (the error names
+            the line).
         OSError: the file cannot be read.
     """
     name = os.fspath(path)
@@ -205,11 +236,46 @@ def read_events(path: str | os.PathLike[str]) -> Iterator[AgentEvent]:
             try:
                 yield AgentEventAdapter.validate_json(line)
             except ValidationError as exc:
-                if not line.endswith(b"\n"):
-                    return  # a torn last line
-                raise EventLogError(
-                    f"{name}, line {number}: not an agentfsm event: {_first_error(exc)}"
-                ) from exc
+                if not _is_torn(exc):
+                    raise EventLogError(
+                        f"{name}, line {number}: not an agentfsm event: "
+                        f"{_first_error(exc)}"
+                    ) from exc
+                if on_skip is not None:
+                    on_skip(number)
+                else:
+                    get_logger().warning(
+                        "event_log_line_skipped",
+                        path=name,
+                        line=number,
+                        reason="torn: not valid JSON (a writer killed mid-line)",
+                    )
+                glued = _glued_event(line)
+                if glued is not None:
+                    yield glued
+
+
+_EVENT_START = b'{"event_id":"'
+"""How every line the writer writes starts. Inside a JSON string a quote is
+escaped, so in a line these bytes mark the start of an event and nothing else."""
+
+
+def _is_torn(exc: ValidationError) -> bool:
+    """Whether validating a line failed because it is not JSON at all."""
+    errors = exc.errors(include_url=False)
+    return len(errors) == 1 and errors[0]["type"] == "json_invalid"
+
+
+def _glued_event(line: bytes) -> AgentEvent | None:
+    """The whole event after a torn start on one line, if there is one (the
+    next run's first event, appended by a writer that did not start a new line)."""
+    start = line.rfind(_EVENT_START)
+    if start <= 0:
+        return None
+    try:
+        return AgentEventAdapter.validate_json(line[start:])
+    except ValidationError:
+        return None
 
 
 def _first_error(exc: ValidationError) -> str:

@@ -7,7 +7,8 @@ agentfsm inspect events.jsonl --loop 4454f1a2 --html loop.html
 ```
 
 The work is done by `agentfsm.timeline`; this module only parses arguments,
-reads the log and prints.
+reads the log and prints. Torn lines (a writer killed mid-line) are
+skipped, and stderr says which.
 """
 
 from __future__ import annotations
@@ -69,8 +70,10 @@ def add_parser(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the table or the timeline, or write the page."""
+    skipped: list[int] = []
     try:
-        events = list(read_events(args.events))
+        events = list(read_events(args.events, on_skip=skipped.append))
+        report_skipped(args.events, skipped)
         if args.html is not None:
             loop_id = loop_of(args, events)
             timeline = build_timeline(events, loop_id, width=_HTML_WIDTH)
@@ -87,6 +90,22 @@ def run(args: argparse.Namespace) -> int:
         print(f"agentfsm inspect: error: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def report_skipped(path: str, lines: list[int]) -> None:
+    """Say on stderr which torn lines reading the log skipped, if any."""
+    if not lines:
+        return
+    which = (
+        f"line {lines[0]}"
+        if len(lines) == 1
+        else f"{len(lines)} lines ({', '.join(map(str, lines))})"
+    )
+    print(
+        f"agentfsm inspect: skipped {which} of {path}: not valid JSON, "
+        "torn by a writer killed mid-line",
+        file=sys.stderr,
+    )
 
 
 def loop_of(args: argparse.Namespace, events: list[AgentEvent]) -> str:
