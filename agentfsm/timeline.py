@@ -8,7 +8,8 @@ other way (`agentfsm.testing.EventRecorder`, a bus subscription):
 ```python
 events = list(read_events("events.jsonl"))
 print(format_table(summarize(events)))
-timeline = build_timeline(events, find_loop(events, "4454f1a2")  # its short id, or any unique part of its id)
+# a loop by its short id (or any part of its id unique to it):
+timeline = build_timeline(events, find_loop(events, "4454f1a2"))
 print(format_timeline(timeline))
 ```
 """
@@ -16,6 +17,7 @@ print(format_timeline(timeline))
 from __future__ import annotations
 
 import html
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -162,16 +164,33 @@ _SHORT_ID: Final = 8
 
 def short_ids(ids: Iterable[str]) -> dict[str, str]:
     """Each id's short form: its shortest end (of `_SHORT_ID` characters at
-    least) that no other id contains, which `find_loop` finds it by."""
+    least) that no other id contains, which `find_loop` finds it by (the whole
+    id when every end is in another id)."""
     unique = list(dict.fromkeys(ids))
-    shorts: dict[str, str] = {}
-    for loop_id in unique:
-        others = [i for i in unique if i != loop_id]
-        size = min(_SHORT_ID, len(loop_id))
-        while size < len(loop_id) and any(loop_id[-size:] in o for o in others):
-            size += 1
-        shorts[loop_id] = loop_id[-size:]
-    return shorts
+    sizes = {loop_id: min(_SHORT_ID, len(loop_id)) for loop_id in unique}
+    pending = [i for i in unique if sizes[i] < len(i)]
+    # One round per end length still in question: count in how many ids each
+    # substring of that length occurs, once over all ids (not once per id and
+    # other id, which was quadratic). An end only its own id holds is unique.
+    while pending:
+        holders = {size: _holders(unique, size) for size in {sizes[i] for i in pending}}
+        left = []
+        for loop_id in pending:
+            size = sizes[loop_id]
+            if holders[size][loop_id[-size:]] > 1:
+                sizes[loop_id] = size + 1
+                if size + 1 < len(loop_id):
+                    left.append(loop_id)
+        pending = left
+    return {loop_id: loop_id[-sizes[loop_id] :] for loop_id in unique}
+
+
+def _holders(ids: Sequence[str], size: int) -> Counter[str]:
+    """How many of `ids` hold each substring of `size` characters."""
+    counts: Counter[str] = Counter()
+    for loop_id in ids:
+        counts.update({loop_id[k : k + size] for k in range(len(loop_id) - size + 1)})
+    return counts
 
 
 def summarize(events: Iterable[ev.AgentEvent]) -> list[LoopSummary]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import random
 import xml.etree.ElementTree as ET
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -236,6 +238,29 @@ def test_short_ids_are_unique_ends() -> None:
     }
     for loop_id, short in short_ids(UUID7_IDS).items():
         assert find_loop([started(i) for i in UUID7_IDS], short) == loop_id
+
+
+def test_short_ids_of_thousands_of_ids_are_unique_and_minimal() -> None:
+    """Each short id is held by its id alone, and one character less would be
+    held by another id too (ids of two letters share long stretches)."""
+    rng = random.Random(15)
+    ids = ["".join(rng.choice("ab") for _ in range(20)) for _ in range(2500)]
+    ids += ["abba", ids[0][3:15]]  # shorter than a short id; inside another id
+    shorts = short_ids(ids)
+    holders: Counter[str] = Counter()  # in how many ids each substring occurs
+    for loop_id in set(ids):
+        holders.update({loop_id[a:b] for a in range(20) for b in range(a + 1, 21)})
+    assert list(shorts) == list(dict.fromkeys(ids))
+    assert len(set(shorts.values())) == len(shorts)
+    assert len({len(s) for s in shorts.values()}) > 5  # (12 to 20 characters)
+    for loop_id, short in shorts.items():
+        assert loop_id.endswith(short)
+        if short != loop_id:
+            assert holders[short] == 1, (loop_id, short)
+        if len(short) > min(8, len(loop_id)):
+            assert holders[loop_id[-len(short) + 1 :]] > 1, (loop_id, short)
+    assert shorts["abba"] == "abba"
+    assert shorts[ids[0][3:15]] == ids[0][3:15]  # (every end of it is in ids[0])
 
 
 def test_the_table_shows_short_ids_that_select_the_loop(
