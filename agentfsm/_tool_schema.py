@@ -42,6 +42,7 @@ def arguments_model(
         ) from exc
     fields: dict[str, Any] = {}
     parameters = inspect.signature(function).parameters
+    _check_described(descriptions, parameters, name)
     for param in parameters.values():
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             raise ConfigurationError(
@@ -87,6 +88,21 @@ def arguments_model(
     )
 
 
+def _check_described(
+    descriptions: Mapping[str, str], parameters: Mapping[str, object], name: str
+) -> None:
+    """Refuse a docstring describing parameters the function does not have: a
+    typo (`citty:`) would leave the real one undescribed, and nothing would say."""
+    unknown = [n for n in descriptions if n not in parameters]
+    if unknown:
+        listed = ", ".join(map(repr, unknown))
+        raise ConfigurationError(
+            f"tool {name!r}: the docstring describes {listed}, which "
+            f"{'is not a parameter' if len(unknown) == 1 else 'are not parameters'}"
+            f" of the function (its parameters: {', '.join(parameters) or 'none'})"
+        )
+
+
 def _describes(annotation: Any, default: Any) -> bool:
     """Whether a parameter's own `Field` (as default or in `Annotated`) describes it."""
     infos = [default] if isinstance(default, FieldInfo) else []
@@ -109,10 +125,12 @@ _SECTIONED: Final = re.compile(
 def docstring(function: ToolFunction) -> tuple[str, dict[str, str]]:
     """The tool's description and each parameter's, from the function's docstring.
 
-    The description is the docstring's text without its sections (a `Returns`
-    section is kept as one line: it tells the model what it gets back); the
-    parameters' come from its Google `Args:`, NumPy `Parameters` or Sphinx
-    `:param x:` section, whichever style the docstring is written in.
+    The description is the docstring without its parameters section (Google
+    `Args:`, NumPy `Parameters`, Sphinx `:param x:`, whichever style it is
+    written in), which describes the parameters instead. Every other section
+    stays, as `Title: text` or an indented block: `Returns`, `Raises`, `Note`,
+    `Warning`, `Example(s)`, ... tell the model what it gets back and how to
+    call the tool.
     """
     doc = inspect.getdoc(function) or ""
     if not _SECTIONED.search(doc):
@@ -132,12 +150,41 @@ def docstring(function: ToolFunction) -> tuple[str, dict[str, str]]:
     parameters: dict[str, str] = {}
     for section in sections:
         kind = section.kind.value
-        if kind == "text":
-            text.append(section.value)
-        elif kind in ("parameters", "other parameters"):
+        if kind in ("parameters", "other parameters"):
             parameters.update((p.name, p.description) for p in section.value)
-        elif kind == "returns":
-            returns = " ".join(r.description for r in section.value if r.description)
-            if returns:
-                text.append(f"Returns: {returns}")
-    return "\n\n".join(text).strip(), parameters
+        elif kind != "type parameters":  # (a generic's: the model never sees them)
+            text.append(_section_text(kind, section.title, section.value))
+    return "\n\n".join(t for t in text if t).strip(), parameters
+
+
+def _section_text(kind: str, title: str | None, value: Any) -> str:
+    """A docstring section (but the parameters) as the model reads it."""
+    match kind:
+        case "text":
+            return str(value)
+        case "admonition":  # Note:, Warning:, Example:, Tip:, ...
+            return _titled(title or value.annotation.title(), value.description)
+        case "examples":  # prose and `>>>` blocks, in order
+            return _titled(title or "Examples", "\n\n".join(t for _, t in value))
+        case "returns" | "yields" | "receives":
+            described = " ".join(r.description for r in value if r.description)
+            return _titled(title or kind.title(), described)
+        case _:  # raises, warns (`ValueError: why`), and any other entries
+            entries = []
+            for entry in value if isinstance(value, list) else [value]:
+                name = getattr(entry, "name", None)
+                label = name or getattr(entry, "annotation", None)
+                description = getattr(entry, "description", "")
+                entries.append(f"{label}: {description}" if label else description)
+            return _titled(title or kind.title(), "\n".join(entries))
+
+
+def _titled(title: str, body: str) -> str:
+    """`Title: body`, or the title over the body indented (as it was written)."""
+    if not body:
+        return ""
+    if "\n" not in body:
+        return f"{title}: {body}"
+    return f"{title}:\n" + "\n".join(
+        f"    {line}" if line else "" for line in body.splitlines()
+    )

@@ -154,7 +154,8 @@ class Tool:
             its parameters.
         name: the name the model sees (default: the function's name).
         description: what the model reads about the tool (default: the docstring,
-            without its parameters section, which describes the parameters).
+            without its parameters section, which describes the parameters; its
+            other sections, `Returns`, `Raises`, `Note`, `Example`, ..., stay).
         timeout: seconds a call may run (`None`: no limit).
         run_in_thread: run a sync function in a worker thread (turn off only for
             functions that never block).
@@ -162,6 +163,11 @@ class Tool:
             a call pauses the loop until `Runtime.resume`.
         execution_mode: `"sequential"` makes any batch containing this tool run
             one call at a time, even when the loop runs tools in parallel.
+
+    Raises:
+        ConfigurationError: the function cannot be a tool (a parameter without
+            an annotation, `*args`, ...), or its docstring describes a
+            parameter it does not have (a typo in `Args:`, say).
     """
 
     __slots__ = (

@@ -610,6 +610,61 @@ def _dice(
     return n * sides
 
 
+def _admonished(path: str) -> str:
+    """Read a file.
+
+    Args:
+        path: where the file is.
+
+    Returns:
+        its text.
+
+    Raises:
+        FileNotFoundError: no file is there.
+
+    Note:
+        Paths are relative to the project.
+
+    Warning:
+        Binary files come back garbled.
+
+    Example:
+        read("notes.txt")
+    """
+    return path
+
+
+def _numpy_admonished(path: str) -> str:
+    """Read a file.
+
+    Parameters
+    ----------
+    path : str
+        where the file is.
+
+    Notes
+    -----
+    Paths are relative to the project.
+
+    Examples
+    --------
+    >>> read("notes.txt")
+    'hello'
+    """
+    return path
+
+
+def _typo(city: str, days: int = 1) -> str:
+    """Forecast the weather.
+
+    Args:
+        citty: the city.
+        days: how many days ahead.
+        hours: how many hours.
+    """
+    return city * days
+
+
 class TestDocstrings:
     @pytest.mark.parametrize(
         "function",
@@ -631,6 +686,41 @@ class TestDocstrings:
             "Forecast the weather.\n\nUses the national service.\n\n"
             "Returns: one line per day."
         )
+
+    def test_only_the_parameters_section_leaves_the_description(self) -> None:
+        """Admonitions, examples and `Raises` stay in the description (as written:
+        `Title: text`); only `Args` goes, into the parameter descriptions."""
+        t = Tool.from_function(_admonished)
+        assert t.definition.description == (
+            "Read a file.\n\n"
+            "Returns: its text.\n\n"
+            "Raises: FileNotFoundError: no file is there.\n\n"
+            "Note: Paths are relative to the project.\n\n"
+            "Warning: Binary files come back garbled.\n\n"
+            'Example: read("notes.txt")'
+        )
+        path = t.definition.parameters["properties"]["path"]
+        assert path["description"] == "where the file is."
+
+    def test_numpy_notes_and_examples_stay(self) -> None:
+        """NumPy `Notes` and `Examples` (a doctest, indented under its title) stay."""
+        t = Tool.from_function(_numpy_admonished)
+        assert t.definition.description == (
+            "Read a file.\n\n"
+            "Notes: Paths are relative to the project.\n\n"
+            "Examples:\n"
+            '    >>> read("notes.txt")\n'
+            "    'hello'"
+        )
+
+    def test_a_described_name_that_is_no_parameter_is_refused(self) -> None:
+        """A typo in the docstring's `Args` is a `ConfigurationError` naming it."""
+        with pytest.raises(
+            ConfigurationError,
+            match=r"tool '_typo': the docstring describes 'citty', 'hours', which "
+            r"are not parameters of the function \(its parameters: city, days\)",
+        ):
+            Tool.from_function(_typo)
 
     def test_a_field_description_wins_over_the_docstring(self) -> None:
         """`Field(description=...)` is kept; the docstring describes the rest."""
