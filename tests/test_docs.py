@@ -41,6 +41,25 @@ def test_the_docs_have_runnable_examples() -> None:
     } <= pages
 
 
+BLOCK = re.compile(r"```python\n(.*?)```", re.DOTALL)
+
+
+def test_no_example_sets_a_sampling_setting_anthropic_leaves_out() -> None:
+    """An example on an `anthropic:` model sets no `temperature`, `top_p` or
+    `seed`: the Messages API takes none, so the provider drops them unsaid."""
+    pages = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
+    found = [
+        f"{page.relative_to(ROOT)}: {setting}"
+        for page in pages
+        if not page.is_symlink()
+        for block in BLOCK.findall(page.read_text(encoding="utf-8"))
+        if '"anthropic:' in block
+        for setting in ("temperature", "top_p", "seed")
+        if f'"{setting}"' in block
+    ]
+    assert found == []
+
+
 @pytest.mark.parametrize(
     "code", [pytest.param(code, id=name) for name, code in EXAMPLES]
 )
