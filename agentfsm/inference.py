@@ -76,15 +76,29 @@ def _stop_sequences(value: Any) -> Any:
     return value
 
 
+def _unique_names(tools: tuple[Tool, ...]) -> tuple[Tool, ...]:
+    """The tools, refused when two share a name: a call could run only one of
+    them, and providers would be sent two functions of that name."""
+    if len(tools) > 1 and len({tool.name for tool in tools}) < len(tools):
+        names = [tool.name for tool in tools]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        raise ValueError(f"two tools are named {', '.join(map(repr, duplicates))}")
+    return tools
+
+
 def _tools_schema(_: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
     """What `Sequence[_ToolField]` validates (any sequence but a str, kept as a
     tuple), with the items checked by pydantic-core: the `Sequence` schema wraps
     their validation in a Python function, ~3 µs of every
-    `InferenceInput(tools=[...])`."""
+    `InferenceInput(tools=[...])`. The names are checked last, once the items
+    are known to be tools (~0.05 µs with one tool, ~0.25 µs with two)."""
     return core_schema.chain_schema(
         [
             core_schema.no_info_plain_validator_function(_tool_sequence),
-            handler(tuple[_ToolField, ...]),
+            # An after-validator keeps the tuple's serializer (a plain one would not).
+            core_schema.no_info_after_validator_function(
+                _unique_names, handler(tuple[_ToolField, ...])
+            ),
         ]
     )
 
@@ -113,7 +127,7 @@ class InferenceInput(BaseModel):
     reasoning_effort: str | None = None
     """Provider-specific reasoning effort (`low`, `medium`, `high`, ...)."""
     tools: Annotated[Sequence[_ToolField], GetPydanticSchema(_tools_schema)] = ()
-    """Tools the model may call (kept as a tuple)."""
+    """Tools the model may call (kept as a tuple), each under a name of its own."""
     tool_choice: str | None = None
     """`auto`, `required`, `none`, or the name of one tool to force."""
     reset_tool_choice: Literal["auto", "none"] | None = None
