@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Annotated, Any, Literal, NamedTuple, TypeAlias, TypedDict
 
 from pydantic import (
+    AfterValidator,
     AliasChoices,
     BaseModel,
     BeforeValidator,
@@ -86,6 +87,26 @@ def _unique_names(tools: tuple[Tool, ...]) -> tuple[Tool, ...]:
     return tools
 
 
+def _json_schema(value: Any) -> Any:
+    """A dict `structured_output`, refused when it is not a valid JSON schema
+    (draft 2020-12, the draft answers are validated with). Unchecked, the model
+    was called first, and the loop failed only on its answer, with jsonschema's
+    error about the schema (`UnknownType`, say)."""
+    if isinstance(value, dict):
+        # Imported here, like where answers are validated: it costs ~50 ms, and
+        # only requests with a JSON-schema output need it.
+        from jsonschema import Draft202012Validator
+        from jsonschema.exceptions import SchemaError
+
+        try:
+            Draft202012Validator.check_schema(value)
+        except SchemaError as exc:
+            raise ValueError(
+                f"not a valid JSON schema: {exc.json_path}: {exc.message}"
+            ) from None
+    return value
+
+
 def _tools_schema(_: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
     """What `Sequence[_ToolField]` validates (any sequence but a str, kept as a
     tuple), with the items checked by pydantic-core: the `Sequence` schema wraps
@@ -157,8 +178,12 @@ class InferenceInput(BaseModel):
     limit a turn to one call (the local model) is a `ConfigurationError`."""
     streaming: bool = False
     """Take the `inference_streaming` path and publish each chunk."""
-    structured_output: InstanceOf[type[BaseModel]] | dict[str, Any] | None = None
-    """A pydantic model or JSON schema the answer must follow."""
+    structured_output: Annotated[
+        InstanceOf[type[BaseModel]] | dict[str, Any] | None,
+        AfterValidator(_json_schema),
+    ] = None
+    """A pydantic model or JSON schema the answer must follow (a schema is
+    checked against JSON Schema draft 2020-12 here, before any model call)."""
 
     @property
     def effective_tool_choice(self) -> str | None:

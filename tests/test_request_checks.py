@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from agentfsm import InferenceInput, ModelContext
+from agentfsm import Agent, InferenceInput, ModelContext
+from agentfsm.exceptions import ConfigurationError
 from agentfsm.tools import Tool
 
 
@@ -52,3 +53,71 @@ class TestToolNames:
         tools = [Tool(subtract), Tool(add), Tool(add, name="plus")]
         assert make(tools=tools).tools == tuple(tools)
         assert make(tools=[]).tools == ()
+
+
+class Answer(BaseModel):
+    value: int
+
+
+class TestStructuredOutputSchema:
+    @pytest.mark.parametrize(
+        ("schema", "error"),
+        [
+            pytest.param(
+                {"type": "object", "properties": {"a": {"type": "integr"}}},
+                "$.properties.a.type: 'integr' is not valid under any of the given",
+                id="unknown-type",
+            ),
+            pytest.param(
+                {"type": "object", "required": "a"},
+                "$.required: 'a' is not of type 'array'",
+                id="required-not-a-list",
+            ),
+            pytest.param(
+                {"properties": []},
+                "$.properties: [] is not of type 'object'",
+                id="properties-not-an-object",
+            ),
+            pytest.param(
+                {"type": "integer", "minimum": "3"},
+                "$.minimum: '3' is not of type 'number'",
+                id="minimum-not-a-number",
+            ),
+        ],
+    )
+    def test_an_invalid_schema_is_refused_naming_what_is_wrong(
+        self, schema: dict[str, object], error: str
+    ) -> None:
+        """A ValidationError on `structured_output` says where and what."""
+        with pytest.raises(ValidationError) as caught:
+            make(structured_output=schema)
+        [problem] = caught.value.errors()
+        assert problem["loc"] == ("structured_output",)
+        assert f"not a valid JSON schema: {error}" in problem["msg"]
+
+    def test_an_agent_with_an_invalid_schema_is_refused(self) -> None:
+        """`Agent(output_type=...)` fails when it is made, before any model call."""
+        with pytest.raises(
+            ConfigurationError, match=r"structured_output: .*not a valid JSON schema"
+        ):
+            Agent("scripted:test", output_type={"type": "integr"})
+
+    @pytest.mark.parametrize(
+        "output",
+        [
+            pytest.param(
+                {
+                    "type": "object",
+                    "properties": {"a": {"type": "integer", "minimum": 3}},
+                    "required": ["a"],
+                },
+                id="schema",
+            ),
+            pytest.param({}, id="empty-schema"),
+            pytest.param(Answer.model_json_schema(), id="pydantic-schema"),
+            pytest.param(Answer, id="model"),
+            pytest.param(None, id="none"),
+        ],
+    )
+    def test_valid_outputs_are_kept(self, output: object) -> None:
+        assert make(structured_output=output).structured_output == output
