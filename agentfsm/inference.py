@@ -227,7 +227,7 @@ class ModelSettings(TypedDict, total=False):
     max_output_tokens: int
     reasoning_effort: str
     tool_choice: str
-    reset_tool_choice: Literal["auto", "none"]
+    reset_tool_choice: Literal["auto", "none"] | None
 
 
 class InferenceOutput(BaseModel):

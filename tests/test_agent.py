@@ -215,6 +215,29 @@ async def test_model_settings_reach_each_request() -> None:
     assert seen == [(0.2, 7, "add"), (0.2, 7, "auto")]
 
 
+async def test_a_tool_forced_on_every_request() -> None:
+    """`reset_tool_choice=None` (typed in `ModelSettings`) forces the tool on
+    every request of the loop, not once."""
+    seen: list[str | None] = []
+    script = ScriptedProvider(
+        [calls(call("add", a=1, b=2)), calls(call("add", a=3, b=3)), text("6")]
+    )
+
+    async def record(request: InferenceInput) -> InferenceOutput:
+        seen.append(request.effective_tool_choice)
+        return await script.complete(request)
+
+    agent = Agent(
+        FunctionProvider(record),
+        tools=[add],
+        model_settings={"tool_choice": "add", "reset_tool_choice": None},
+    )
+    assert agent.model_settings.get("reset_tool_choice") is None
+    result = await agent.run("1+2, then 3+3", max_turns=2)
+    assert seen == ["add", "add"]
+    assert (result.outcome, result.reason) == (Outcome.stopped, "max_turns")
+
+
 async def test_handlers_and_loop_options() -> None:
     """The agent's handlers see every transition; its options apply, per-run ones win."""
     handler = RecordingHandler()
