@@ -648,3 +648,44 @@ class TestBackpressureTiming:
         assert [e.seq for e in received] == list(range(1, len(received) + 1))
         assert subscription.statistics().dropped == 0
         assert result.outcome is Outcome.answered
+
+
+class TestHeldEvents:
+    async def test_a_cancel_while_events_are_held_loses_none(self) -> None:
+        """A loop cancelled while it waits for room in a full backpressure
+        subscriber still delivers every event it published, in order."""
+        provider = ScriptedProvider([calls(call("add", a=1, b=2)), text("3")])
+        async with Runtime(providers={"scripted": provider}) as runtime:
+            subscription = runtime.bus.subscribe(buffer=1, backpressure=True)
+            loop_id = runtime.run_loop("agent", "go", request())
+            await anyio.wait_all_tasks_blocked()  # the loop waits for room
+            assert runtime.get(loop_id).path  # it ran, and holds events
+            runtime.cancel(loop_id)
+            received = []
+            async for event in subscription:
+                received.append(event)
+                if event.type == "loop.idle":
+                    break
+            result = await runtime.wait(loop_id)
+        assert result.outcome is Outcome.cancelled
+        assert [e.seq for e in received] == list(range(1, len(received) + 1))
+
+    async def test_held_events_keep_their_order_when_their_subscriber_leaves(
+        self,
+    ) -> None:
+        """The backpressure subscriber leaves while the loop holds events for
+        it: another subscriber still gets the loop's events in order."""
+        provider = ScriptedProvider([calls(call("add", a=1, b=2)), text("3")])
+        async with Runtime(providers={"scripted": provider}) as runtime:
+            plain = runtime.bus.subscribe()
+            careful = runtime.bus.subscribe(buffer=1, backpressure=True)
+            loop_id = runtime.run_loop("agent", "go", request())
+            await anyio.wait_all_tasks_blocked()  # the loop waits for room
+            assert runtime.get(loop_id).path
+            careful.close()
+            result = await runtime.wait(loop_id)
+            seqs = []
+            while plain.statistics().buffered:
+                seqs.append(plain.receive_nowait().seq)
+        assert result.outcome is Outcome.answered
+        assert seqs == list(range(1, len(seqs) + 1))

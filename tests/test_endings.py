@@ -301,3 +301,71 @@ class TestRewritesOutOfModelMessage:
         )
         assert (result.outcome, result.reason) == (Outcome.stopped, "max_turns")
         assert (result.answer, answers) == (None, [])
+
+
+class TestReviewFindings:
+    @pytest.mark.parametrize(
+        ("trigger", "options", "outcome", "reason"),
+        [
+            (Trigger.finish, {}, Outcome.answered, None),
+            (Trigger.stop, {"max_turns": 1}, Outcome.stopped, "max_turns"),
+        ],
+    )
+    async def test_a_pause_keeps_the_steps_own_reason(
+        self,
+        trigger: Trigger,
+        options: dict[str, Any],
+        outcome: Outcome,
+        reason: str | None,
+    ) -> None:
+        """Paused on an ending edge and resumed with Proceed, the loop ends as
+        the edge says, not with the pause's reason."""
+        from agentfsm import LoopStatus, Pause
+        from tests.helpers import wait_until
+
+        def pause_at(pending: PendingTransition) -> Pause | None:
+            return Pause("have a look") if pending.trigger is trigger else None
+
+        provider = ScriptedProvider([ADD, text("3")])
+        async with Runtime(providers={"scripted": provider}) as runtime:
+            loop_id = runtime.run_loop("agent", "go", request(), pause_at, **options)
+            await wait_until(lambda: runtime.get(loop_id).status is LoopStatus.paused)
+            runtime.resume(loop_id)
+            result = await runtime.wait(loop_id)
+        assert (result.outcome, result.reason) == (outcome, reason)
+
+    async def test_a_cancel_from_a_handler_is_honoured_before_the_edge(self) -> None:
+        def cancel_at_infer(pending: PendingTransition) -> None:
+            if pending.trigger is Trigger.infer:
+                current_runtime().cancel(pending.loop_id, "not now")
+
+        result, _, _ = await run([text("never")], cancel_at_infer)
+        assert (result.outcome, result.reason) == (Outcome.cancelled, "not now")
+        assert result.model_requests == 0
+        assert [s.dest for s in result.path] == [
+            LoopState.context_update,
+            LoopState.idle,
+        ]
+
+    async def test_a_stopping_finish_keeps_the_valid_answer(self) -> None:
+        """A valid answer, a follow-up, then an invalid one on the last turn: the
+        loop stops with the valid answer, published once."""
+        result, answers, _ = await run(
+            [text('{"value": 1}'), text("bad")],
+            inference_input=structured(),
+            follow_up="again",
+            max_turns=2,
+        )
+        assert (result.outcome, result.reason) == (Outcome.stopped, "max_turns")
+        assert result.answer == ModelMessageItem(content='{"value": 1}')
+        assert result.output == Answer(value=1)
+        assert len(answers) == 1
+
+    async def test_a_rewritten_structured_answer_drops_the_old_parse(self) -> None:
+        new = ModelMessageItem(content='{"value": 9}')
+        handler = at(LoopState.model_message, Trigger.finish, payload=new)
+        result, answers, _ = await run(
+            [text('{"value": 1}')], handler, inference_input=structured()
+        )
+        assert (result.answer, result.output) == (new, None)
+        assert [a.parsed for a in answers] == [{"value": 1}, None]

@@ -84,7 +84,7 @@ class Emitter:
     and provides the envelope: `loop_id`, `agent_id` and `state`.
     """
 
-    __slots__ = ("bus", "outbox", "seq")
+    __slots__ = ("bus", "flushing", "outbox", "seq")
 
     loop_id: str
     agent_id: str
@@ -94,6 +94,8 @@ class Emitter:
         self.bus = bus
         self.seq = 0
         """The number of the last event (counted while nobody listens, too)."""
+        self.flushing = False
+        """Whether a task of the loop is in `flush` (events are then only held)."""
         self.outbox: list[AgentEvent] | None = None
         """Events held for a full backpressure subscriber, in order (None while
         none are: a plain attribute, checked after every state, where a
@@ -217,9 +219,10 @@ class Emitter:
         values["state"] = self.state
         values.update(fields)
         _setattr(event, "__pydantic_fields_set__", fields_set)
-        if bus.backpressure:
-            outbox = self.outbox
-            if outbox is not None and not self._release():
+        outbox = self.outbox
+        if outbox is not None or bus.backpressure:
+            # Held events go first, even if their subscriber has left since.
+            if outbox is not None and (self.flushing or not self._release()):
                 outbox.append(event)  # earlier events still wait: keep the order
             elif bus.has_room(targets):
                 bus._deliver(event, targets)
@@ -263,10 +266,23 @@ class Emitter:
         return True
 
     async def flush(self) -> None:
-        """Publish the held events, in order, waiting for room as needed."""
-        outbox, self.outbox = self.outbox, None
-        for event in outbox or ():
-            await self.bus.publish(event)
+        """Publish the held events, in order, waiting for room as needed.
+
+        An event leaves `outbox` once it is delivered, so a cancel while
+        waiting for room loses none (the cancelled loop flushes again,
+        shielded). While one task of the loop flushes, another (a parallel
+        tool call) only holds its events behind."""
+        if self.flushing:
+            return
+        self.flushing = True
+        try:
+            while self.outbox:
+                outbox = self.outbox
+                await self.bus.publish(outbox[0])
+                del outbox[0]  # only `flush` takes from the front while flushing
+            self.outbox = None
+        finally:
+            self.flushing = False
 
     def event_payload(self, payload: TransitionPayload) -> EventPayload | None:
         """A transition's payload as events record it (a request as its summary),

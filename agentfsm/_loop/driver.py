@@ -34,7 +34,6 @@ from agentfsm.states import LoopState, Outcome, Trigger
 from .intercept import intercept
 from .loop import _current_loop
 from .states import STATES
-from .states.model_message import jsonable
 from .steps import _S, _T, Step
 
 if TYPE_CHECKING:
@@ -136,6 +135,9 @@ async def drive(loop: Loop) -> None:
             if decided is None:
                 return  # paused: `loop.pending` holds the step
             step, dest, rewritten_from = decided
+            if loop.cancel_requested:  # a handler cancelled: the edge is not taken
+                end(loop, _T.cancel, reason=_cancel_reason(loop, "cancelled"))  # type: ignore[unreachable]  # a handler may have set it
+                return
         commit(loop, source, step, dest, rewritten_from)
         if dest is _S.idle:
             end(loop, *step)
@@ -185,7 +187,13 @@ def end(
     if trigger is _T.finish:
         # The payload of `finish` is a ModelMessageItem: the state made it, or a
         # rewrite was checked to give one (`intercept.payload_problem`).
-        if payload is not loop.answer and (reason is None or loop.answer is not None):
+        # An answer the loop ends with: the published one, one a handler
+        # rewrote, or (answering, not stopping) one a handler took although
+        # it failed validation. A stopping `finish` never publishes the
+        # state's own unvalidated message.
+        if payload is not loop.answer and (
+            reason is None or payload is not loop.message
+        ):
             _settle_answer(loop, payload)  # type: ignore[arg-type]
         outcome = Outcome.answered if reason is None else Outcome.stopped
     else:
@@ -225,8 +233,8 @@ def _settle_answer(loop: Loop, message: ModelMessageItem) -> None:
     ):
         items[at] = message
     loop.answer = message
-    parsed = loop.parsed if message is written else None
-    loop.emit_answer(message, jsonable(parsed))
+    loop.parsed = None  # a message settled here was never parsed as valid
+    loop.emit_answer(message, None)
 
 
 async def end_paused(loop: Loop, reason: str) -> None:

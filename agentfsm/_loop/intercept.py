@@ -153,24 +153,20 @@ async def intercept(
                 if new_trigger is not trigger:
                     reason = None  # the edge's reason goes with it
                 trigger, dest = new_trigger, new_dest
-            case Pause(reason=reason):
-                decided(
-                    loop, source, trigger, dest, handler_index, "pause", reason=reason
-                )
+            case Pause(reason=why):
+                decided(loop, source, trigger, dest, handler_index, "pause", reason=why)
                 park(
                     loop,
-                    (trigger, payload, reason),
+                    (trigger, payload, reason),  # the step keeps its own reason
                     pending_of(loop, source, trigger, dest, payload),
                     index,
-                    reason,
+                    why,
                     original,
                 )
                 return None
-            case Abort(reason=reason):
-                decided(
-                    loop, source, trigger, dest, handler_index, "abort", reason=reason
-                )
-                raise LoopAborted(reason)
+            case Abort(reason=why):
+                decided(loop, source, trigger, dest, handler_index, "abort", reason=why)
+                raise LoopAborted(why)
             case _:
                 raise TypeError(
                     f"interception handler returned {decision!r}; expected "

@@ -91,7 +91,6 @@ def parse(
         else:
             loop.parsed = schema.model_validate_json(message.content)
     except (ValidationError, ValueError) as exc:
-        loop.parsed = None
         error = (
             format_validation_error(exc)
             if isinstance(exc, ValidationError)
