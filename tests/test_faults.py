@@ -141,3 +141,72 @@ async def test_a_refused_resume_leaves_the_loop_paused() -> None:
         runtime.resume(loop_id)
         result = await runtime.wait(loop_id)
     assert result.outcome is Outcome.answered
+
+
+@pytest.mark.parametrize(
+    ("call_", "message"),
+    [
+        (lambda rt: rt.run_loop(1, "q", request()), "agent_id must be a non-empty str"),
+        (
+            lambda rt: rt.run_loop("", "q", request()),
+            "agent_id must be a non-empty str",
+        ),
+        (
+            lambda rt: rt.run_loop("a", "q", request(), "not a handler"),
+            "interception_handler must be callable",
+        ),
+    ],
+)
+async def test_run_loop_refuses_bad_arguments_by_name(
+    call_: Callable[[Runtime], str], message: str
+) -> None:
+    async with Runtime(providers={"scripted": ScriptedProvider([text("x")])}) as rt:
+        with pytest.raises(ConfigurationError, match=message):
+            call_(rt)
+        assert rt.loops() == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"keep_finished": "5"}, "keep_finished must be an int >= 0, got '5'"),
+        ({"keep_finished": True}, "keep_finished must be an int >= 0, got True"),
+        ({"keep_finished": -1}, "keep_finished must be an int >= 0"),
+        ({"event_log": 123}, "event_log must be a path, got int"),
+    ],
+)
+def test_runtime_refuses_bad_arguments_by_name(
+    kwargs: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        Runtime(**kwargs)
+
+
+async def test_a_stream_chunk_that_is_no_delta_fails_the_loop_by_name() -> None:
+    """A provider streaming something else than a delta fails its loop saying
+    what it sent; nothing unreadable reaches the event log."""
+    from collections.abc import AsyncIterator
+    from contextlib import asynccontextmanager
+
+    class Odd:
+        async def complete(self, request: InferenceInput, /) -> InferenceOutput:
+            raise AssertionError("streaming only")
+
+        @asynccontextmanager
+        async def stream(self, request: InferenceInput, /) -> AsyncIterator[Any]:
+            async def chunks() -> AsyncIterator[Any]:
+                yield {"text": "hi"}
+
+            stream = chunks()
+            try:
+                yield stream
+            finally:
+                await stream.aclose()  # type: ignore[attr-defined]
+
+    async with Runtime(providers={"odd": Odd()}) as runtime:
+        result = await runtime.wait(
+            runtime.run_loop("a", "q", request(model="odd:x", streaming=True))
+        )
+    assert result.outcome is Outcome.failed
+    assert result.error is not None
+    assert "sent a dict, not a TextDelta" in result.error.message

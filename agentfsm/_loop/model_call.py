@@ -19,7 +19,10 @@ from agentfsm.inference import (
     InferenceInput,
     InferenceOutput,
     OutputCompleted,
+    ReasoningDelta,
     StreamEvent,
+    TextDelta,
+    ToolCallDelta,
 )
 
 if TYPE_CHECKING:
@@ -28,6 +31,7 @@ if TYPE_CHECKING:
 __all__ = ("request_model",)
 
 _MAX_BACKOFF: Final = 8.0
+_DELTAS: Final = (TextDelta, ReasoningDelta, ToolCallDelta)
 
 
 async def request_model(
@@ -94,6 +98,11 @@ async def _stream(
             if output is not None:
                 raise ProviderError(
                     f"the stream from {model!r} sent a chunk after its output"
+                )
+            if not isinstance(delta, _DELTAS):
+                raise ProviderError(
+                    f"the stream from {model!r} sent a {type(delta).__name__}, "
+                    "not a TextDelta, ReasoningDelta, ToolCallDelta or OutputCompleted"
                 )
             loop.emit_stream(index, delta)
             index += 1

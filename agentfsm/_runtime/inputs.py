@@ -11,7 +11,7 @@ from agentfsm.inference import InferenceInput
 from agentfsm.interception import InterceptionHandler
 from agentfsm.messages import UserMessage
 
-__all__ = ("handlers_of", "user_message_of")
+__all__ = ("agent_id_of", "handlers_of", "user_message_of")
 
 
 def user_message_of(
@@ -48,8 +48,21 @@ def handlers_of(
 ) -> tuple[InterceptionHandler, ...]:
     if handler is None:
         return ()
+    if isinstance(handler, str | bytes):
+        raise ConfigurationError(
+            f"interception_handler must be callable or a list of callables, got {handler!r}"
+        )
     handlers = tuple(handler) if isinstance(handler, Sequence) else (handler,)
     for h in handlers:
         if not callable(h):
             raise ConfigurationError(f"interception handler {h!r} is not callable")
     return handlers
+
+
+def agent_id_of(agent_id: object) -> str:
+    """The agent id, which events and the event log carry as a str."""
+    if not isinstance(agent_id, str) or not agent_id:
+        raise ConfigurationError(
+            f"agent_id must be a non-empty str, got {type(agent_id).__name__} {agent_id!r}"
+        )
+    return agent_id

@@ -49,7 +49,7 @@ from agentfsm.states import LoopState
 
 from .backend import Primitives, primitives
 from .ids import uuid7
-from .inputs import handlers_of, user_message_of
+from .inputs import agent_id_of, handlers_of, user_message_of
 from .workers import WorkerPool
 
 if TYPE_CHECKING:
@@ -99,8 +99,14 @@ class Runtime:
         keep_finished: int = 10_000,
         event_log: str | os.PathLike[str] | None = None,
     ) -> None:
-        if keep_finished < 0:
-            raise ConfigurationError(f"keep_finished must be >= 0, got {keep_finished}")
+        if type(keep_finished) is not int or keep_finished < 0:  # bool, str: refused
+            raise ConfigurationError(
+                f"keep_finished must be an int >= 0, got {keep_finished!r}"
+            )
+        if event_log is not None and not isinstance(event_log, str | os.PathLike):
+            raise ConfigurationError(
+                f"event_log must be a path, got {type(event_log).__name__}"
+            )
         self.providers = (
             providers
             if isinstance(providers, ProviderRegistry)
@@ -246,6 +252,7 @@ class Runtime:
             raise ConfigurationError(
                 f"inference_input must be an InferenceInput, got {type(inference_input).__name__}"
             )
+        agent_id = agent_id_of(agent_id)
         loop_options = LoopOptions.of(options)
         user_message = user_message_of(message, inference_input)
         handlers = handlers_of(interception_handler)
