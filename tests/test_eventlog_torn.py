@@ -80,6 +80,27 @@ async def test_inspect_says_what_it_skipped(
     )
 
 
+async def test_diagram_says_what_it_skipped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`agentfsm diagram --events` reads past the torn line and names it too."""
+    log = tmp_path / "events.jsonl"
+    await run_once(log)
+    first = list(read_events(log))
+    tear(log, first[0])
+    second_loop = await run_once(log)
+    capsys.readouterr()
+
+    assert main(["diagram", "--events", str(log), "--loop", second_loop]) == 0
+
+    out, err = capsys.readouterr()
+    assert "stateDiagram" in out
+    assert err == (
+        f"agentfsm diagram: skipped line {len(first) + 1} of {log}: "
+        "not valid JSON, torn by a writer killed mid-line\n"
+    )
+
+
 async def test_an_event_glued_to_a_torn_line_is_read(
     tmp_path: Path, log_output: list[EventDict]
 ) -> None:

@@ -26,7 +26,7 @@ from agentfsm.diagrams import (
 from agentfsm.eventlog import read_events
 from agentfsm.exceptions import AgentFSMError
 
-from .inspect import loop_of
+from .inspect import loop_of, report_skipped
 
 FORMATS = ("mermaid", "dot", "svg", "png")
 
@@ -102,7 +102,9 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
 def _draw(args: argparse.Namespace) -> str | bytes:
     path: LoopPath | None = None
     if args.events is not None:
-        events = list(read_events(args.events))
+        skipped: list[int] = []
+        events = list(read_events(args.events, on_skip=skipped.append))
+        report_skipped(args.events, skipped, "diagram")  # on stderr, as inspect does
         path = LoopPath.from_events(events, loop_of(args, events))
     match args.format:
         case "mermaid" if path is None:

@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def report_skipped(path: str, lines: list[int]) -> None:
+def report_skipped(path: str, lines: list[int], command: str = "inspect") -> None:
     """Say on stderr which torn lines reading the log skipped, if any."""
     if not lines:
         return
@@ -102,7 +102,7 @@ def report_skipped(path: str, lines: list[int]) -> None:
         else f"{len(lines)} lines ({', '.join(map(str, lines))})"
     )
     print(
-        f"agentfsm inspect: skipped {which} of {path}: not valid JSON, "
+        f"agentfsm {command}: skipped {which} of {path}: not valid JSON, "
         "torn by a writer killed mid-line",
         file=sys.stderr,
     )
