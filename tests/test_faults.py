@@ -210,3 +210,42 @@ async def test_a_stream_chunk_that_is_no_delta_fails_the_loop_by_name() -> None:
     assert result.outcome is Outcome.failed
     assert result.error is not None
     assert "sent a dict, not a TextDelta" in result.error.message
+
+
+async def test_a_resume_while_the_pause_is_still_published_runs_the_loop_once() -> None:
+    """The loop pauses while a backpressure subscriber is full, so its worker
+    still publishes `loop.paused` when `resume` comes: the same worker goes on,
+    no second one runs the loop, the events keep their order, and a later
+    cancel is not lost."""
+    provider = ScriptedProvider(
+        [calls(call("add", a=1, b=2)), calls(call("add", a=2, b=2)), text("4")]
+    )
+    pauses = 0
+
+    def pause_first_batch(pending: PendingTransition) -> Any:
+        nonlocal pauses
+        if pending.trigger.value == "call_tools" and pauses == 0:
+            pauses += 1
+            from agentfsm import Pause
+
+            return Pause("look")
+        return None
+
+    async with Runtime(providers={"scripted": provider}) as runtime:
+        subscription = runtime.bus.subscribe(buffer=1, backpressure=True)
+        loop_id = runtime.run_loop("agent", "go", request(), pause_first_batch)
+        received = []
+        while runtime.get(loop_id).status is not LoopStatus.paused:
+            received.append(await subscription.receive())
+        # Paused, with `loop.paused` still held for the full subscriber.
+        runtime.resume(loop_id)
+        async for event in subscription:
+            received.append(event)
+            if event.type == "function_call.started":
+                runtime.cancel(loop_id, "enough")
+            if event.type == "loop.idle":
+                break
+        result = await runtime.wait(loop_id)
+    assert [e.seq for e in received] == list(range(1, len(received) + 1))
+    assert [e.type for e in received].count("loop.resumed") == 1
+    assert (result.outcome, result.reason) == (Outcome.cancelled, "enough")

@@ -362,7 +362,8 @@ class Runtime:
                 f"None, got {type(decision).__name__}"
             )
         loop.resume(decision if decision is not None else Proceed())
-        self._spawn(loop)
+        assert self._workers is not None
+        self._workers.resume(loop)
 
     def steer(self, loop_id: str, message: UserMessage | str) -> None:
         """Queue a steering message for a running loop.

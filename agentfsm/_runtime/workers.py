@@ -39,7 +39,7 @@ MAX_IDLE: Final = 64
 class Worker:
     """One worker task: the loop it runs next, its task and what wakes it."""
 
-    __slots__ = ("cancelled", "context", "handle", "loop", "wake")
+    __slots__ = ("cancelled", "context", "handle", "loop", "rerun", "wake")
 
     def __init__(self) -> None:
         self.handle: anyio.TaskHandle[None] | None = None
@@ -49,6 +49,9 @@ class Worker:
         self.loop: Loop | None = None
         self.context: Context | None = None
         self.wake: anyio.Event | None = None
+        self.rerun: Context | None = None
+        """Set when the loop this worker runs was resumed before its run ended
+        (it paused, and was still publishing): the context to run it on in."""
 
     def cancel(self) -> None:
         """Cancel the worker's task, and with it the loop it runs (the worker then ends)."""
@@ -91,6 +94,16 @@ class WorkerPool:
         else:
             self._launch(loop, context)
 
+    def resume(self, loop: Loop) -> None:
+        """Run a resumed loop, in a copy of the current context: in its own
+        worker when it still has one (its run, paused, is still publishing the
+        pause to a subscriber with backpressure), never in a second one."""
+        worker = loop.worker
+        if worker is None:
+            self.run(loop)
+        else:
+            worker.rerun = copy_context()
+
     def _launch(self, loop: Loop, context: Context) -> None:
         """Start a worker for `loop`, giving it the loop before it starts."""
         worker = Worker()
@@ -121,10 +134,14 @@ class WorkerPool:
                 worker.loop = worker.context = worker.wake = None
                 loop.worker = worker
                 try:
-                    if task is None:
-                        await in_context(context, run(loop))
-                    else:
-                        await in_trio_context(task, context, run(loop))
+                    while True:
+                        if task is None:
+                            await in_context(context, run(loop))
+                        else:
+                            await in_trio_context(task, context, run(loop))
+                        if worker.rerun is None:
+                            break
+                        context, worker.rerun = worker.rerun, None  # resumed meanwhile
                 except BaseException as exc:  # noqa: BLE001 - re-raised
                     # A cancellation (`run` raises nothing else). The task handle
                     # keeps the exception, which would keep the frames of the
