@@ -8,8 +8,12 @@ import pytest
 from agentfsm import (
     InferenceInput,
     InferenceOutput,
+    LoopState,
+    LoopStatus,
     ModelMessageItem,
     Outcome,
+    Pause,
+    PendingTransition,
     Runtime,
     Trigger,
     after_turns,
@@ -28,7 +32,7 @@ from agentfsm.testing import (
     calls,
     text,
 )
-from tests.helpers import items_of, request
+from tests.helpers import items_of, request, wait_until
 
 
 class TestLimits:
@@ -187,3 +191,39 @@ async def test_options_of_the_wrong_type_are_refused_by_name(
         with pytest.raises(ConfigurationError, match=message):
             rt.run_loop("a", "q", request(), **options)  # type: ignore[arg-type]
         assert rt.loops() == []
+
+
+async def test_the_deadline_holds_while_a_loop_is_paused() -> None:
+    """A loop paused past its deadline fails with the deadline's error at the
+    deadline, without anyone resuming it; the runtime then exits at once."""
+
+    def pause_batches(pending: PendingTransition) -> Pause | None:
+        return Pause("wait") if pending.trigger is Trigger.call_tools else None
+
+    provider = ScriptedProvider([calls(call("add", a=1, b=2)), text("3")])
+    with anyio.fail_after(5):
+        async with Runtime(providers={"scripted": provider}) as runtime:
+            loop_id = runtime.run_loop("a", "q", request(), pause_batches, deadline=0.2)
+            result = await runtime.wait(loop_id)
+    assert result.outcome is Outcome.failed
+    assert result.error is not None
+    assert result.error.type == "LoopTimeout"
+    assert "deadline of 0.2s (paused)" in result.error.message
+    assert result.path[-1][1:3] == (Trigger.fail, LoopState.idle)
+
+
+async def test_a_resumed_loop_leaves_no_deadline_timer_behind() -> None:
+    """Resumed before its deadline, a loop ends as usual, and leaving the
+    runtime does not wait for the paused loop's timer."""
+
+    def pause_once(pending: PendingTransition) -> Pause | None:
+        return Pause("wait") if pending.trigger is Trigger.call_tools else None
+
+    provider = ScriptedProvider([calls(call("add", a=1, b=2)), text("3")])
+    with anyio.fail_after(5):
+        async with Runtime(providers={"scripted": provider}) as runtime:
+            loop_id = runtime.run_loop("a", "q", request(), pause_once, deadline=60)
+            await wait_until(lambda: runtime.get(loop_id).status is LoopStatus.paused)
+            runtime.resume(loop_id)
+            result = await runtime.wait(loop_id)
+    assert result.outcome is Outcome.answered

@@ -39,7 +39,7 @@ from .steps import _S, _T, Step
 if TYPE_CHECKING:
     from .loop import Loop
 
-__all__ = ("end", "end_paused", "run")
+__all__ = ("end", "end_paused", "expire_paused", "run")
 
 _tuple_new = tuple.__new__
 
@@ -244,4 +244,16 @@ async def end_paused(loop: Loop, reason: str) -> None:
     loop.paused = None
     loop.pending = None
     end(loop, _T.cancel, reason=reason)
+    await loop.flush()
+
+
+async def expire_paused(loop: Loop) -> None:
+    """End a paused loop whose deadline passed: it fails with `LoopTimeout`
+    (the deadline counts pauses; see `Runtime`'s deadline timers)."""
+    deadline = loop.options.deadline
+    assert deadline is not None
+    loop.paused = None
+    loop.pending = None
+    error = LoopTimeout(f"the loop ran past its deadline of {deadline:g}s (paused)")
+    end(loop, _T.fail, reason=error_text(error), error=error)
     await loop.flush()

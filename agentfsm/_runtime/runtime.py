@@ -25,7 +25,7 @@ from anyio.abc import TaskGroup
 
 from agentfsm._bus import EventBus
 from agentfsm._loop import Loop
-from agentfsm._loop.driver import end_paused
+from agentfsm._loop.driver import end_paused, expire_paused
 from agentfsm.exceptions import (
     ConfigurationError,
     LoopStateError,
@@ -127,6 +127,8 @@ class Runtime:
         self._event_log: EventLogWriter | None = None
         # anyio's own classes (each use finds the backend); the backend's once running.
         self._primitives = Primitives(anyio.CancelScope, anyio.Event)
+        self._timers: dict[str, anyio.CancelScope] = {}
+        """The deadline timers of paused loops, by loop id."""
         self._on_commit: Callable[[Loop], None] | None = None
         """Called at each committed transition of every loop (the point at which
         a loop's record is complete; the durable store will write it there)."""
@@ -151,7 +153,7 @@ class Runtime:
         self._workers = WorkerPool(
             lambda work, worker: tg.start_soon(work, worker, name="agentfsm-worker"),
             self._primitives,
-            self._cancel_paused_if_idle,
+            self._run_ended,
         )
         self._token = _current.set(self)
         return self
@@ -208,6 +210,30 @@ class Runtime:
     def _running(self) -> int:
         """How many loops are running (a paused loop is not: it holds no task)."""
         return 0 if self._workers is None else self._workers.running
+
+    def _run_ended(self, loop: Loop) -> None:
+        """A loop's run ended: it finished, or it paused (then its deadline, if it
+        has one, is kept by a timer: a paused loop holds no task but this)."""
+        if (
+            loop.status is LoopStatus.paused
+            and loop.deadline_at is not None
+            and loop.loop_id not in self._timers
+            and self._tg is not None
+        ):
+            timer = self._timers[loop.loop_id] = self._primitives.cancel_scope()
+            self._tg.start_soon(
+                self._expire_paused, loop, timer, name="agentfsm-deadline"
+            )
+        self._cancel_paused_if_idle()
+
+    async def _expire_paused(self, loop: Loop, timer: anyio.CancelScope) -> None:
+        """At the loop's deadline, end it if it is paused (resumed, it has its own)."""
+        with timer:
+            assert loop.deadline_at is not None
+            await anyio.sleep_until(loop.deadline_at)
+            self._timers.pop(loop.loop_id, None)
+            if loop.status is LoopStatus.paused:
+                await expire_paused(loop)
 
     def _cancel_paused_if_idle(self) -> None:
         if self._closing and not self._running:
@@ -411,6 +437,9 @@ class Runtime:
 
     def _loop_done(self, loop: Loop) -> None:
         self._loops.pop(loop.loop_id, None)
+        timer = self._timers.pop(loop.loop_id, None)
+        if timer is not None:
+            timer.cancel()
         if self._keep_finished:
             results = self._results
             results[loop.loop_id] = loop.result()

@@ -72,7 +72,7 @@ class WorkerPool:
             anyio.TaskHandle[None],
         ],
         primitives: Primitives,
-        on_loop_end: Callable[[], None],
+        on_loop_end: Callable[[Loop], None],
     ) -> None:
         self._start = start
         self._primitives = primitives
@@ -151,7 +151,7 @@ class WorkerPool:
                 finally:
                     loop.worker = None
                     self.running -= 1
-                    self._on_loop_end()
+                    self._on_loop_end(loop)
                     # Neither an idle worker nor the traceback of a cancelled
                     # one (its task handle keeps it) keeps the loop alive.
                     loop = context = None

@@ -273,7 +273,9 @@ def test_a_worker_cancelled_before_its_task_handle_exists_is_cancelled_then() ->
         handles.append(_Handle())
         return handles[-1]
 
-    pool = WorkerPool(start, Primitives(anyio.CancelScope, anyio.Event), lambda: None)
+    pool = WorkerPool(
+        start, Primitives(anyio.CancelScope, anyio.Event), lambda loop: None
+    )
     pool._launch(cast("Loop", object()), copy_context())
     assert [h.cancelled for h in handles] == [True]
     assert workers[0].handle is handles[0]
