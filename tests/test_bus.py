@@ -673,17 +673,33 @@ class TestHeldEvents:
     async def test_held_events_keep_their_order_when_their_subscriber_leaves(
         self,
     ) -> None:
-        """The backpressure subscriber leaves while the loop holds events for
-        it: another subscriber still gets the loop's events in order."""
-        provider = ScriptedProvider([calls(call("add", a=1, b=2)), text("3")])
+        """The backpressure subscriber leaves (a model wrapper closes it) while
+        the loop holds an event for it: another subscriber still gets every
+        event in order, the held one before those published after it."""
+        from agentfsm import ModelRequest
+        from agentfsm.providers import ModelNext
+
+        provider = ScriptedProvider([text("3")])
         async with Runtime(providers={"scripted": provider}) as runtime:
             plain = runtime.bus.subscribe()
             careful = runtime.bus.subscribe(buffer=1, backpressure=True)
-            loop_id = runtime.run_loop("agent", "go", request())
-            await anyio.wait_all_tasks_blocked()  # the loop waits for room
-            assert runtime.get(loop_id).path
-            careful.close()
-            result = await runtime.wait(loop_id)
+
+            async def close_careful(
+                request_: ModelRequest, next_: ModelNext
+            ) -> InferenceOutput:
+                careful.close()  # `loop.transition` to inference is still held
+                return await next_(request_)
+
+            async def drain() -> None:
+                async for _ in careful:
+                    pass
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(drain)
+                loop_id = runtime.run_loop(
+                    "agent", "go", request(), model_wrappers=[close_careful]
+                )
+                result = await runtime.wait(loop_id)
             seqs = []
             while plain.statistics().buffered:
                 seqs.append(plain.receive_nowait().seq)
