@@ -74,10 +74,8 @@ async def run(loop: Loop) -> None:
             await drive(loop)
         else:
             await _drive_until_deadline(loop)
-        if loop.cancel_requested and loop.status is not LoopStatus.done:
-            # Cancelled as it paused, with no checkpoint between the two.
-            loop.paused = None
-            end(loop, _T.cancel, reason=_cancel_reason(loop, "cancelled"))
+        if loop.status is not _DONE:
+            _cancelled(loop)  # cancelled as it paused, with no checkpoint between
     except anyio.get_cancelled_exc_class():
         # Cancelled (by `Runtime.cancel` or the runtime closing): end the loop
         # as cancelled, then let the cancellation go on.
@@ -105,6 +103,15 @@ def _cancel_reason(loop: Loop, otherwise: str) -> str:
     return otherwise
 
 
+def _cancelled(loop: Loop) -> bool:
+    """End the loop as cancelled if a cancel was requested (by anyone, the
+    loop's own tool or a handler included); return whether it was."""
+    if not loop.cancel_requested:
+        return False
+    end(loop, _T.cancel, reason=loop.cancel_reason or "cancelled")
+    return True
+
+
 async def _drive_until_deadline(loop: Loop) -> None:
     """`drive` under the loop's deadline (pauses count: it is set on the first run)."""
     deadline = loop.options.deadline
@@ -124,8 +131,7 @@ async def drive(loop: Loop) -> None:
     loop.pending = None
     handlers = loop.handlers
     while True:
-        if loop.cancel_requested:
-            end(loop, _T.cancel, reason=_cancel_reason(loop, "cancelled"))
+        if _cancelled(loop):
             return
         source = loop.state
         dest = TABLE[source, step[0]]
@@ -135,8 +141,7 @@ async def drive(loop: Loop) -> None:
             if decided is None:
                 return  # paused: `loop.pending` holds the step
             step, dest, rewritten_from = decided
-            if loop.cancel_requested:  # a handler cancelled: the edge is not taken
-                end(loop, _T.cancel, reason=_cancel_reason(loop, "cancelled"))  # type: ignore[unreachable]  # a handler may have set it
+            if _cancelled(loop):  # by a handler: the edge is not taken
                 return
         commit(loop, source, step, dest, rewritten_from)
         if dest is _S.idle:
@@ -204,7 +209,7 @@ def end(
     loop.reason = reason
     loop.status = _DONE
     loop.ended_at = datetime.now(UTC)
-    loop.paused = None
+    loop.paused = loop.pending = None
     loop.output = None
     loop.emit_idle(
         outcome, reason, loop.answer, loop.usage, loop.model_requests, loop.tool_calls
@@ -219,9 +224,8 @@ def _settle_answer(loop: Loop, message: ModelMessageItem) -> None:
     """The answer the loop ends with at `finish`: published already, or rewritten
     by a handler, or taken by one although it failed validation. The context,
     the result and a `model.answer` carry a new one."""
-    published = loop.answer
-    if published is not None and (message is published or message == published):
-        return
+    if loop.answer is not None and message == loop.answer:
+        return  # the caller saw it is not the published one; it may be equal
     written = loop.message
     items = loop.input.context.items
     at = loop.answer_at
@@ -241,8 +245,6 @@ async def end_paused(loop: Loop, reason: str) -> None:
     """End a paused loop as cancelled, without a task (the runtime is closing)."""
     loop.cancel_requested = True
     loop.cancel_reason = reason
-    loop.paused = None
-    loop.pending = None
     end(loop, _T.cancel, reason=reason)
     await loop.flush()
 
@@ -252,8 +254,6 @@ async def expire_paused(loop: Loop) -> None:
     (the deadline counts pauses; see `Runtime`'s deadline timers)."""
     deadline = loop.options.deadline
     assert deadline is not None
-    loop.paused = None
-    loop.pending = None
     error = LoopTimeout(f"the loop ran past its deadline of {deadline:g}s (paused)")
     end(loop, _T.fail, reason=error_text(error), error=error)
     await loop.flush()

@@ -233,8 +233,8 @@ class Loop(Emitter):
         self.on_end = on_end
         self.on_commit = on_commit
         self.scan: ContextScan = context_scan(inference_input.context)
-        self.released: tuple[InferenceInput, InferenceInput] | None = None
-        """The input, and it with its forced tool choice released (`turn.released`)."""
+        self.released: InferenceInput | None = None
+        """The input with its forced tool choice released (`turn.released`)."""
         self.tools_of: Sequence[Tool] | None = None
         self.tools_by_name: dict[str, Tool] = _NO_TOOLS
         self.worker: Any = None  # the `Worker` running the loop, if any

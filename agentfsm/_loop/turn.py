@@ -36,7 +36,7 @@ def infer_step(loop: Loop) -> Step:
     the loop's first request."""
     request = loop.input
     if loop.model_requests and request.reset_tool_choice is not None:
-        request = released(loop, request)
+        request = released(loop)
     items = request.context.items
     scan = loop.scan
     loop.history = len(items)
@@ -47,18 +47,18 @@ def infer_step(loop: Loop) -> Step:
     return (_T.infer_streaming if request.streaming else _T.infer, request, None)
 
 
-def released(loop: Loop, request: InferenceInput) -> InferenceInput:
-    """`request` with `tool_choice` set to its `reset_tool_choice`: a loop forces
+def released(loop: Loop) -> InferenceInput:
+    """The loop's input with `tool_choice` set to its `reset_tool_choice`: a loop forces
     its tool on its first request only ("force once, then auto"), whatever
     enters the context after it (steering is a user message, which on its own
     would make `effective_tool_choice` force the tool again)."""
+    request = loop.input
     if request.tool_choice == request.reset_tool_choice:
         return request
-    cached = loop.released
-    if cached is None or cached[0] is not request:
+    if loop.released is None:  # made once per loop
         update = {"tool_choice": request.reset_tool_choice}
-        cached = loop.released = (request, request.model_copy(update=update))
-    return cached[1]
+        loop.released = request.model_copy(update=update)
+    return loop.released
 
 
 def request_metadata(loop: Loop) -> RequestMetadata:
