@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from agentfsm.inference import InferenceInput
@@ -149,7 +148,7 @@ def options_record(loop: Loop) -> OptionsRecord:
         value = getattr(options, field.name)
         if isinstance(value, tuple):
             value = tuple(callable_name(v) for v in value)
-        elif isinstance(value, Callable):  # type: ignore[arg-type]
+        elif callable(value):
             value = callable_name(value)
         values[field.name] = value
     return OptionsRecord(**values)
