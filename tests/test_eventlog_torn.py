@@ -59,44 +59,39 @@ async def test_a_run_after_a_torn_tail_reads_back_whole(
     assert skipped(log_output) == [(str(log), torn_line)]
 
 
-async def test_inspect_says_what_it_skipped(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """`agentfsm inspect` shows both runs' loops and names the torn line on stderr."""
-    log = tmp_path / "events.jsonl"
+async def torn_between_two_runs(log: Path) -> tuple[int, str]:
+    """A run, a torn line, a second run: the torn line's number and the second
+    run's loop id."""
     await run_once(log)
     first = list(read_events(log))
     tear(log, first[0])
-    await run_once(log)
+    return len(first) + 1, await run_once(log)
+
+
+@pytest.mark.parametrize(
+    ("command", "shown"),
+    [("inspect", "2 loops"), ("diagram", "stateDiagram")],
+)
+async def test_the_cli_says_what_it_skipped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, shown: str
+) -> None:
+    """`agentfsm inspect` and `agentfsm diagram --events` read past the torn
+    line and name it on stderr."""
+    log = tmp_path / "events.jsonl"
+    torn, second_loop = await torn_between_two_runs(log)
     capsys.readouterr()
-
-    assert main(["inspect", str(log)]) == 0
-
-    out, err = capsys.readouterr()
-    assert "2 loops" in out
-    assert err == (
-        f"agentfsm inspect: skipped line {len(first) + 1} of {log}: "
-        "not valid JSON, torn by a writer killed mid-line\n"
+    args = (
+        ["inspect", str(log)]
+        if command == "inspect"
+        else ["diagram", "--events", str(log), "--loop", second_loop]
     )
 
-
-async def test_diagram_says_what_it_skipped(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """`agentfsm diagram --events` reads past the torn line and names it too."""
-    log = tmp_path / "events.jsonl"
-    await run_once(log)
-    first = list(read_events(log))
-    tear(log, first[0])
-    second_loop = await run_once(log)
-    capsys.readouterr()
-
-    assert main(["diagram", "--events", str(log), "--loop", second_loop]) == 0
+    assert main(args) == 0
 
     out, err = capsys.readouterr()
-    assert "stateDiagram" in out
+    assert shown in out
     assert err == (
-        f"agentfsm diagram: skipped line {len(first) + 1} of {log}: "
+        f"agentfsm {command}: skipped line {torn} of {log}: "
         "not valid JSON, torn by a writer killed mid-line\n"
     )
 
