@@ -131,7 +131,7 @@ async def drive(loop: Loop) -> None:
     loop.pending = None
     handlers = loop.handlers
     while True:
-        if _cancelled(loop):
+        if loop.cancel_requested and _cancelled(loop):  # the flag first: no call
             return
         source = loop.state
         dest = TABLE[source, step[0]]
