@@ -9,7 +9,8 @@ Each turn of `drive`:
 3. `commit` takes the edge: the path, the state, `loop.transition`, and the
    commit hook (the point at which the loop's record is complete);
 4. the destination state runs and returns the next step; or, at `idle`, `end`
-   decides how the loop ended.
+   decides how the loop ended;
+5. every 8 transitions, the driver yields to the event loop (`_YIELD_MASK`).
 
 `end` is the one place an outcome is decided: from the edge the loop took to
 `idle` and that edge's reason, never from flags set earlier.
@@ -21,6 +22,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Final
 
 import anyio
+from anyio.lowlevel import checkpoint
 
 from agentfsm._errors import error_text
 from agentfsm._logging import bind_contextvars
@@ -49,6 +51,13 @@ step is an immutable tuple, and a path of shared steps leaves the garbage
 collector ten objects fewer to walk per loop in flight or kept for `wait`."""
 
 _DONE: Final = LoopStatus.done  # a module constant: enum members cost more to look up
+
+_YIELD_MASK: Final = 7
+"""The driver yields to the event loop every 8 transitions (`len(path) & 7 == 0`),
+so a loop whose provider, handlers and tools never await cannot freeze the
+process, and its deadline (a cancel scope) and a cancel from another task get
+their chance. The benchmark's run takes 10 transitions: one checkpoint per run,
+~N instructions (bench/PERFORMANCE.md)."""
 
 _OUTCOMES: Final = {
     _T.stop: Outcome.stopped,
@@ -150,6 +159,8 @@ async def drive(loop: Loop) -> None:
         step = await STATES[dest](loop, step[1])
         if loop.outbox is not None:
             await loop.flush()
+        if not len(loop.path) & _YIELD_MASK:
+            await checkpoint()
 
 
 def commit(

@@ -16,7 +16,7 @@ from agentfsm import _models
 from agentfsm._loop.model_call import request_model
 from agentfsm._loop.steps import _S, _T, Step
 from agentfsm._loop.turn import request_metadata, tool_index
-from agentfsm.exceptions import ProviderError
+from agentfsm.exceptions import ProviderError, TurnLimitExceeded
 from agentfsm.inference import InferenceInput, InferenceOutput, ModelRequest
 from agentfsm.interception import ToolBatch, TransitionPayload
 from agentfsm.messages import FunctionCallItem, ModelMessageItem
@@ -34,6 +34,8 @@ _REQUEST_FIELDS: Final = {"input", "metadata", "streaming", "loop_id", "agent_id
 
 async def inference(loop: Loop, payload: TransitionPayload) -> Step:
     assert isinstance(payload, InferenceInput)
+    if loop.model_requests >= loop.options.max_turns:
+        raise TurnLimitExceeded(over_the_limit(loop))
     streaming = loop.state is _S.inference_streaming
     if loop.model_chain is None:
         output = await request_model(loop, payload, streaming)
@@ -55,6 +57,24 @@ async def inference(loop: Loop, payload: TransitionPayload) -> Step:
                 "not an InferenceOutput"
             )
     return completed(loop, payload, output)
+
+
+def over_the_limit(loop: Loop) -> str:
+    """Why the loop may not make this request, naming the rewrite that led here."""
+    limit = loop.options.max_turns
+    why = ""
+    for edge in reversed(loop.path):
+        if edge.rewritten_from is not None:
+            why = (
+                f" (by the rewrite of {edge.source} --> {edge.rewritten_from} "
+                f"into --{edge.trigger}--> {edge.dest})"
+            )
+            break
+    return (
+        f"max_turns={limit} reached: a handler took the loop on to model request "
+        f"{loop.model_requests + 1}{why}; max_turns counts every request "
+        "(a stop condition, stop_when, is a limit a handler may lift)"
+    )
 
 
 def completed(loop: Loop, request: InferenceInput, output: InferenceOutput) -> Step:
