@@ -56,7 +56,7 @@ from agentfsm.events import LoopIdle
 from agentfsm.exceptions import ConfigurationError, LoopStateError, UnknownProvider
 from agentfsm.providers.function import FunctionProvider
 from agentfsm.testing import EventRecorder, calls, text
-from tests.helpers import add, wait_until
+from tests.helpers import add
 
 T = TypeVar("T")
 
@@ -293,28 +293,25 @@ def test_any_interception_plan_and_resume_ends_the_loop(
             loop_id = runtime.run_loop(
                 "agent", "go", inference_input, handler, max_turns=4
             )
+            # Subscribed before the loop's first step (no await since run_loop).
+            ends = runtime.bus.subscribe(("loop.paused", "loop.idle"), loop_id=loop_id)
             resume_left = iter(resumes)
-            while runtime.get(loop_id).status is not LoopStatus.done:
-                await wait_for_pause_or_end(runtime, loop_id)
-                if runtime.get(loop_id).status is not LoopStatus.paused:
-                    continue
-                decision = next(resume_left, None)
-                valid = decision is None or isinstance(
-                    decision, Proceed | Rewrite | Pause | Abort
-                )
-                if valid:
-                    runtime.resume(loop_id, decision)
-                else:
+            async for event in ends:
+                if event.type == "loop.idle":
+                    break
+                while True:  # paused: resume it, with garbage first if drawn
+                    decision = next(resume_left, None)
+                    if decision is None or isinstance(
+                        decision, Proceed | Rewrite | Pause | Abort
+                    ):
+                        runtime.resume(loop_id, decision)
+                        break
                     with pytest.raises(ConfigurationError, match="resume\\(\\) takes"):
                         runtime.resume(loop_id, decision)
                     assert runtime.get(loop_id).status is LoopStatus.paused
         check_ended(runtime, recorder, loop_id, inference_input.context)
 
     run(backend, body)
-
-
-async def wait_for_pause_or_end(runtime: Runtime, loop_id: str) -> None:
-    await wait_until(lambda: runtime.get(loop_id).status is not LoopStatus.running)
 
 
 # ------------------------------------------------------------ option values
