@@ -264,8 +264,11 @@ def test_any_function_call_arguments_get_an_output(
 
 # ------------------------------------------ interception plans and resumes
 
+CANCEL = "<cancel instead of resuming>"
 resume_decisions = st.one_of(
-    decisions, garbage, st.sampled_from(["yes", "proceed", {"kind": "proceed"}])
+    decisions,
+    garbage,
+    st.sampled_from(["yes", "proceed", {"kind": "proceed"}, CANCEL]),
 )
 
 
@@ -301,6 +304,9 @@ def test_any_interception_plan_and_resume_ends_the_loop(
                     break
                 while True:  # paused: resume it, with garbage first if drawn
                     decision = next(resume_left, None)
+                    if decision == CANCEL:
+                        runtime.cancel(loop_id, "fuzz")
+                        break
                     if decision is None or isinstance(
                         decision, Proceed | Rewrite | Pause | Abort
                     ):
