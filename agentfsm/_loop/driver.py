@@ -108,6 +108,15 @@ async def run(loop: Loop) -> None:
             error=f"{type(exc).__name__}: {error_text(exc)}",
         )
         end(loop, _T.fail, reason=error_text(exc), error=exc)
+    except BaseException as exc:
+        # KeyboardInterrupt, SystemExit or another BaseException from user
+        # code: not the loop's to absorb (it means "stop"), so it goes on into
+        # the runtime, which cancels the other loops; this loop still ends,
+        # failed, naming it, so no loop is left without an outcome.
+        with anyio.CancelScope(shield=True):
+            end(loop, _T.fail, reason=error_text(exc), error=exc)
+            await loop.flush()
+        raise
     if loop.outbox is not None:
         with anyio.CancelScope(shield=True):
             await loop.flush()

@@ -15,6 +15,7 @@ block cancels every loop (each still ends in `idle` with outcome `cancelled`).
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar, Token
 from types import TracebackType
@@ -28,6 +29,7 @@ from agentfsm._loop import Loop
 from agentfsm._loop.driver import end_paused, expire_paused
 from agentfsm.exceptions import (
     ConfigurationError,
+    EventLogError,
     LoopStateError,
     NoRuntimeError,
     UnknownLoopError,
@@ -181,6 +183,7 @@ class Runtime:
                 return None
             raise
         finally:
+            leaving = exc or sys.exception()  # what leaves the block, if anything
             self._closed = True
             self._tg = None
             # Leaving with an error cancels the running loops through the task
@@ -195,12 +198,19 @@ class Runtime:
             if self._token is not None:
                 _current.reset(self._token)
                 self._token = None
-            if self._event_log is not None:
-                # Every loop has ended: write what is buffered, close the file.
-                writer, self._event_log = self._event_log, None
-                await writer.aclose()
-            with anyio.CancelScope(shield=True):
-                await self.providers.aclose()
+            try:
+                if self._event_log is not None:
+                    # Every loop has ended: write what is buffered, close the file.
+                    writer, self._event_log = self._event_log, None
+                    await writer.aclose()
+            except EventLogError:
+                # Logged already (`event_log_incomplete`); raised only when
+                # nothing else leaves the block, so as not to replace it.
+                if leaving is None:
+                    raise
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await self.providers.aclose()
 
     def _spawn(self, loop: Loop) -> None:
         assert self._workers is not None
