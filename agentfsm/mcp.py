@@ -39,7 +39,7 @@ from typing import Any, Final, Literal, Self, TypeAlias, TypedDict, Unpack, fina
 import anyio
 import anyio.lowlevel
 import mcp_types
-from anyio.abc import TaskGroup
+from anyio.abc import TaskGroup, TaskStatus
 from mcp.client import Transport
 from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost
 from mcp.server import Server
@@ -291,21 +291,23 @@ class MCPToolset(Sequence[Tool]):
             await stack.enter_async_context(client)
             self._client = client
             self._tools = self._offered(await self._list(), first=True)
+            tg = self._tg = await stack.enter_async_context(anyio.create_task_group())
+            tg.start_soon(self._refresh_when_stale, name=f"mcp-refresh:{self.name}")
+            capability = client.server_capabilities.tools
+            if (
+                capability is not None
+                and capability.list_changed
+                and client.protocol_version in MODERN_PROTOCOL_VERSIONS
+            ):
+                # From 2026-07-28 on, change notifications come on a stream the
+                # client asks for; before, they come unasked (`_on_message`).
+                # Connected once the stream is acknowledged: a change made after
+                # `mcp_tools` returned is never missed.
+                await tg.start(self._listen, name=f"mcp-listen:{self.name}")
             deadline.deadline = math.inf
-            self._tg = await stack.enter_async_context(anyio.create_task_group())
         except BaseException as exc:  # noqa: BLE001 - raised, as what it means
             raise await self._failed(stack, deadline, exc) from None
         self._stack = stack
-        self._tg.start_soon(self._refresh_when_stale, name=f"mcp-refresh:{self.name}")
-        capability = client.server_capabilities.tools
-        if (
-            capability is not None
-            and capability.list_changed
-            and client.protocol_version in MODERN_PROTOCOL_VERSIONS
-        ):
-            # From 2026-07-28 on, change notifications come on a stream the
-            # client asks for; before, they come unasked (`_on_message`).
-            self._tg.start_soon(self._listen, name=f"mcp-listen:{self.name}")
         get_logger().info(
             "mcp_connected",
             server=self.name,
@@ -324,7 +326,10 @@ class MCPToolset(Sequence[Tool]):
         try:
             await stack.__aexit__(type(exc), exc, exc.__traceback__)
         except BaseException as raised:  # noqa: BLE001 - returned, to be raised
-            if not deadline.cancelled_caught:
+            # The SDK re-raises `exc`, or what leaving failed with (in a group).
+            if not deadline.cancelled_caught and not isinstance(
+                exc, ConfigurationError
+            ):
                 exc = raised
         if deadline.cancelled_caught:
             error = MCPConnectionError(
@@ -466,17 +471,24 @@ class MCPToolset(Sequence[Tool]):
             self._stale.set()
         await anyio.lowlevel.checkpoint()
 
-    async def _listen(self) -> None:
+    async def _listen(self, *, task_status: TaskStatus[None]) -> None:
         """Follow the server's tool-list changes on a `subscriptions/listen`
-        stream (2026-07-28 on), for as long as the session lasts."""
+        stream (2026-07-28 on), for as long as the session lasts; started once
+        the server acknowledged the first stream (changes from then on are seen)."""
         client = self._session()
+        started = False
         while True:
             try:
                 async with client.listen(tools_list_changed=True) as changes:
+                    if not started:
+                        started = True
+                        task_status.started()
                     async for _ in changes:
                         self._stale.set()
                 return  # the server ended the stream: it sends no more changes
             except ListenNotSupportedError:
+                if not started:
+                    task_status.started()
                 return
             except (SubscriptionLost, mcp.MCPError) as exc:
                 # No replay after a lost stream: listen again and fetch the list,
@@ -484,6 +496,9 @@ class MCPToolset(Sequence[Tool]):
                 get_logger().warning(
                     "mcp_listen_lost", server=self.name, error=str(exc)
                 )
+                if not started:
+                    started = True
+                    task_status.started()
                 self._stale.set()
                 await anyio.sleep(1.0)
 

@@ -108,7 +108,8 @@ async def _serve_http(server: MCPServer[Any]) -> None:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     sock.listen(16)
-    print(sock.getsockname()[1], flush=True)
+    sys.stdout.write(f"{sock.getsockname()[1]}\n")
+    sys.stdout.flush()
     config = uvicorn.Config(
         server.streamable_http_app(), log_level="warning", lifespan="on"
     )
