@@ -7,6 +7,8 @@ sees, which is how the tests know that one session served every call.
 
 from __future__ import annotations
 
+import argparse
+import io
 import json
 import os
 import subprocess
@@ -38,6 +40,9 @@ from agentfsm import (
     ToolError,
     ToolResult,
 )
+from agentfsm.cli import main
+from agentfsm.cli import run as run_command
+from agentfsm.cli.run import _request, _watch, with_mcp_tools
 from agentfsm.exceptions import LoopStateError
 from agentfsm.mcp import MCPConnectionError, MCPTool, MCPToolset, mcp_tools
 from agentfsm.testing import ScriptedProvider, call, calls, text
@@ -608,3 +613,54 @@ async def test_streamable_http(http_server: str) -> None:
     assert after["sessions"] == before["sessions"]  # no new session per call
     assert after["calls"] == before["calls"] + 5  # 4 calls of the loop, 1 stats
     assert "multiply" in {t.name for t in tools}
+
+
+# --------------------------------------------------------------- the command
+
+
+def _cli_args(*argv: str) -> argparse.Namespace:
+    """The parsed arguments of `agentfsm run ...`."""
+    parser = argparse.ArgumentParser()
+    run_command.add_parser(parser.add_subparsers())
+    return parser.parse_args(["run", *argv])
+
+
+class TestCli:
+    def test_a_server_that_cannot_start_exits_2(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """`--mcp` with a command that cannot run exits 2, naming it."""
+        argv = ["run", "hi", "--model", "openai-chat:x", "--base-url", "http://x"]
+        assert main([*argv, "--mcp", "no-such-mcp-server-xyz"]) == 2
+        err = capsys.readouterr().err
+        assert "error: --mcp 'no-such-mcp-server-xyz': cannot connect" in err
+
+    @pytest.mark.e2e
+    async def test_run_with_an_mcp_server(self) -> None:
+        """`--mcp` (repeatable) offers the server's tools; `--tool-choice` may
+        name one of them; the calls are shown like any other."""
+        provider = ScriptedProvider([calls(call("add", a=2, b=3)), text("It is 5.")])
+        server = f"{sys.executable} {SERVER}"
+        args = _cli_args(
+            "2+3?", "--model", "s:m", "--mcp", server, "--tool-choice", "add"
+        )
+        out = io.StringIO()
+        async with Runtime(providers={"s": provider}) as runtime:
+            req = await with_mcp_tools(
+                runtime, args, _request(args, [], check_choice=False)
+            )
+            assert [t.name for t in req.tools] == CALC_TOOLS
+            result = await _watch(runtime, args, req, out)
+        assert result.outcome == "answered"
+        shown = out.getvalue().splitlines()
+        assert '  call add({"a":2,"b":3})' in shown
+        assert any(line.startswith("  add -> 5 (") for line in shown)
+
+    @pytest.mark.e2e
+    async def test_two_servers_with_one_tool_name(self) -> None:
+        """Two servers offering one name is an error naming it."""
+        server = f"{sys.executable} {SERVER}"
+        args = _cli_args("hi", "--model", "s:m", "--mcp", server, "--mcp", server)
+        async with Runtime(providers=scripted()) as runtime:
+            with pytest.raises(ConfigurationError, match="two tools are named 'add'"):
+                await with_mcp_tools(runtime, args, _request(args, []))
