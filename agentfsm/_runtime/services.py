@@ -100,11 +100,13 @@ class Services:
         tg, self._tg = self._tg, None
         if tg is None:
             return
-        # (These scopes are left before the task group's: scopes must nest.)
-        with anyio.CancelScope(shield=True), anyio.move_on_after(CLOSE_TIMEOUT):
-            for held in reversed(self._held):
-                held.stop.set()
-                await held.done.wait()
-        self._held.clear()
-        tg.cancel_scope.cancel()  # whatever is still open
+        held, self._held = self._held, []
+        if held:  # (most runtimes hold nothing: the scopes cost ~15 µs)
+            # These scopes are left before the task group's: scopes must nest.
+            with anyio.CancelScope(shield=True), anyio.move_on_after(CLOSE_TIMEOUT):
+                for one in reversed(held):
+                    one.stop.set()
+                    await one.done.wait()
+            if not all(one.done.is_set() for one in held):
+                tg.cancel_scope.cancel()  # those still open past the timeout
         await tg.__aexit__(None, None, None)
