@@ -34,7 +34,17 @@ import math
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack
 from types import TracebackType
-from typing import Any, Final, Literal, Self, TypeAlias, TypedDict, Unpack, final
+from typing import (
+    Any,
+    Final,
+    Literal,
+    Self,
+    TypeAlias,
+    TypedDict,
+    Unpack,
+    final,
+    overload,
+)
 
 import anyio
 import anyio.lowlevel
@@ -177,7 +187,7 @@ class MCPTool(Tool):
         return await self._toolset._call(self, arguments)
 
 
-class MCPToolset(Sequence[Tool]):
+class MCPToolset(Sequence[MCPTool]):
     """The tools of one MCP server, over one session: an async context manager.
 
     Entering it connects, negotiates the protocol and lists the tools; leaving
@@ -214,8 +224,7 @@ class MCPToolset(Sequence[Tool]):
     def __init__(
         self, server: MCPServerSpec, **options: Unpack[MCPToolsetOptions]
     ) -> None:
-        self._target, self.name = target_of(server)
-        """`name`: what errors and logs call the server."""
+        self._target, self.name = target_of(server)  # `name`: for errors and logs
         self._prefix = prefix_of(options.get("prefix"))
         self._include = name_filter("include", options.get("include"))
         self._exclude = names("exclude", options.get("exclude", ()))
@@ -237,11 +246,16 @@ class MCPToolset(Sequence[Tool]):
                 f"connect_timeout must be positive, got {self._connect_timeout}"
             )
         self._mode = options.get("mode", "auto")
+        if self._mode not in ("auto", "legacy", *MODERN_PROTOCOL_VERSIONS):
+            raise ConfigurationError(
+                "mode must be 'auto', 'legacy' or one of "
+                f"{', '.join(MODERN_PROTOCOL_VERSIONS)}, got {self._mode!r}"
+            )
         self._tools: tuple[MCPTool, ...] = ()
         self._client: mcp.Client | None = None
         self._stack: AsyncExitStack | None = None
         self._tg: TaskGroup | None = None
-        self._stale = anyio.Event()
+        self._stale: anyio.Event | None = None  # set: the list is to be fetched
         self._state: Literal["new", "open", "closed"] = "new"
 
     # ------------------------------------------------------------- a sequence
@@ -254,7 +268,13 @@ class MCPToolset(Sequence[Tool]):
     def __len__(self) -> int:
         return len(self._tools)
 
-    def __getitem__(self, index: Any) -> Any:  # int -> MCPTool, slice -> tuple
+    @overload
+    def __getitem__(self, index: int) -> MCPTool: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[MCPTool, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> MCPTool | tuple[MCPTool, ...]:
         return self._tools[index]
 
     def __iter__(self) -> Iterator[MCPTool]:
@@ -274,6 +294,7 @@ class MCPToolset(Sequence[Tool]):
         if self._state != "new":
             raise ConfigurationError(f"the toolset of {self.name} was entered before")
         self._state = "open"
+        self._stale = anyio.Event()
         stack = AsyncExitStack()
         # The connect timeout's scope stays open with the session (its deadline
         # lifted once connected): the SDK's task groups are entered inside it,
@@ -468,7 +489,7 @@ class MCPToolset(Sequence[Tool]):
         notifications come this way). Only marks the list stale: a request
         sent from here would wait on the task that delivers its answer."""
         if isinstance(message, mcp_types.ToolListChangedNotification):
-            self._stale.set()
+            self._mark_stale()
         await anyio.lowlevel.checkpoint()
 
     async def _listen(self, *, task_status: TaskStatus[None]) -> None:
@@ -484,7 +505,7 @@ class MCPToolset(Sequence[Tool]):
                         started = True
                         task_status.started()
                     async for _ in changes:
-                        self._stale.set()
+                        self._mark_stale()
                 return  # the server ended the stream: it sends no more changes
             except ListenNotSupportedError:
                 if not started:
@@ -499,11 +520,16 @@ class MCPToolset(Sequence[Tool]):
                 if not started:
                     started = True
                     task_status.started()
-                self._stale.set()
+                self._mark_stale()
                 await anyio.sleep(1.0)
+
+    def _mark_stale(self) -> None:
+        if self._stale is not None:
+            self._stale.set()
 
     async def _refresh_when_stale(self) -> None:
         while True:
+            assert self._stale is not None  # made on entering
             await self._stale.wait()
             # Changes announced while the list is fetched set the new event, so
             # they are fetched once more; a burst of them is fetched once.

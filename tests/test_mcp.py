@@ -152,14 +152,22 @@ class TestTools:
             pytest.param({"exclude": [1]}, "exclude takes tool names", id="not-str"),
             pytest.param({"prefix": "my calc"}, "prefix must be letters", id="prefix"),
             pytest.param({"timeout": 0}, "timeout must be positive", id="timeout"),
-            pytest.param({"execution_mode": "x"}, "execution_mode", id="mode"),
+            pytest.param(
+                {"execution_mode": "x"}, "execution_mode", id="execution-mode"
+            ),
             pytest.param({"needs_approval": "add"}, "needs_approval", id="approval"),
+            pytest.param({"mode": "2024-11-05"}, "mode must be", id="protocol-mode"),
         ],
     )
     def test_bad_options(self, options: Any, message: str) -> None:
         """Bad options are refused at once, saying which."""
         with pytest.raises(ConfigurationError, match=message):
             MCPToolset(make_server(), **options)
+
+    def test_made_before_an_event_loop_runs(self) -> None:
+        """A toolset can be made at import time; it connects when entered."""
+        toolset = MCPToolset(make_server(), prefix="calc")
+        assert (toolset.name, len(toolset)) == ("calc", 0)
 
     @pytest.mark.parametrize(
         "server",
