@@ -25,7 +25,7 @@ from __future__ import annotations
 
 try:
     import mcp
-except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
+except ImportError as exc:  # pragma: no cover - tests/test_mcp.py, TestCli
     raise ImportError(
         "agentfsm.mcp needs the MCP SDK: pip install 'agentfsm[mcp]'"
     ) from exc

@@ -643,6 +643,16 @@ class TestCli:
         err = capsys.readouterr().err
         assert "error: --mcp 'no-such-mcp-server-xyz': cannot connect" in err
 
+    def test_without_the_extra(
+        self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """Without the MCP SDK, `--mcp` exits 2 saying which extra to install."""
+        monkeypatch.setitem(sys.modules, "mcp", None)  # `import mcp` fails
+        monkeypatch.delitem(sys.modules, "agentfsm.mcp")
+        argv = ["run", "hi", "--model", "openai-chat:x", "--base-url", "http://x"]
+        assert main([*argv, "--mcp", "python server.py"]) == 2
+        assert "pip install 'agentfsm[mcp]'" in capsys.readouterr().err
+
     @pytest.mark.e2e
     async def test_run_with_an_mcp_server(self) -> None:
         """`--mcp` (repeatable) offers the server's tools; `--tool-choice` may
