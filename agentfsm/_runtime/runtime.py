@@ -17,9 +17,10 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from contextvars import ContextVar, Token
 from types import TracebackType
-from typing import TYPE_CHECKING, Self, Unpack
+from typing import TYPE_CHECKING, Self, TypeVar, Unpack
 
 import anyio
 from anyio.abc import TaskGroup
@@ -52,6 +53,7 @@ from agentfsm.states import LoopState
 from .backend import Primitives, primitives
 from .ids import uuid7
 from .inputs import agent_id_of, handlers_of, user_message_of
+from .services import Services
 from .workers import WorkerPool
 
 if TYPE_CHECKING:
@@ -63,6 +65,8 @@ __all__ = (
     "current_runtime",
     "run_loop",
 )
+
+T = TypeVar("T")
 
 _current: ContextVar[Runtime | None] = ContextVar("agentfsm_runtime", default=None)
 
@@ -134,6 +138,8 @@ class Runtime:
         self._on_commit: Callable[[Loop], None] | None = None
         """Called at each committed transition of every loop (the point at which
         a loop's record is complete; the durable store will write it there)."""
+        self._services = Services()
+        """Context managers held open until the loops have ended (MCP sessions)."""
 
     async def __aenter__(self) -> Self:
         if self._tg is not None or self._closed:
@@ -147,6 +153,7 @@ class Runtime:
 
             writer = EventLogWriter(self.bus, self._event_log_path)
             self._event_log = await writer.__aenter__()
+        await self._services.open()  # left after the loops' task group, too
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
@@ -194,6 +201,8 @@ class Runtime:
                         await end_paused(
                             loop, "the runtime closed while the loop was paused"
                         )
+            # No loop is left to use what the services hold.
+            await self._services.close()
             self.bus.close()
             if self._token is not None:
                 _current.reset(self._token)
@@ -211,6 +220,30 @@ class Runtime:
             finally:
                 with anyio.CancelScope(shield=True):
                     await self.providers.aclose()
+
+    async def enter_async_context(
+        self, context: AbstractAsyncContextManager[T], *, name: str | None = None
+    ) -> T:
+        """Enter `context` now and exit it when the runtime exits, after every
+        loop has ended; returns what entering it gave (as `async with` would).
+
+        It is entered in a task of the runtime's own, so it may open task
+        groups and cancel scopes; contexts are exited last entered first.
+        `agentfsm.mcp.mcp_tools` holds its MCP session this way.
+
+        Args:
+            context: an async context manager, not yet entered.
+            name: what logs call it (default: its type's name).
+
+        Raises:
+            LoopStateError: the runtime is not running.
+            Exception: whatever entering `context` raised.
+        """
+        if self._tg is None or self._closing:
+            raise LoopStateError(
+                "the runtime is not running: use `async with Runtime() as runtime:`"
+            )
+        return await self._services.enter(context, name or type(context).__name__)
 
     def _spawn(self, loop: Loop) -> None:
         assert self._workers is not None
