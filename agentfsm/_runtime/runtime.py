@@ -343,6 +343,9 @@ class Runtime:
             self._loop_done,
             self._on_commit,
         )
+        loop.emit_started(
+            user_message, inference_input.model, inference_input.streaming
+        )
         self._loops[loop_id] = loop
         self._spawn(loop)
         return loop_id
