@@ -82,6 +82,15 @@ class Durable:
         if at is not None and at < len(items):
             self.answer = items[at]
 
+    async def write_inference(self, loop: Loop) -> None:
+        """Write the output now, not with the next commit: the loop's handlers
+        decide about it first, and may take a while (a crash meanwhile would
+        send the request, and pay for it, again)."""
+        if self.inference is not None:
+            number, output = self.inference
+            await self.store.record_inference(loop.loop_id, number, output)
+            self.inference = None
+
     # ----------------------------------------------------------------- ledger
 
     def key(self, loop: Loop, position: int, call: FunctionCallItem) -> str:

@@ -326,4 +326,6 @@ async def expire_paused(loop: Loop) -> None:
     assert deadline is not None
     error = LoopTimeout(f"the loop ran past its deadline of {deadline:g}s (paused)")
     end(loop, _T.fail, reason=error_text(error), error=error)
+    if loop.durable is not None:
+        await _save_end(loop, loop.durable)
     await loop.flush()

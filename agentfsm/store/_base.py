@@ -184,6 +184,13 @@ class LoopStore(ABC):
         """The ids of loops not done (running or paused when last written)."""
 
     @abstractmethod
+    async def record_inference(
+        self, loop_id: str, request: int, output: InferenceOutput
+    ) -> None:
+        """Write a model request's output ahead of the next commit (a loop whose
+        handlers will decide about it first: they may take a while)."""
+
+    @abstractmethod
     async def inference(self, loop_id: str, request: int) -> InferenceOutput | None:
         """The recorded output of the loop's `request`-th model request."""
 

@@ -92,6 +92,12 @@ class MemoryStore(LoopStore):
             if record.status is not LoopStatus.done
         )
 
+    async def record_inference(
+        self, loop_id: str, request: int, output: InferenceOutput
+    ) -> None:
+        self._inferences[loop_id, request] = output
+        self._commits += 1
+
     async def inference(self, loop_id: str, request: int) -> InferenceOutput | None:
         return self._inferences.get((loop_id, request))
 

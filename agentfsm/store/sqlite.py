@@ -327,6 +327,21 @@ class SQLiteStore(LoopStore):
 
         return await self._run(read)
 
+    async def record_inference(
+        self, loop_id: str, request: int, output: InferenceOutput
+    ) -> None:
+        text = output.model_dump_json()
+
+        def write(db: sqlite3.Connection) -> int:
+            db.execute(
+                "INSERT OR REPLACE INTO inferences (loop_id, request, output)"
+                " VALUES (?, ?, ?)",
+                (loop_id, request, text),
+            )
+            return len(text)
+
+        await self._run(lambda: self._write(write))
+
     async def inference(self, loop_id: str, request: int) -> InferenceOutput | None:
         def read() -> InferenceOutput | None:
             row = self._conn.execute(

@@ -61,7 +61,10 @@ async def inference(loop: Loop, payload: TransitionPayload) -> Step:
                 f"the model wrappers returned {type(output).__name__}, "
                 "not an InferenceOutput"
             )
-    return completed(loop, payload, output)
+    step = completed(loop, payload, output)
+    if durable is not None and loop.handlers:
+        await durable.write_inference(loop)
+    return step
 
 
 def over_the_limit(loop: Loop) -> str:
