@@ -77,6 +77,24 @@ def owner_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"
 
 
+def is_dead(owner: str) -> bool:
+    """Whether a lease's owner is a runtime of this host whose process is gone
+    (its lease need not be waited out)."""
+    parts = owner.rsplit(":", 2)  # see `owner_name`
+    if len(parts) != 3 or parts[0] != socket.gethostname() or not parts[1].isdigit():
+        return False
+    pid = int(parts[1])
+    if pid == os.getpid():
+        return False  # this process: another runtime of it, alive
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # alive, another user's
+    return False
+
+
 class Keeper:
     """A runtime's store, the bindings of its loops' callables, its leases."""
 
@@ -136,6 +154,8 @@ class Keeper:
             if loop_id in live:
                 continue
             taken = await self.store.acquire(loop_id, self.owner)
+            if taken is not None and is_dead(taken):
+                taken = await self.store.acquire(loop_id, self.owner, replacing=taken)
             if taken is not None:
                 report.locked[loop_id] = taken
                 continue

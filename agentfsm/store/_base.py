@@ -219,9 +219,12 @@ class LoopStore(ABC):
     # ---------------------------------------------------------------- leases
 
     @abstractmethod
-    async def acquire(self, loop_id: str, owner: str) -> str | None:
+    async def acquire(
+        self, loop_id: str, owner: str, *, replacing: str | None = None
+    ) -> str | None:
         """Take the loop's lease; None if taken (or renewed), else the owner
-        holding it."""
+        holding it. `replacing` takes it from that owner even before its lease
+        expires (an owner known to be dead: its process is gone)."""
 
     @abstractmethod
     async def renew(self, owner: str) -> None:

@@ -137,19 +137,27 @@ class MemoryStore(LoopStore):
             )
         self._commits += 1
 
-    def _take(self, loop_id: str, entry: _Entry, owner: str) -> None:
+    def _take(
+        self, loop_id: str, entry: _Entry, owner: str, replacing: str | None = None
+    ) -> None:
         now = time.time()
-        if entry.owner is not None and entry.owner != owner and entry.lease_until > now:
+        if (
+            entry.owner is not None
+            and entry.owner not in (owner, replacing)
+            and entry.lease_until > now
+        ):
             raise LoopLockedError(loop_id, entry.owner)
         entry.owner = owner
         entry.lease_until = now + self.lease_ttl
 
-    async def acquire(self, loop_id: str, owner: str) -> str | None:
+    async def acquire(
+        self, loop_id: str, owner: str, *, replacing: str | None = None
+    ) -> str | None:
         entry = self._loops.get(loop_id)
         if entry is None:
             return None  # nothing to own: the loop's first commit takes it
         try:
-            self._take(loop_id, entry, owner)
+            self._take(loop_id, entry, owner, replacing)
         except LoopLockedError as exc:
             return exc.owner
         return None

@@ -455,7 +455,9 @@ class SQLiteStore(LoopStore):
 
     # ----------------------------------------------------------------- leases
 
-    async def acquire(self, loop_id: str, owner: str) -> str | None:
+    async def acquire(
+        self, loop_id: str, owner: str, *, replacing: str | None = None
+    ) -> str | None:
         def write(db: sqlite3.Connection) -> int:
             now = time.time()
             row = db.execute(
@@ -463,7 +465,7 @@ class SQLiteStore(LoopStore):
             ).fetchone()
             if row is None:
                 return 0  # nothing to own: the loop's first commit takes it
-            if row[0] not in (None, owner) and row[1] > now:
+            if row[0] not in (None, owner, replacing) and row[1] > now:
                 taken.append(row[0])
                 return 0
             db.execute(
