@@ -49,6 +49,7 @@ from agentfsm.states import LoopState
 
 from .backend import Primitives, primitives
 from .ids import uuid7
+from .instrument import Instrument
 from .inputs import agent_id_of, handlers_of, user_message_of
 from .workers import WorkerPool
 
@@ -90,6 +91,8 @@ class Runtime:
             (oldest forgotten first).
         event_log: append every event of every loop to this JSON-lines file
             (see `agentfsm.eventlog`); it is complete once the runtime exited.
+        instrument: traces the loops, e.g. `agentfsm.otel.OpenTelemetry()`
+            (OpenTelemetry GenAI spans).
     """
 
     def __init__(
@@ -98,6 +101,7 @@ class Runtime:
         providers: Mapping[str, Provider] | ProviderRegistry | None = None,
         keep_finished: int = 10_000,
         event_log: str | os.PathLike[str] | None = None,
+        instrument: Instrument | None = None,
     ) -> None:
         if type(keep_finished) is not int or keep_finished < 0:  # bool, str: refused
             raise ConfigurationError(
@@ -107,6 +111,12 @@ class Runtime:
             raise ConfigurationError(
                 f"event_log must be a path, got {type(event_log).__name__}"
             )
+        if instrument is not None and not isinstance(instrument, Instrument):
+            raise ConfigurationError(
+                "instrument must be an instrument such as agentfsm.otel.OpenTelemetry(), "
+                f"got {type(instrument).__name__}"
+            )
+        self._instrument = instrument
         self.providers = (
             providers
             if isinstance(providers, ProviderRegistry)
@@ -204,7 +214,10 @@ class Runtime:
 
     def _spawn(self, loop: Loop) -> None:
         assert self._workers is not None
-        self._workers.run(loop)
+        if self._instrument is None:
+            self._workers.run(loop)
+        else:
+            self._instrument.start_run(loop, self._workers.run)
 
     @property
     def _running(self) -> int:
@@ -214,6 +227,8 @@ class Runtime:
     def _run_ended(self, loop: Loop) -> None:
         """A loop's run ended: it finished, or it paused (then its deadline, if it
         has one, is kept by a timer: a paused loop holds no task but this)."""
+        if self._instrument is not None:
+            self._instrument.run_ended(loop)
         if (
             loop.status is LoopStatus.paused
             and loop.deadline_at is not None
@@ -389,7 +404,10 @@ class Runtime:
             )
         loop.resume(decision if decision is not None else Proceed())
         assert self._workers is not None
-        self._workers.resume(loop)
+        if self._instrument is None:
+            self._workers.resume(loop)
+        else:
+            self._instrument.start_run(loop, self._workers.resume)
 
     def steer(self, loop_id: str, message: UserMessage | str) -> None:
         """Queue a steering message for a running loop.
@@ -437,6 +455,8 @@ class Runtime:
 
     def _loop_done(self, loop: Loop) -> None:
         self._loops.pop(loop.loop_id, None)
+        if self._instrument is not None:
+            self._instrument.loop_ended(loop)
         timer = self._timers.pop(loop.loop_id, None)
         if timer is not None:
             timer.cancel()
