@@ -53,6 +53,7 @@ try:
     from opentelemetry.trace import (
         NoOpTracer,
         ProxyTracerProvider,
+        Span,
         Tracer,
         TracerProvider,
     )
@@ -92,7 +93,8 @@ def conversation(conversation_id: str) -> Iterator[None]:
     Raises:
         ConfigurationError: `conversation_id` is not a non-empty str.
     """
-    if not isinstance(conversation_id, str) or not conversation_id:
+    given: object = conversation_id  # checked for callers without a type checker
+    if not isinstance(given, str) or not given:
         raise ConfigurationError(
             f"conversation_id must be a non-empty str, got {conversation_id!r}"
         )
@@ -128,7 +130,15 @@ class OpenTelemetry:
         ConfigurationError: an argument of the wrong type.
     """
 
-    __slots__ = ("_decisions", "_loops", "_off", "_provider", "_tracer", "capture_content", "provider_names")
+    __slots__ = (
+        "_decisions",
+        "_loops",
+        "_off",
+        "_provider",
+        "_tracer",
+        "capture_content",
+        "provider_names",
+    )
 
     def __init__(
         self,
@@ -148,16 +158,18 @@ class OpenTelemetry:
             raise ConfigurationError(
                 f"capture_content must be a bool or None, got {capture_content!r}"
             )
-        names = dict(provider_names or {})
-        if not all(isinstance(k, str) and isinstance(v, str) for k, v in names.items()):
+        given: object = provider_names or {}  # checked for callers without mypy
+        if not isinstance(given, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in given.items()
+        ):
             raise ConfigurationError(
-                f"provider_names must map prefixes to names (str to str), got {names!r}"
+                f"provider_names must map prefixes to names (str to str), got {given!r}"
             )
         self.capture_content = (
             _capture_from_env() if capture_content is None else capture_content
         )
         """Whether messages, tool arguments and results are recorded."""
-        self.provider_names: Mapping[str, str] = names
+        self.provider_names: Mapping[str, str] = dict(provider_names or {})
         self._provider = tracer_provider
         self._tracer: Tracer | None = None
         self._off = False
@@ -188,23 +200,29 @@ class OpenTelemetry:
     def start_run(self, loop: Loop, start: Callable[[Loop], None], /) -> None:
         """Hand `loop` to a worker with its segment's span current (the worker
         runs it in a copy of this context; the caller's is left as it was)."""
-        trace_ = self._loops.get(loop.loop_id)
-        if trace_ is None:
-            tracer = self._active_tracer()
-            if tracer is None:
-                start(loop)
-                return
-            trace_ = self._trace(loop, tracer)
-        elif trace_.span is not None:
-            # Resumed while its paused run was still publishing the pause: that
-            # run goes on with the resumed part, which is a segment of its own.
-            trace_.end_segment(loop)
-        span = trace_.begin(loop, in_run=True)
+        span = self._begin(loop)
+        if span is None:
+            start(loop)
+            return
         token = otel_context.attach(trace.set_span_in_context(span))
         try:
             start(loop)
         finally:
             otel_context.detach(token)
+
+    def _begin(self, loop: Loop) -> Span | None:
+        """The span of the segment `loop` starts, or None when it is not traced."""
+        trace_ = self._loops.get(loop.loop_id)
+        if trace_ is None:
+            tracer = self._active_tracer()
+            if tracer is None:
+                return None
+            trace_ = self._trace(loop, tracer)
+        elif trace_.span is not None:
+            # Resumed while its paused run was still publishing the pause: that
+            # run goes on with the resumed part, which is a segment of its own.
+            trace_.end_segment(loop)
+        return trace_.begin(loop, in_run=True)
 
     def run_ended(self, loop: Loop, /) -> None:
         """A run returned: its segment ends."""

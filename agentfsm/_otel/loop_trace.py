@@ -98,11 +98,11 @@ class LoopTrace:
         "capture_content",
         "conversation_id",
         "decisions",
+        "first_seq",
         "handlers",
         "in_run",
         "loop_id",
         "model",
-        "pause_reason",
         "previous",
         "provider",
         "provider_names",
@@ -144,7 +144,8 @@ class LoopTrace:
         """The last segment's span, which the next one links to."""
         self.segments = 0
         self.usage_at_start = loop.usage
-        self.pause_reason: str | None = None
+        self.first_seq = loop.seq
+        """The last event's number when the open segment began."""
 
     def wire(self, loop: Loop) -> None:
         """Trace the loop's model requests, tool calls and transitions.
@@ -185,7 +186,7 @@ class LoopTrace:
             message = loop.pending[1]  # the first step: `start` with the user message
             if isinstance(message, UserMessage):
                 attributes["gen_ai.input.messages"] = content.input_messages([message])
-        links = ()
+        links: tuple[Link, ...] = ()
         if self.previous is not None:
             links = (Link(self.previous, {"agentfsm.link": "resumes"}),)
         span = self.span = self.tracer.start_span(
@@ -196,6 +197,7 @@ class LoopTrace:
         )
         self.in_run = in_run
         self.usage_at_start = loop.usage
+        self.first_seq = loop.seq
         return span
 
     def end_segment(self, loop: Loop) -> None:
@@ -207,11 +209,10 @@ class LoopTrace:
             self.decisions.drain()
         span.set_attributes(_usage(loop.usage, self.usage_at_start))
         if loop.status is not LoopStatus.done:
-            # Paused (or resumed while its paused run was still publishing).
+            # Paused (a resume calls `start_run` before it applies its decision).
             span.set_attribute("agentfsm.status", "paused")
-            reason = loop.paused.reason if loop.paused is not None else self.pause_reason
-            if reason is not None:
-                span.set_attribute("agentfsm.pause_reason", reason)
+            if loop.paused is not None:
+                span.set_attribute("agentfsm.pause_reason", loop.paused.reason)
         span.end()
         self.previous = span.get_span_context()
         self.span = None
@@ -269,8 +270,10 @@ class LoopTrace:
     def decided(self, event: TransitionIntercepted) -> None:
         """A handler's decision (drained from the bus by `Decisions`)."""
         span = self.span
-        if span is None:
-            return  # published after its segment ended: nothing to attach it to
+        if span is None or event.seq <= self.first_seq:
+            # Made in an earlier segment, and held until after it ended (for a
+            # full backpressure subscriber): it is not this segment's decision.
+            return
         index = event.handler
         handler = self.handlers[index] if 0 <= index < len(self.handlers) else None
         attributes: dict[str, Any] = {
@@ -285,8 +288,6 @@ class LoopTrace:
             attributes["agentfsm.new_dest"] = event.new_dest.value
         if event.reason is not None:
             attributes["agentfsm.reason"] = event.reason
-        if event.decision == "pause":
-            self.pause_reason = event.reason
         span.add_event(
             "agentfsm.decision", attributes, timestamp=int(event.ts.timestamp() * 1e9)
         )
@@ -338,4 +339,3 @@ def _usage(now: TokenUsage, before: TokenUsage) -> dict[str, int]:
         "gen_ai.usage.reasoning.output_tokens": now.reasoning_tokens
         - before.reasoning_tokens,
     }
-

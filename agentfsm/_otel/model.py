@@ -150,7 +150,15 @@ class _TracedStream:
     the stream to leaving it (the loop reads the stream in one task, so the
     span is attached and detached in the same context)."""
 
-    __slots__ = ("_chunks", "_inner", "_provider", "_request", "_span", "_token", "_trace")
+    __slots__ = (
+        "_chunks",
+        "_inner",
+        "_provider",
+        "_request",
+        "_span",
+        "_token",
+        "_trace",
+    )
 
     def __init__(
         self, trace_: LoopTrace, provider: Provider, request: InferenceInput

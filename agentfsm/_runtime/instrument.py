@@ -6,7 +6,8 @@ internal `Loop`, so an instrument is part of the library, not a user's plug-in.
 
 - `start_run(loop, start)`: the runtime is handing `loop` to a worker (its first
   run, a resume, or a cancel that ends a paused loop). It must call
-  `start(loop)`, exactly once. Workers run a loop in a copy of the context
+  `start(loop)`, exactly once; for a resume, `start` also applies the decision
+  (so the loop is still paused when the hook is called). Workers run a loop in a copy of the context
   current during `start`, so a context variable set around that call (OTel's
   current span) is what the run sees, and the caller's context is left as it was.
 - `run_ended(loop)`: a run of `loop` returned (the loop ended, or paused).

@@ -49,8 +49,8 @@ from agentfsm.states import LoopState
 
 from .backend import Primitives, primitives
 from .ids import uuid7
-from .instrument import Instrument
 from .inputs import agent_id_of, handlers_of, user_message_of
+from .instrument import Instrument
 from .workers import WorkerPool
 
 if TYPE_CHECKING:
@@ -402,12 +402,18 @@ class Runtime:
                 "resume() takes a decision (Proceed, Rewrite, Pause or Abort) or "
                 f"None, got {type(decision).__name__}"
             )
-        loop.resume(decision if decision is not None else Proceed())
-        assert self._workers is not None
+        workers = self._workers
+        assert workers is not None
+        chosen = decision if decision is not None else Proceed()
+
+        def start(loop: Loop) -> None:
+            loop.resume(chosen)
+            workers.resume(loop)
+
         if self._instrument is None:
-            self._workers.resume(loop)
+            start(loop)
         else:
-            self._instrument.start_run(loop, self._workers.resume)
+            self._instrument.start_run(loop, start)
 
     def steer(self, loop_id: str, message: UserMessage | str) -> None:
         """Queue a steering message for a running loop.
