@@ -53,7 +53,6 @@ try:
     from opentelemetry.trace import (
         NoOpTracer,
         ProxyTracerProvider,
-        Span,
         Tracer,
         TracerProvider,
     )
@@ -103,6 +102,27 @@ def conversation(conversation_id: str) -> Iterator[None]:
         yield
     finally:
         _conversation.reset(token)
+
+
+def _global_provider() -> TracerProvider | None:
+    """OpenTelemetry's global tracer provider, or None while none is set.
+
+    `trace.get_tracer_provider()` answers the same, but while none is set it
+    looks `OTEL_PYTHON_TRACER_PROVIDER` up in `os.environ` on every call (a
+    KeyError raised and caught: `make bench-instructions` counted ~5,000 to
+    10,000 instructions more per loop, more than the rest of the hooks). The variable is honoured once, when an
+    `OpenTelemetry` is made; then the module's global is read (the API's own
+    `ProxyTracer` reads it too), with `get_tracer_provider` as the fallback
+    should a later API keep it elsewhere.
+    """
+    provider = getattr(trace, "_TRACER_PROVIDER", _UNKNOWN)
+    if provider is _UNKNOWN:
+        return trace.get_tracer_provider()
+    assert provider is None or isinstance(provider, TracerProvider)
+    return provider
+
+
+_UNKNOWN: Final = object()
 
 
 def _capture_from_env() -> bool:
@@ -171,6 +191,8 @@ class OpenTelemetry:
         """Whether messages, tool arguments and results are recorded."""
         self.provider_names: Mapping[str, str] = dict(provider_names or {})
         self._provider = tracer_provider
+        if tracer_provider is None and "OTEL_PYTHON_TRACER_PROVIDER" in os.environ:
+            trace.get_tracer_provider()  # loads the provider it names, once
         self._tracer: Tracer | None = None
         self._off = False
         """The provider makes no spans (a no-op one, or the SDK disabled)."""
@@ -180,11 +202,10 @@ class OpenTelemetry:
 
     def _active_tracer(self) -> Tracer | None:
         """The tracer, or None while there is nothing to trace to."""
-        tracer = self._tracer
-        if tracer is not None or self._off:
-            return tracer
-        provider = self._provider or trace.get_tracer_provider()
-        if isinstance(provider, ProxyTracerProvider):
+        if self._tracer is not None or self._off:
+            return self._tracer
+        provider = self._provider or _global_provider()
+        if provider is None or isinstance(provider, ProxyTracerProvider):
             return None  # nothing set yet: looked up again at the next loop
         from agentfsm import __version__
 
@@ -200,29 +221,23 @@ class OpenTelemetry:
     def start_run(self, loop: Loop, start: Callable[[Loop], None], /) -> None:
         """Hand `loop` to a worker with its segment's span current (the worker
         runs it in a copy of this context; the caller's is left as it was)."""
-        span = self._begin(loop)
-        if span is None:
-            start(loop)
-            return
-        token = otel_context.attach(trace.set_span_in_context(span))
-        try:
-            start(loop)
-        finally:
-            otel_context.detach(token)
-
-    def _begin(self, loop: Loop) -> Span | None:
-        """The span of the segment `loop` starts, or None when it is not traced."""
         trace_ = self._loops.get(loop.loop_id)
         if trace_ is None:
-            tracer = self._active_tracer()
-            if tracer is None:
-                return None
+            tracer = self._tracer or self._active_tracer()
+            if tracer is None:  # nothing to trace to: the loop runs as it would
+                start(loop)
+                return
             trace_ = self._trace(loop, tracer)
         elif trace_.span is not None:
             # Resumed while its paused run was still publishing the pause: that
             # run goes on with the resumed part, which is a segment of its own.
             trace_.end_segment(loop)
-        return trace_.begin(loop, in_run=True)
+        span = trace_.begin(loop, in_run=True)
+        token = otel_context.attach(trace.set_span_in_context(span))
+        try:
+            start(loop)
+        finally:
+            otel_context.detach(token)
 
     def run_ended(self, loop: Loop, /) -> None:
         """A run returned: its segment ends."""
