@@ -28,7 +28,7 @@ Example:
     from opentelemetry.sdk.trace import TracerProvider
 
     from agentfsm import Runtime
-    from agentfsm.otel import OpenTelemetry
+    from agentfsm.otel import OpenTelemetry, conversation
 
     async with Runtime(
         providers=providers, instrument=OpenTelemetry(tracer_provider=TracerProvider())
