@@ -23,24 +23,33 @@ How the writer keeps every event:
 - Events reach the file in the order the bus delivered them, which keeps each
   loop's order (`seq` 1, 2, 3, ... without holes).
 - Writes happen off the event loop: the writer takes every event waiting in its
-  buffer as one batch, and a worker thread serializes the batch, appends it and
-  flushes it to the operating system. A slow disk then delays only the writer,
-  and loops wait only when the buffer is full; one thread hop per batch (rather
-  than per event) keeps the cost low under load. Flushing hands each batch to the
-  OS, so a crash of the process loses nothing written; it does not `fsync`.
+  buffer as one batch, and a worker thread serializes the batch and appends it
+  to the file, unbuffered: straight to the operating system. A slow disk then
+  delays only the writer, and loops wait only when the buffer is full; one
+  thread hop per batch (rather than per event) keeps the cost low under load.
+  Each batch is with the OS once written, so a crash of the process loses
+  nothing written; it does not `fsync`.
 - A writer killed mid-line (kill -9) leaves a torn last line. The next writer
   ends it before appending, and `read_events` skips it with a warning.
 - It is shielded from cancellation and stops only once its subscription is
   closed and drained, so loops cancelled when the runtime exits (or when a
-  scope around it is cancelled) can still publish their last events.
+  scope around it is cancelled) can still publish their last events. Once
+  the runtime is cancelled, a write that stalls for `STALL_SECONDS` is given
+  up on, so a stalled disk cannot hold the exit forever.
+- A write that fails (a full disk) never fails or holds a loop: the writer
+  goes on taking events without writing them, and the exit says how many
+  were written and which were not (`EventLogError`; a warning when a
+  cancellation or another error is what leaves the runtime).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
-from typing import IO, Self
+from typing import IO, ClassVar, Self
 
 import anyio
 from anyio.abc import TaskGroup
@@ -69,15 +78,33 @@ class EventLogWriter:
         ...
     ```
 
+    When writing fails (a full disk: `OSError` ENOSPC), the loops go on: the
+    writer logs an `event_log_failed` warning naming the file and the error,
+    keeps taking events without writing them (so loops never wait for it),
+    and counts them. Closing it then logs `event_log_incomplete`, saying how
+    many events were written and which were not, and raises `EventLogError`
+    saying the same (unless the caller is being cancelled: cancellation goes
+    on, and the warning is the report).
+
+    A disk that stalls (a write that never returns) delays closing as long as
+    it stalls; once the caller is cancelled, the writer waits at most
+    `STALL_SECONDS` for the next batch to be written, then gives up on the
+    write in its thread and reports the events not written.
+
     Args:
         bus: the bus to record.
         path: the file; it is created if missing and appended to otherwise.
         buffer: how many events may wait for the writer before loops wait.
 
     Raises:
-        EventLogError: on exit, when writing failed (from then on the writer
-            stopped recording, and loops never waited for it).
+        EventLogError: on exit, when writing failed (the error says how many
+            events were written and which were not).
     """
+
+    STALL_SECONDS: ClassVar[float] = 5.0
+    """Once the caller of `aclose` is cancelled, the longest a batch may take to
+    be written before the writer gives up on it (a stalled disk must not hold
+    a cancelled runtime's exit forever; a slow one still drains)."""
 
     def __init__(
         self, bus: EventBus, path: str | os.PathLike[str], *, buffer: int = 10_000
@@ -86,12 +113,25 @@ class EventLogWriter:
         self.path = os.fspath(path)
         self.written = 0
         """Events written so far."""
+        self.lost = 0
+        """Events not written, because writing failed or stalled."""
+        self._first_lost: dict[str, int] = {}
+        """For each loop with events not written, the `seq` of the first one."""
         self._buffer = buffer
         self._file: IO[bytes] | None = None
         self._subscription: Subscription | None = None
         self._tg: TaskGroup | None = None
-        self._error: Exception | None = None
+        self._scope: anyio.CancelScope | None = None
+        self._done: anyio.Event | None = None
+        self._batch: Sequence[AgentEvent] = ()
+        """The batch being written (what is lost if its write is given up)."""
+        self._error: BaseException | None = None
         self._closed = False
+        # The worker thread and aclose() agree under this lock on who closes the
+        # file: aclose(), unless it gave up on a write still running in the thread.
+        self._lock = threading.Lock()
+        self._writing = False
+        self._abandoned = threading.Event()
 
     async def __aenter__(self) -> Self:
         if self._subscription is not None:
@@ -111,6 +151,11 @@ class EventLogWriter:
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
+        # Shielded: the writer stops when its subscription is closed and drained,
+        # never in the middle, so no event a loop published is lost; only
+        # aclose() cancels it, on a write that stalled.
+        self._scope = anyio.CancelScope(shield=True)
+        self._done = anyio.Event()
         tg.start_soon(self._run, name=f"agentfsm event log {self.path}")
         return self
 
@@ -126,34 +171,56 @@ class EventLogWriter:
         """Stop recording, write what is still buffered, close the file.
 
         Raises:
-            EventLogError: writing failed at some point.
+            EventLogError: writing failed or stalled: some events were not written.
         """
         if self._closed or self._tg is None:
             return
         self._closed = True
         assert self._subscription is not None
-        assert self._file is not None
+        assert self._done is not None
         self._subscription.close()  # ends the writer once it has drained the buffer
         try:
-            # The writer never raises into its group and is shielded, so this waits
-            # for it to finish even when the caller is being cancelled (the
-            # cancellation is re-raised once it has finished).
-            await self._tg.__aexit__(None, None, None)
+            await self._done.wait()
+        except anyio.get_cancelled_exc_class():
+            # Cancelled: the loops' last events are still worth writing, unless
+            # the disk stalled. What was not written is reported as a warning
+            # only: an error raised here would replace the cancellation.
+            with anyio.CancelScope(shield=True):
+                await self._drain_unless_stalled()
+            raise
         finally:
-            self._file.close()  # each batch was flushed: closing does not block
-        if self._error is not None:
-            raise EventLogError(
-                f"writing the event log {self.path} failed after {self.written} "
-                f"events: {type(self._error).__name__}: {self._error}"
-            ) from self._error
+            # The writer has finished: close and report before collecting its
+            # task, which re-raises a cancellation (on asyncio).
+            try:
+                self._close_file()
+                self._report()
+            finally:
+                await self._tg.__aexit__(None, None, None)
+        if self.lost or self._error is not None:
+            raise EventLogError(self._incomplete()) from self._error
+
+    async def _drain_unless_stalled(self) -> None:
+        assert self._done is not None
+        assert self._scope is not None
+        while not self._done.is_set():
+            progress = self.written + self.lost
+            with anyio.move_on_after(self.STALL_SECONDS):
+                await self._done.wait()
+            if not self._done.is_set() and self.written + self.lost == progress:
+                self._error = self._error or TimeoutError(
+                    f"a write took more than {self.STALL_SECONDS:g}s after the "
+                    "runtime was cancelled (a stalled disk?)"
+                )
+                self._scope.cancel()  # gives up on the write in its thread
+                await self._done.wait()
 
     async def _run(self) -> None:
         assert self._subscription is not None
+        assert self._scope is not None
+        assert self._done is not None
         subscription = self._subscription
-        # Shielded: the writer stops when its subscription is closed and drained,
-        # never in the middle, so no event a loop published is lost.
-        with anyio.CancelScope(shield=True):
-            try:
+        try:
+            with self._scope:
                 while True:
                     try:
                         batch = [await subscription.receive()]
@@ -164,31 +231,110 @@ class EventLogWriter:
                             batch.append(subscription.receive_nowait())
                         except (anyio.WouldBlock, anyio.EndOfStream):
                             break
-                    await anyio.to_thread.run_sync(self._write, batch)
-                    self.written += len(batch)
-            except Exception as exc:  # noqa: BLE001 - reported by aclose(), never into the group
-                self._error = exc
-                # Loops must never wait for a writer that stopped.
-                subscription.close()
-                get_logger().warning(
-                    "event_log_failed",
-                    path=self.path,
-                    error=f"{type(exc).__name__}: {exc}",
-                )
+                    if self._error is not None:
+                        self._lose(batch)  # taken, so that loops never wait
+                        continue
+                    self._batch = batch
+                    before = self.written
+                    try:
+                        await anyio.to_thread.run_sync(
+                            self._write, batch, abandon_on_cancel=True
+                        )
+                    except Exception as exc:  # noqa: BLE001 - reported by aclose(), never into the group
+                        self._error = exc
+                        self._lose(batch[self.written - before :])
+                        get_logger().warning(
+                            "event_log_failed",
+                            path=self.path,
+                            error=f"{type(exc).__name__}: {exc}",
+                            written=self.written,
+                            detail="later events are counted, not written",
+                        )
+                    self._batch = ()
+        finally:
+            if self._scope.cancelled_caught:  # gave up on a stalled write
+                self._lose(self._batch)
+                while True:
+                    try:
+                        self._lose([subscription.receive_nowait()])
+                    except (anyio.WouldBlock, anyio.EndOfStream):
+                        break
+            self._done.set()
+
+    def _lose(self, events: Sequence[AgentEvent]) -> None:
+        self.lost += len(events)
+        for event in events:
+            self._first_lost.setdefault(event.loop_id, event.seq)
 
     def _write(self, batch: Sequence[AgentEvent]) -> None:
-        """Serialize, append and flush one batch (runs in a worker thread)."""
+        """Serialize and append one batch (runs in a worker thread).
+
+        The file is unbuffered: each write goes to the operating system, and a
+        failed write leaves nothing behind for `close()` to fail on again.
+        `written` counts each event once its whole line is written.
+        """
+        with self._lock:
+            if self._abandoned.is_set():
+                return
+            self._writing = True
+        try:
+            assert self._file is not None
+            lines = [event.model_dump_json().encode() + b"\n" for event in batch]
+            data = memoryview(b"".join(lines))
+            done = 0
+            ends = itertools.accumulate(len(line) for line in lines)
+            end = next(ends)
+            while done < len(data):
+                done += self._file.write(data[done:]) or 0
+                while end <= done:
+                    self.written += 1
+                    end = next(ends, len(data) + 1)
+        finally:
+            with self._lock:
+                self._writing = False
+                if self._abandoned.is_set() and self._file is not None:
+                    self._file.close()
+
+    def _close_file(self) -> None:
         assert self._file is not None
-        self._file.write(
-            b"".join(event.model_dump_json().encode() + b"\n" for event in batch)
-        )
-        self._file.flush()
+        with self._lock:
+            self._abandoned.set()
+            if self._writing:
+                return  # the thread closes the file when its write returns
+        try:
+            self._file.close()
+        except OSError as exc:  # nothing is buffered; reported all the same
+            self._error = self._error or exc
+
+    def _report(self) -> None:
+        if self.lost or self._error is not None:
+            get_logger().warning(
+                "event_log_incomplete",
+                path=self.path,
+                written=self.written,
+                not_written=self.lost,
+                error=self._incomplete(),
+            )
+
+    def _incomplete(self) -> str:
+        """What was not written, and why."""
+        error = self._error
+        why = "" if error is None else f": {type(error).__name__}: {error}"
+        text = f"writing the event log {self.path} failed{why}; "
+        text += f"{self.written} events were written, {self.lost} were not"
+        loops = sorted(self._first_lost.items())
+        if loops:
+            named = ", ".join(f"{loop} from seq {seq}" for loop, seq in loops[:3])
+            more = f" and {len(loops) - 3} more" if len(loops) > 3 else ""
+            text += f" (of loop{'s' if len(loops) > 1 else ''} {named}{more})"
+        return text
 
 
 def _open_for_append(path: str) -> IO[bytes]:
-    # "a+": every write appends, and the last byte can be read. The writer
-    # closes the file in aclose(); here only when ending a torn line fails.
-    file = open(path, "a+b")  # noqa: SIM115 - returned open, see above
+    # "a+": every write appends, and the last byte can be read. Unbuffered (see
+    # `EventLogWriter._write`). The writer closes the file in aclose(); here only
+    # when ending a torn line fails.
+    file = open(path, "a+b", buffering=0)  # noqa: SIM115 - returned open, see above
     try:
         end = file.seek(0, os.SEEK_END) if file.seekable() else 0
         if end:
@@ -197,7 +343,6 @@ def _open_for_append(path: str) -> IO[bytes]:
                 # A writer was killed mid-line: end its torn line, so that this
                 # run's first event starts a line of its own and reads back.
                 file.write(b"\n")
-                file.flush()
     except BaseException:
         file.close()
         raise

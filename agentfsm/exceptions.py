@@ -11,6 +11,7 @@ AgentFSMError                  base for everything raised by agentfsm
 ├── LoopAborted                an interception handler returned Abort(reason)
 ├── LoopFailedError            a failed loop: Agent.run(), LoopResult.raise_for_outcome()
 ├── LoopTimeout                the loop ran past its deadline
+├── TurnLimitExceeded          a handler took the loop past `max_turns`
 ├── StructuredOutputError      the answer kept failing `structured_output`
 ├── ToolError                  carries the tool name
 │   ├── UnknownTool            the model asked for a tool the request does not offer
@@ -49,6 +50,7 @@ __all__ = (
     "LoopFailedError",
     "LoopStateError",
     "LoopTimeout",
+    "TurnLimitExceeded",
     "NoRuntimeError",
     "ProviderError",
     "ProviderTimeout",
@@ -199,6 +201,17 @@ class BusFull(AgentFSMError):
 
 class LoopTimeout(AgentFSMError):
     """The loop ran past its `deadline`."""
+
+
+class TurnLimitExceeded(AgentFSMError):
+    """A handler took the loop on to a model request past its `max_turns`.
+
+    `max_turns` counts every model request, whatever edge led to it: the loop
+    stops by itself when it reaches the limit, and a handler that rewrites the
+    transitions after that (a `finish` into `context_update`, a `stop` into
+    `inference`) fails it here instead of making the request. For a limit a
+    handler may lift, use a stop condition (`stop_when`).
+    """
 
 
 class StructuredOutputError(AgentFSMError):

@@ -104,6 +104,12 @@ def _json_schema(value: Any) -> Any:
             raise ValueError(
                 f"not a valid JSON schema: {exc.json_path}: {exc.message}"
             ) from None
+    elif isinstance(value, type) and not issubclass(value, BaseModel):
+        # `InstanceOf[type[BaseModel]]` takes any class: `int` reached the
+        # loop, which failed on the answer with an AttributeError.
+        raise ValueError(  # noqa: TRY004 - pydantic reports a ValueError (not a TypeError) as a ValidationError
+            f"a pydantic model class or a JSON schema dict, got the class {value.__name__}"
+        )
     return value
 
 

@@ -117,9 +117,12 @@ class LoopOptions:
     """How one loop runs.
 
     Attributes:
-        max_turns: the most model requests (tool runs do not count); reaching it
-            lets the requested tools finish, then ends the loop `stopped`
-            (reason `max_turns`) without consuming queued messages.
+        max_turns: the most model requests (tool runs do not count), whatever
+            edge led to them; reaching it lets the requested tools finish, then
+            ends the loop `stopped` (reason `max_turns`) without consuming
+            queued messages. It is a hard limit: a handler that takes the loop
+            on to another request fails it with `TurnLimitExceeded` (a stop
+            condition is the limit a handler may lift).
         stop_when: conditions checked after each turn; the first that holds
             ends the loop `stopped` with its reason.
         tool_execution: run a batch's calls one by one, or concurrently.

@@ -23,6 +23,7 @@ from agentfsm import (
     ToolResult,
     Trigger,
     UserMessage,
+    after_turns,
     current_loop_id,
     current_runtime,
     tool,
@@ -94,11 +95,14 @@ class TestTheThreeBugs:
     async def test_a_handler_taking_a_stopped_loop_on_to_an_answer_answers(
         self,
     ) -> None:
-        """max_turns=1 stops at `function_call --stop-->`; a handler sends it on to
-        `inference`: the loop answers, and the result says so (it said
-        `stopped` / `max_turns` when the stop reason was a flag on the loop)."""
+        """A stop condition stops at `function_call --stop-->`; a handler sends
+        it on to `inference`: the loop answers, and the result says so (it said
+        `stopped` with the stop's reason when that was a flag on the loop).
+        (`max_turns` is a hard limit: tests/test_limits.py.)"""
         handler = at(LoopState.function_call, Trigger.stop, dest=LoopState.inference)
-        result, answers, _ = await run([ADD, text("3")], handler, max_turns=1)
+        result, answers, _ = await run(
+            [ADD, text("3")], handler, stop_when=[after_turns(1)]
+        )
         assert (result.outcome, result.reason) == (Outcome.answered, None)
         assert result.answer == ModelMessageItem(content="3")
         assert result.path[-1].trigger is Trigger.finish
@@ -182,7 +186,9 @@ class TestRewritesOutOfFunctionCall:
             dest=LoopState.context_update,
             payload=UserMessage(content="one more"),
         )
-        result, _, inference_input = await run([ADD, text("ok")], handler, max_turns=1)
+        result, _, inference_input = await run(
+            [ADD, text("ok")], handler, stop_when=[after_turns(1)]
+        )
         assert (result.outcome, result.answer) == (
             Outcome.answered,
             ModelMessageItem(content="ok"),
@@ -256,7 +262,7 @@ class TestRewritesOutOfModelMessage:
         assert [a.message.content for a in answers] == ["first", "second"]
 
     async def test_a_stopping_finish_sent_on_ends_by_its_last_edge(self) -> None:
-        """max_turns=1 with a follow-up queued `finish`es with reason `max_turns`;
+        """A stop condition with a follow-up queued `finish`es with its reason;
         a handler sends the loop on once: it answers again, and since the
         follow-up is still queued, that `finish` stops it too. The outcome is
         the last edge's, and the answer the last one published."""
@@ -264,9 +270,12 @@ class TestRewritesOutOfModelMessage:
             LoopState.model_message, Trigger.finish, dest=LoopState.context_update
         )
         result, answers, _ = await run(
-            [text("first"), text("second")], handler, follow_up="more", max_turns=1
+            [text("first"), text("second")],
+            handler,
+            follow_up="more",
+            stop_when=[after_turns(1)],
         )
-        assert (result.outcome, result.reason) == (Outcome.stopped, "max_turns")
+        assert (result.outcome, result.reason) == (Outcome.stopped, "turn_count")
         assert result.answer == ModelMessageItem(content="second")
         assert [a.message.content for a in answers] == ["first", "second"]
         assert result.model_requests == 2

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 import pytest
 
@@ -10,12 +12,15 @@ from agentfsm import (
     InferenceOutput,
     LoopState,
     LoopStatus,
+    ModelContext,
     ModelMessageItem,
     Outcome,
     Pause,
     PendingTransition,
+    Rewrite,
     Runtime,
     Trigger,
+    UserMessage,
     after_turns,
     tool,
     tool_called,
@@ -24,6 +29,7 @@ from agentfsm.events import (
     LoopIdle,
 )
 from agentfsm.exceptions import ConfigurationError
+from agentfsm.options import MAX_TURNS_CAP
 from agentfsm.providers.function import FunctionProvider
 from agentfsm.testing import (
     EventRecorder,
@@ -227,3 +233,106 @@ async def test_a_resumed_loop_leaves_no_deadline_timer_behind() -> None:
             runtime.resume(loop_id)
             result = await runtime.wait(loop_id)
     assert result.outcome is Outcome.answered
+
+
+class _Instant:
+    """A provider that answers at once and never awaits: with a handler that
+    never awaits either, the loop reaches no checkpoint of its own."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.fifth: anyio.Event | None = None
+        """Set at the fifth request, if made (inside a test, on its backend)."""
+
+    async def complete(self, request: InferenceInput, /) -> InferenceOutput:
+        self.requests += 1
+        if self.requests == 5 and self.fifth is not None:
+            self.fifth.set()
+        return text(f"answer {self.requests}")
+
+    def stream(self, request: InferenceInput, /) -> Any:
+        raise AssertionError("the tests here never stream")
+
+
+def _never_finish(pending: PendingTransition) -> Rewrite | None:
+    """Rewrite every `finish` into `context_update` with a new message."""
+    if pending.trigger is Trigger.finish:
+        return Rewrite(
+            dest=LoopState.context_update, payload=UserMessage(content="again")
+        )
+    return None
+
+
+class TestARunawayHandler:
+    async def test_max_turns_counts_every_request_whatever_edge_led_to_it(
+        self,
+    ) -> None:
+        """A handler rewriting every `finish` into `context_update` made
+        thousands of requests past `max_turns=3`; now the fourth one fails the
+        loop, naming the limit and the rewrite."""
+        provider = _Instant()
+        async with Runtime(providers={"instant": provider}) as runtime:
+            result = await runtime.wait(
+                runtime.run_loop(
+                    "agent",
+                    "go",
+                    InferenceInput(model="instant:m", context=ModelContext()),
+                    _never_finish,
+                    max_turns=3,
+                )
+            )
+        assert (result.outcome, result.model_requests, provider.requests) == (
+            Outcome.failed,
+            3,
+            3,
+        )
+        assert result.error is not None
+        assert result.error.type == "TurnLimitExceeded"
+        assert "max_turns=3" in result.error.message
+        assert "model_message --> idle" in result.error.message
+        assert result.path[-1][:3] == (
+            LoopState.inference,
+            Trigger.fail,
+            LoopState.idle,
+        )
+
+    async def test_a_loop_that_never_awaits_lets_others_run_and_can_be_cancelled(
+        self,
+    ) -> None:
+        """The driver yields every few transitions: the test's task runs while
+        the loop spins, and its cancel ends the loop (before, the process froze
+        until the loop had made all its requests)."""
+        provider = _Instant()
+        provider.fifth = anyio.Event()
+        async with Runtime(providers={"instant": provider}) as runtime:
+            loop_id = runtime.run_loop(
+                "agent",
+                "go",
+                InferenceInput(model="instant:m", context=ModelContext()),
+                _never_finish,
+                max_turns=MAX_TURNS_CAP,
+            )
+            with anyio.fail_after(5):
+                await provider.fifth.wait()
+            runtime.cancel(loop_id)
+            result = await runtime.wait(loop_id)
+        assert result.outcome is Outcome.cancelled
+        assert result.model_requests < MAX_TURNS_CAP
+
+    async def test_the_deadline_holds_for_a_loop_that_never_awaits(self) -> None:
+        provider = _Instant()
+        async with Runtime(providers={"instant": provider}) as runtime:
+            result = await runtime.wait(
+                runtime.run_loop(
+                    "agent",
+                    "go",
+                    InferenceInput(model="instant:m", context=ModelContext()),
+                    _never_finish,
+                    max_turns=MAX_TURNS_CAP,
+                    deadline=0.05,
+                )
+            )
+        assert result.outcome is Outcome.failed
+        assert result.error is not None
+        assert result.error.type == "LoopTimeout"
+        assert result.model_requests < MAX_TURNS_CAP

@@ -35,7 +35,7 @@ from agentfsm.results import LoopStatus
 from agentfsm.states import LoopState, Trigger
 
 from .steps import _T, Step
-from .turn import request_metadata
+from .turn import infer_step, request_metadata
 
 if TYPE_CHECKING:
     from .loop import Loop
@@ -269,7 +269,11 @@ def derived_payload(
 ) -> TransitionPayload:
     """The payload a changed edge acts on when the rewrite did not give one."""
     if trigger in REQUEST_TRIGGERS:
-        return payload if isinstance(payload, InferenceInput) else loop.input
+        if isinstance(payload, InferenceInput):
+            return payload
+        # The request the loop would make itself: repaired, its forced tool
+        # choice released after the first request.
+        return infer_step(loop)[1]
     if trigger in ANSWER_TRIGGERS:
         # Out of `inference`, the output's message; out of `model_message`, the
         # message that state wrote (an answer that failed validation, say).

@@ -2,6 +2,7 @@
 
 ```text
 agentfsm run "What is 2 + 3?" --tool agentfsm.demo_tools:add --tool-choice add
+agentfsm run "What is 2 + 3?" --mcp "python examples/mcp_calc_server.py"
 ```
 
 The answer streams to the terminal as it comes; each transition and tool call
@@ -26,6 +27,7 @@ from typing import Any, TextIO
 
 import anyio
 import structlog
+from pydantic import ValidationError
 
 from agentfsm import (
     AgentEvent,
@@ -56,8 +58,9 @@ from agentfsm.providers import (
 from agentfsm.providers._common import TOOL_CHOICE_MODES
 from agentfsm.providers.local import DEFAULT_MODEL, LoadProgress, LocalProvider
 from agentfsm.states import Outcome
+from agentfsm.tools import format_validation_error
 
-__all__ = ("add_parser", "load_tool", "run")
+__all__ = ("add_parser", "load_tool", "run", "with_mcp_tools")
 
 DEFAULT_INSTRUCTIONS = (
     "You are a helpful assistant. Answer with the results of the tools you call."
@@ -89,6 +92,15 @@ def add_parser(commands: Any) -> None:
         default=[],
         metavar="MODULE:FUNCTION",
         help="offer a tool (a Tool or a typed function); repeatable",
+    )
+    parser.add_argument(
+        "--mcp",
+        action="append",
+        default=[],
+        metavar="SERVER",
+        help="offer the tools of an MCP server: a command run over stdio "
+        "('python server.py') or a streamable-HTTP URL; repeatable (needs "
+        "agentfsm[mcp])",
     )
     parser.add_argument(
         "--tool-choice",
@@ -146,7 +158,9 @@ def run(args: argparse.Namespace) -> int:
     """Run the loop; returns the exit code."""
     try:
         tools = [load_tool(spec) for spec in args.tool]
-        request = _request(args, tools)
+        # Checked now, before any server starts; with MCP servers, the tools
+        # are known (and `--tool-choice NAME` checked) once they are connected.
+        request = _request(args, tools, check_choice=not args.mcp)
     except ConfigurationError as exc:
         return _error(f"error: {exc}", 2)
     # The library logs through structlog and never configures it; the terminal
@@ -194,7 +208,9 @@ def load_tool(spec: str) -> Tool:
     return Tool.from_function(found)
 
 
-def _request(args: argparse.Namespace, tools: Sequence[Tool]) -> InferenceInput:
+def _request(
+    args: argparse.Namespace, tools: Sequence[Tool], *, check_choice: bool = True
+) -> InferenceInput:
     split_model(args.model)  # a name without a prefix fails here, clearly
     if args.max_turns < 1 or args.max_output_tokens < 1:
         raise ConfigurationError("--max-turns and --max-output-tokens must be >= 1")
@@ -226,7 +242,7 @@ def _request(args: argparse.Namespace, tools: Sequence[Tool]) -> InferenceInput:
         temperature=args.temperature,
     )
     named = choice is not None and choice not in TOOL_CHOICE_MODES
-    if named and request.tool_named(choice) is None:
+    if check_choice and named and request.tool_named(choice) is None:
         offered = ", ".join(t.name for t in tools) or "none (use --tool)"
         raise ConfigurationError(
             f"--tool-choice {choice!r} names no tool offered (offered: {offered})"
@@ -250,6 +266,7 @@ async def _run(
         elif args.base_url is not None or args.api_key is not None:
             providers[prefix] = _remote(prefix, args.base_url, args.api_key)
         async with Runtime(providers=providers, event_log=args.events) as runtime:
+            request = await with_mcp_tools(runtime, args, request)
             result = await _watch(runtime, args, request, sys.stdout, display)
     except (ConfigurationError, ProviderError) as exc:
         return _error(f"error: {exc}", 2)
@@ -259,6 +276,35 @@ async def _run(
     except AgentFSMError as exc:
         return _error(f"error: {exc}", 1)
     return _summary(result)
+
+
+async def with_mcp_tools(
+    runtime: Runtime, args: argparse.Namespace, request: InferenceInput
+) -> InferenceInput:
+    """`request` offering the tools of the `--mcp` servers too (each connected
+    for the runtime's lifetime).
+
+    Raises:
+        ConfigurationError: the `mcp` extra is missing, a server could not be
+            started or reached, two tools share a name, or `--tool-choice`
+            names no tool offered.
+    """
+    if not args.mcp:
+        return request
+    try:
+        from agentfsm.mcp import MCPConnectionError, mcp_tools
+    except ImportError as exc:
+        raise ConfigurationError(f"--mcp: {exc}") from None
+    tools = list(request.tools)
+    for server in args.mcp:
+        try:
+            tools.extend(await mcp_tools(server, runtime=runtime))
+        except MCPConnectionError as exc:
+            raise ConfigurationError(f"--mcp {server!r}: {exc}") from exc
+    try:
+        return _request(args, tools)
+    except ValidationError as exc:  # two servers' tools of one name, say
+        raise ConfigurationError(f"--mcp: {format_validation_error(exc)}") from None
 
 
 def _remote(prefix: str, base_url: str | None, api_key: str | None) -> Provider:

@@ -16,7 +16,7 @@ from agentfsm import _models
 from agentfsm._loop.model_call import request_model
 from agentfsm._loop.steps import _S, _T, Step
 from agentfsm._loop.turn import request_metadata, tool_index
-from agentfsm.exceptions import ProviderError
+from agentfsm.exceptions import ProviderError, TurnLimitExceeded
 from agentfsm.inference import InferenceInput, InferenceOutput, ModelRequest
 from agentfsm.interception import ToolBatch, TransitionPayload
 from agentfsm.messages import FunctionCallItem, ModelMessageItem
@@ -28,13 +28,20 @@ if TYPE_CHECKING:
 
 __all__ = ("completed", "inference")
 
-_BATCH_FIELDS: Final = {"kind", "calls", "denied", "awaiting_approval"}
+_BATCH_FIELDS: Final = {"kind", "calls", "denied", "awaiting_approval", "outputs"}
 _REQUEST_FIELDS: Final = {"input", "metadata", "streaming", "loop_id", "agent_id"}
 
 
 async def inference(loop: Loop, payload: TransitionPayload) -> Step:
     assert isinstance(payload, InferenceInput)
+    if loop.model_requests >= loop.options.max_turns:
+        raise TurnLimitExceeded(over_the_limit(loop))
     streaming = loop.state is _S.inference_streaming
+    durable = loop.durable
+    if durable is not None and durable.recorded is not None:
+        # A recovered loop whose request's output was recorded: not sent again.
+        output, durable.recorded = durable.recorded, None
+        return completed(loop, payload, output)
     if loop.model_chain is None:
         output = await request_model(loop, payload, streaming)
     else:
@@ -54,12 +61,35 @@ async def inference(loop: Loop, payload: TransitionPayload) -> Step:
                 f"the model wrappers returned {type(output).__name__}, "
                 "not an InferenceOutput"
             )
-    return completed(loop, payload, output)
+    step = completed(loop, payload, output)
+    if durable is not None and loop.handlers:
+        await durable.write_inference(loop)
+    return step
+
+
+def over_the_limit(loop: Loop) -> str:
+    """Why the loop may not make this request, naming the rewrite that led here."""
+    limit = loop.options.max_turns
+    why = ""
+    for edge in reversed(loop.path):
+        if edge.rewritten_from is not None:
+            why = (
+                f" (by the rewrite of {edge.source} --> {edge.rewritten_from} "
+                f"into --{edge.trigger}--> {edge.dest})"
+            )
+            break
+    return (
+        f"max_turns={limit} reached: a handler took the loop on to model request "
+        f"{loop.model_requests + 1}{why}; max_turns counts every request "
+        "(a stop condition, stop_when, is a limit a handler may lift)"
+    )
 
 
 def completed(loop: Loop, request: InferenceInput, output: InferenceOutput) -> Step:
     """Count and publish a model request's output; the step it leads to."""
     loop.model_requests += 1
+    if loop.durable is not None:  # written with the next commit
+        loop.durable.inference = (loop.model_requests, output)
     if output.token_usage is not None:
         loop.usage = loop.usage + output.token_usage
     loop.request = request
@@ -72,6 +102,7 @@ def completed(loop: Loop, request: InferenceInput, output: InferenceOutput) -> S
         "kind": "tool_batch",
         "calls": calls,
         "denied": {},
+        "outputs": {},
         "awaiting_approval": awaiting_approval(loop, calls) if loop.gated else (),
     }
     return (_T.call_tools, _models.trusted(ToolBatch, batch, _BATCH_FIELDS), None)
