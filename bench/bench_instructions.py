@@ -9,7 +9,11 @@ the number of instructions a run executes does not. This counts them with
   subscriber=False)`);
 - agentfsm with one subscriber draining every event (`bench_loop.agentfsm_runs(n)`);
 - the bare asyncio loop, the floor (`bench_loop.bare_runs(n)`, over
-  `harness.bare_loop`).
+  `harness.bare_loop`);
+- agentfsm traced by `agentfsm.otel.OpenTelemetry()` with no tracer provider
+  set (OpenTelemetry's default proxy: what tracing costs when nobody configured
+  it), and with an SDK `TracerProvider` exporting to an `InMemorySpanExporter`
+  (what the spans cost), nobody subscribed (`otel_runs`, below).
 
 The workload is bench_loop.py's own, imported from it with its structlog
 configuration: `Runtime.run_loop` + `Runtime.wait` with a `ScriptedProvider`
@@ -103,8 +107,12 @@ taken); per run = difference / (HIGH - LOW)."""
 SUBJECTS: Final = {
     "agentfsm": "agentfsm, nobody subscribed",
     "subscribed": "agentfsm, one subscriber",
+    "otel": "otel, no tracer provider",
+    "otel-sdk": "otel, SDK in-memory export",
     "bare": "bare asyncio loop",
 }
+OTEL: Final = ("otel", "otel-sdk")
+"""The subjects traced by `agentfsm.otel`, printed beside the untraced one."""
 
 FAKE_CLOCK_START_NS: Final = 1_750_000_000_000_000_000
 """The fixed clock's first `time.time_ns()` (June 2025); then +1 ms per call."""
@@ -114,6 +122,41 @@ TOGGLE: Final = "_PyEval_CallTracing"
 
 
 # ---------------------------------------------------------------------- subprocess
+
+
+async def otel_runs(runs: int, *, sdk: bool) -> None:
+    """`bench_loop.agentfsm_runs(runs, subscriber=False)` in a runtime traced by
+    `OpenTelemetry`: to the global provider (none is set: the proxy), or to an
+    SDK provider exporting each span to memory as it ends (cleared each run)."""
+    import bench_loop
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
+        InMemorySpanExporter,
+    )
+
+    import agentfsm
+    from agentfsm.otel import OpenTelemetry
+
+    exporter = InMemorySpanExporter()
+    provider = None
+    if sdk:
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+    runtime = agentfsm.Runtime(
+        providers={"scripted": bench_loop.scripted_provider()},
+        instrument=OpenTelemetry(tracer_provider=provider),
+    )
+    async with runtime:
+        for _ in range(runs):
+            loop_id = runtime.run_loop(
+                "agent", bench_loop.PROMPT, bench_loop.inference_input()
+            )
+            bench_loop.check(await runtime.wait(loop_id))
+            if sdk:
+                # 1 invoke_agent, 4 chat and 3 execute_tool spans a run.
+                assert len(exporter.get_finished_spans()) == 8
+                exporter.clear()
 
 
 def child(subject: str, runs: int) -> None:
@@ -130,6 +173,8 @@ def child(subject: str, runs: int) -> None:
         # Returns None (see the module's docstring).
         if subject == "bare":
             await bench_loop.bare_runs(runs)
+        elif subject in OTEL:
+            await otel_runs(runs, sdk=subject == "otel-sdk")
         else:
             await bench_loop.agentfsm_runs(runs, subscriber=subject == "subscribed")
 
@@ -270,7 +315,7 @@ def main() -> None:
         # The slow ones first, so that the bare loop's fill in at the end.
         futures = {
             (subject, runs): pool.submit(counted, valgrind, subject, runs, Path(tmp))
-            for subject in ("subscribed", "agentfsm", "bare")
+            for subject in ("otel-sdk", "subscribed", "otel", "agentfsm", "bare")
             for runs in (args.high, args.low)
         }
         counts = {key: future.result() for key, future in futures.items()}
@@ -289,7 +334,10 @@ def main() -> None:
     floor = per_run["bare"]
     for subject, label in SUBJECTS.items():
         line = f"  {label:<28} {per_run[subject]:>12,.0f} instructions/run"
-        if subject != "bare":
+        if subject in OTEL:
+            extra = per_run[subject] - per_run["agentfsm"]
+            line += f"   ({extra:+,.0f} against nobody subscribed)"
+        elif subject != "bare":
             line += f"   ({per_run[subject] / floor:.2f}x the floor)"
         print(line)
     print(f"({time.monotonic() - started:.0f} s under callgrind, {args.jobs} at once)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -46,6 +47,16 @@ KEY_LINES: dict[str, tuple[str, ...]] = {
         '  calc_divide({"a":1,"b":0}) error Error executing tool divide: cannot divide',
         "session closed; 2 calls in the last loop",
     ),
+    "otel_logfire": (
+        "  invoke_agent trip-planner",
+        "    execute_tool weather",
+        "      weather service Lisbon",
+        "paused: approval required: book_train",
+        "approve the booking",
+        "  invoke_agent trip-planner",
+        "    execute_tool book_train",
+        "answer: Lisbon is sunny (18 C): I booked you the train from Porto.",
+    ),
     "situation_processor": (
         "answer from billing-agent: Status: paid in full on the 3rd.",
         "all 3 agents answered",
@@ -58,6 +69,9 @@ KEY_LINES: dict[str, tuple[str, ...]] = {
 }
 """Text each example must print (each within one line); a new example adds its own."""
 
+NEEDS: dict[str, str] = {"otel_logfire": "logfire"}
+"""Examples that need a package no extra of agentfsm installs."""
+
 
 def test_examples_found() -> None:
     """The glob finds the examples (a wrong path would make the test below vacuous)."""
@@ -67,6 +81,9 @@ def test_examples_found() -> None:
 @pytest.mark.parametrize("path", EXAMPLES, ids=[path.stem for path in EXAMPLES])
 def test_example_runs(path: Path) -> None:
     """The example exits 0, writes nothing to stderr and prints its key lines."""
+    needed = NEEDS.get(path.stem)
+    if needed is not None and importlib.util.find_spec(needed) is None:
+        pytest.skip(f"examples/{path.name} needs {needed}: pip install {needed}")
     proc = subprocess.run(
         [sys.executable, str(path)],
         cwd=ROOT,

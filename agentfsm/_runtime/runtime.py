@@ -53,6 +53,7 @@ from agentfsm.states import LoopState
 from .backend import Primitives, primitives
 from .ids import uuid7
 from .inputs import agent_id_of, handlers_of, user_message_of
+from .instrument import Instrument
 from .services import Services
 from .workers import WorkerPool
 
@@ -110,6 +111,8 @@ class Runtime:
             stop conditions, `finish_turn`, structured-output classes) stored
             loops may be rebound to: a list (each named `module:qualname`) or
             a mapping from such names.
+        instrument: traces the loops, e.g. `agentfsm.otel.OpenTelemetry()`
+            (OpenTelemetry GenAI spans).
     """
 
     def __init__(
@@ -121,6 +124,7 @@ class Runtime:
         store: LoopStore | None = None,
         tools: Sequence[Tool | Callable[..., Any]] = (),
         handlers: Mapping[str, Any] | Sequence[Any] = (),
+        instrument: Instrument | None = None,
     ) -> None:
         if type(keep_finished) is not int or keep_finished < 0:  # bool, str: refused
             raise ConfigurationError(
@@ -130,6 +134,12 @@ class Runtime:
             raise ConfigurationError(
                 f"event_log must be a path, got {type(event_log).__name__}"
             )
+        if instrument is not None and not isinstance(instrument, Instrument):
+            raise ConfigurationError(
+                "instrument must be an instrument such as agentfsm.otel.OpenTelemetry(), "
+                f"got {type(instrument).__name__}"
+            )
+        self._instrument = instrument
         self.providers = (
             providers
             if isinstance(providers, ProviderRegistry)
@@ -285,7 +295,10 @@ class Runtime:
 
     def _spawn(self, loop: Loop) -> None:
         assert self._workers is not None
-        self._workers.run(loop)
+        if self._instrument is None:
+            self._workers.run(loop)
+        else:
+            self._instrument.start_run(loop, self._workers.run)
 
     @property
     def _running(self) -> int:
@@ -295,6 +308,8 @@ class Runtime:
     def _run_ended(self, loop: Loop) -> None:
         """A loop's run ended: it finished, or it paused (then its deadline, if it
         has one, is kept by a timer: a paused loop holds no task but this)."""
+        if self._instrument is not None:
+            self._instrument.run_ended(loop)
         if (
             loop.status is LoopStatus.paused
             and loop.deadline_at is not None
@@ -534,9 +549,18 @@ class Runtime:
                 "resume() takes a decision (Proceed, Rewrite, Pause or Abort) or "
                 f"None, got {type(decision).__name__}"
             )
-        loop.resume(decision if decision is not None else Proceed())
-        assert self._workers is not None
-        self._workers.resume(loop)
+        workers = self._workers
+        assert workers is not None
+        chosen = decision if decision is not None else Proceed()
+
+        def start(loop: Loop) -> None:
+            loop.resume(chosen)
+            workers.resume(loop)
+
+        if self._instrument is None:
+            start(loop)
+        else:
+            self._instrument.start_run(loop, start)
 
     def steer(self, loop_id: str, message: UserMessage | str) -> None:
         """Queue a steering message for a running loop.
@@ -584,6 +608,8 @@ class Runtime:
 
     def _loop_done(self, loop: Loop) -> None:
         self._loops.pop(loop.loop_id, None)
+        if self._instrument is not None:
+            self._instrument.loop_ended(loop)
         timer = self._timers.pop(loop.loop_id, None)
         if timer is not None:
             timer.cancel()

@@ -1,0 +1,341 @@
+"""One traced loop: its `invoke_agent` spans, their events, its tool spans.
+
+A loop is traced in segments: each run of it (from `run_loop`, from a resume,
+from a cancel that ends it while paused) is one `invoke_agent {agent_id}` span,
+which links to the segment before it. A paused loop holds no task, and a span
+open for the hours a human takes to approve a call would be an open span that
+no backend shows until it ends.
+
+The spans of a segment (its `chat` and `execute_tool` spans, and whatever the
+handlers, tools and providers open) nest under it: the runtime starts the run
+with the segment's span current (`OpenTelemetry.start_run`). Each committed
+transition is an `agentfsm.transition` event of the segment's span, and each
+handler's decision an `agentfsm.decision` event (read from the bus: see
+`Decisions`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Link, Span, SpanContext, SpanKind, StatusCode, Tracer
+
+from agentfsm._loop.tool_call import chain_tool_wrappers
+from agentfsm.events import TransitionIntercepted
+from agentfsm.exceptions import BusClosed
+from agentfsm.messages import TokenUsage, UserMessage
+from agentfsm.providers import split_model
+from agentfsm.record import callable_name
+from agentfsm.results import LoopStatus
+from agentfsm.states import Outcome
+from agentfsm.tools import ToolCall, ToolNext, ToolResult
+
+from . import content
+from .model import TracedProviders
+from .spans import failed, provider_name
+
+if TYPE_CHECKING:
+    from agentfsm._bus import EventBus, Subscription
+    from agentfsm._loop import Loop
+
+__all__ = ("Decisions", "LoopTrace")
+
+
+class Decisions:
+    """The interception decisions of a bus's loops, as they are published.
+
+    A decision is published as `transition.intercepted` and nowhere else, so a
+    traced loop with handlers reads them from one subscription per bus, shared
+    by the bus's traced loops and open while one of them lives (while it is
+    open, every loop of the bus builds its events' fields: only traced loops
+    with handlers pay that). It is never awaited: the traced loops drain it in
+    their own hooks (at each commit, at the end of a run), so each decision
+    becomes an event of its loop's span in that loop's own task, stamped with
+    the time it was published.
+    """
+
+    __slots__ = ("_subscription", "_traces", "users")
+
+    def __init__(self, subscription: Subscription, traces: Mapping[str, LoopTrace]):
+        self._subscription = subscription
+        self._traces = traces
+        self.users = 0
+        """The traced loops reading it; closed when the last one ends."""
+
+    @classmethod
+    def open(cls, bus: EventBus, traces: Mapping[str, LoopTrace]) -> Decisions | None:
+        try:
+            return cls(bus.subscribe("transition.intercepted"), traces)
+        except BusClosed:  # the runtime is closing: no decision comes any more
+            return None
+
+    def drain(self) -> None:
+        """Turn every decision published so far into an event of its loop's span."""
+        subscription = self._subscription
+        traces = self._traces
+        while True:
+            try:
+                event = subscription.receive_nowait()
+            except (anyio.WouldBlock, anyio.EndOfStream):
+                return
+            trace_ = traces.get(event.loop_id)
+            if trace_ is not None and isinstance(event, TransitionIntercepted):
+                trace_.decided(event)
+
+    def close(self) -> None:
+        self._subscription.close()
+
+
+class LoopTrace:
+    """What is traced of one loop, from its first run to its end."""
+
+    __slots__ = (
+        "agent_id",
+        "capture_content",
+        "conversation_id",
+        "decisions",
+        "first_seq",
+        "handlers",
+        "in_run",
+        "loop_id",
+        "model",
+        "previous",
+        "provider",
+        "provider_names",
+        "segments",
+        "span",
+        "tracer",
+        "usage_at_start",
+    )
+
+    def __init__(
+        self,
+        loop: Loop,
+        tracer: Tracer,
+        *,
+        capture_content: bool,
+        provider_names: Mapping[str, str],
+        conversation_id: str,
+        decisions: Decisions | None,
+    ) -> None:
+        self.tracer = tracer
+        self.capture_content = capture_content
+        self.provider_names = provider_names
+        self.conversation_id = conversation_id
+        self.decisions = decisions
+        self.loop_id = loop.loop_id
+        self.agent_id = loop.agent_id
+        self.handlers = tuple(callable_name(h) for h in loop.handlers)
+        prefix, self.model = split_model(loop.input.model)
+        try:
+            served_by: object = loop.providers.resolve(loop.input.model)
+        except Exception:  # noqa: BLE001 - `run_loop` resolved it; only names depend on it
+            served_by = None
+        self.provider = provider_name(prefix, served_by, provider_names)
+        self.span: Span | None = None
+        """The open segment's span."""
+        self.in_run = False
+        """Whether the open segment is a run (a worker ends it when the run returns)."""
+        self.previous: SpanContext | None = None
+        """The last segment's span, which the next one links to."""
+        self.segments = 0
+        self.usage_at_start = loop.usage
+        self.first_seq = loop.seq
+        """The last event's number when the open segment began."""
+
+    def wire(self, loop: Loop) -> None:
+        """Trace the loop's model requests, tool calls and transitions.
+
+        The loop's own slots are set, not its options: the tracing belongs to
+        the runtime, so a loop's record (`Runtime.snapshot`) does not show it.
+        """
+        loop.providers = TracedProviders(loop.providers, self)
+        loop.tool_chain = chain_tool_wrappers(
+            (*loop.options.tool_wrappers, self.execute_tool)  # innermost
+        )
+        before = loop.on_commit
+        if before is None:
+            loop.on_commit = self.committed
+        else:
+
+            def both(loop: Loop) -> None:
+                before(loop)
+                self.committed(loop)
+
+            loop.on_commit = both
+
+    # ---------------------------------------------------------------- segments
+
+    def begin(self, loop: Loop, *, in_run: bool) -> Span:
+        """Open a segment's span, a child of the current span (whoever started,
+        resumed or cancelled the loop), linked to the last segment."""
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.agent.name": self.agent_id,
+            "gen_ai.conversation.id": self.conversation_id,
+            "gen_ai.provider.name": self.provider,
+            "gen_ai.request.model": self.model,
+            "agentfsm.loop_id": self.loop_id,
+            "agentfsm.segment": self.segments,
+        }
+        if self.capture_content and self.segments == 0 and loop.pending is not None:
+            message = loop.pending[1]  # the first step: `start` with the user message
+            if isinstance(message, UserMessage):
+                attributes["gen_ai.input.messages"] = content.input_messages([message])
+        links: tuple[Link, ...] = ()
+        if self.previous is not None:
+            links = (Link(self.previous, {"agentfsm.link": "resumes"}),)
+        span = self.span = self.tracer.start_span(
+            f"invoke_agent {self.agent_id}",
+            kind=SpanKind.INTERNAL,
+            attributes=attributes,
+            links=links,
+        )
+        self.in_run = in_run
+        self.usage_at_start = loop.usage
+        self.first_seq = loop.seq
+        return span
+
+    def end_segment(self, loop: Loop) -> None:
+        """End the open segment (the loop ended, or paused)."""
+        span = self.span
+        if span is None:
+            return
+        if self.decisions is not None:
+            self.decisions.drain()
+        span.set_attributes(_usage(loop.usage, self.usage_at_start))
+        if loop.status is not LoopStatus.done:
+            # Paused (a resume calls `start_run` before it applies its decision).
+            span.set_attribute("agentfsm.status", "paused")
+            if loop.paused is not None:
+                span.set_attribute("agentfsm.pause_reason", loop.paused.reason)
+        span.end()
+        self.previous = span.get_span_context()
+        self.span = None
+        self.in_run = False
+        self.segments += 1
+
+    def ended(self, loop: Loop) -> None:
+        """Record how the loop ended on its segment (one opened for it if it
+        ended while paused, with no run: the runtime closed, its deadline)."""
+        if self.decisions is not None:
+            self.decisions.drain()
+        span = self.span or self.begin(loop, in_run=False)
+        attributes: dict[str, Any] = {
+            "agentfsm.outcome": str(loop.outcome),
+            "agentfsm.model_requests": loop.model_requests,
+            "agentfsm.tool_calls": loop.tool_calls,
+        }
+        if loop.reason is not None:
+            attributes["agentfsm.reason"] = loop.reason
+        if self.capture_content and loop.answer is not None:
+            attributes["gen_ai.output.messages"] = content.answer_messages(loop.answer)
+        span.set_attributes(attributes)
+        error = loop.error
+        if loop.outcome is Outcome.failed and error is not None:
+            span.set_attribute("error.type", error.type)
+            span.add_event(
+                "exception",
+                {"exception.type": error.type, "exception.message": error.message},
+            )
+            span.set_status(StatusCode.ERROR, error.message)
+        if not self.in_run:
+            self.end_segment(loop)
+
+    # ---------------------------------------------------------------- events
+
+    def committed(self, loop: Loop) -> None:
+        """The loop's commit hook: the transition, after the decisions about it."""
+        if self.decisions is not None:
+            self.decisions.drain()
+        span = self.span or self.begin(loop, in_run=False)
+        source, trigger, dest, rewritten_from = loop.path[-1]
+        attributes = {
+            "agentfsm.source": source.value,
+            "agentfsm.trigger": trigger.value,
+            "agentfsm.dest": dest.value,
+            "agentfsm.seq": loop.seq,
+        }
+        if rewritten_from is not None:
+            attributes["agentfsm.rewritten_from"] = rewritten_from.value
+        step = loop.step
+        if step is not None and step[2] is not None:
+            attributes["agentfsm.reason"] = step[2]
+        span.add_event("agentfsm.transition", attributes)
+
+    def decided(self, event: TransitionIntercepted) -> None:
+        """A handler's decision (drained from the bus by `Decisions`)."""
+        span = self.span
+        if span is None or event.seq <= self.first_seq:
+            # Made in an earlier segment, and held until after it ended (for a
+            # full backpressure subscriber): it is not this segment's decision.
+            return
+        index = event.handler
+        handler = self.handlers[index] if 0 <= index < len(self.handlers) else None
+        attributes: dict[str, Any] = {
+            "agentfsm.decision": event.decision,
+            "agentfsm.handler": "resume" if index == -1 else handler or str(index),
+            "agentfsm.handler_index": index,
+            "agentfsm.source": event.source.value,
+            "agentfsm.trigger": event.trigger.value,
+            "agentfsm.dest": event.dest.value,
+        }
+        if event.new_dest is not None:
+            attributes["agentfsm.new_dest"] = event.new_dest.value
+        if event.reason is not None:
+            attributes["agentfsm.reason"] = event.reason
+        span.add_event(
+            "agentfsm.decision", attributes, timestamp=int(event.ts.timestamp() * 1e9)
+        )
+
+    # ---------------------------------------------------------------- tools
+
+    async def execute_tool(self, call: ToolCall, next_: ToolNext) -> ToolResult:
+        """The innermost tool wrapper: an `execute_tool {name}` span, current
+        while the tool runs (a sync tool's worker thread runs in a copy of the
+        context, so it sees the span too)."""
+        name = call.call.name
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": name,
+            "gen_ai.tool.call.id": call.call.call_id,
+            "gen_ai.tool.type": "function",
+        }
+        if call.tool is not None and call.tool.definition.description:
+            attributes["gen_ai.tool.description"] = call.tool.definition.description
+        if self.capture_content:
+            attributes["gen_ai.tool.call.arguments"] = call.arguments
+        span = self.tracer.start_span(
+            f"execute_tool {name}", kind=SpanKind.INTERNAL, attributes=attributes
+        )
+        token = otel_context.attach(trace.set_span_in_context(span))
+        try:
+            result = await next_(call)
+            if result.is_error:
+                span.set_attribute("error.type", "tool_error")
+                span.set_status(StatusCode.ERROR, result.output)
+            if self.capture_content:
+                span.set_attribute("gen_ai.tool.call.result", result.output)
+            return result
+        except BaseException as exc:
+            failed(span, exc)
+            raise
+        finally:
+            otel_context.detach(token)
+            span.end()
+
+
+def _usage(now: TokenUsage, before: TokenUsage) -> dict[str, int]:
+    """The tokens a segment used (the loop's usage is a running total)."""
+    return {
+        "gen_ai.usage.input_tokens": now.input_tokens - before.input_tokens,
+        "gen_ai.usage.output_tokens": now.output_tokens - before.output_tokens,
+        "gen_ai.usage.cache_read.input_tokens": now.cached_input_tokens
+        - before.cached_input_tokens,
+        "gen_ai.usage.reasoning.output_tokens": now.reasoning_tokens
+        - before.reasoning_tokens,
+    }

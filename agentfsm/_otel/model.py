@@ -1,0 +1,245 @@
+"""`chat {model}` spans: one per request a provider is sent.
+
+A traced loop resolves its providers through `TracedProviders`, which hands out
+each provider wrapped in a `TracedProvider`. The wrapper is the innermost layer
+of a model request, below the model wrappers and the loop's retries: a wrapper
+that answers from a cache makes no span, and each retry of a transient error is
+a span of its own, as each is a request of its own. The span is current while
+the provider works, so the spans of its HTTP client nest under it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
+from contextvars import Token
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Span, SpanKind
+
+from agentfsm.inference import InferenceInput, InferenceOutput, OutputCompleted
+from agentfsm.providers import Provider, ProviderRegistry, StreamEvent, split_model
+
+from . import content
+from .spans import failed, provider_name, server_attributes
+
+if TYPE_CHECKING:
+    from .loop_trace import LoopTrace
+
+__all__ = ("TracedProvider", "TracedProviders")
+
+
+class TracedProviders(ProviderRegistry):
+    """The runtime's registry as a traced loop sees it: `resolve` is all a loop
+    asks of its registry (`model_call.request_model`), and it gets each
+    provider wrapped. Registering through this view is not supported: it holds
+    no providers of its own."""
+
+    def __init__(self, inner: ProviderRegistry, trace: LoopTrace) -> None:
+        super().__init__()
+        self._inner = inner
+        self._trace = trace
+
+    def resolve(self, model: str) -> Provider:
+        return TracedProvider(self._inner.resolve(model), self._trace)
+
+
+class TracedProvider:
+    """A provider whose every request is a `chat` span."""
+
+    __slots__ = ("_inner", "_trace")
+
+    def __init__(self, inner: Provider, trace: LoopTrace) -> None:
+        self._inner = inner
+        self._trace = trace
+
+    async def complete(self, request: InferenceInput, /) -> InferenceOutput:
+        span = start_chat(self._trace, self._inner, request, streaming=False)
+        token = otel_context.attach(trace.set_span_in_context(span))
+        try:
+            output = await self._inner.complete(request)
+            # Checked by the loop once the call returns (a provider returning
+            # something else fails it): here it only decides what is recorded.
+            if isinstance(output, InferenceOutput):
+                record_output(self._trace, span, output)
+            return output
+        except BaseException as exc:
+            failed(span, exc)
+            raise
+        finally:
+            otel_context.detach(token)
+            span.end()
+
+    def stream(
+        self, request: InferenceInput, /
+    ) -> AbstractAsyncContextManager[AsyncIterator[StreamEvent]]:
+        return _TracedStream(self._trace, self._inner, request)
+
+
+def start_chat(
+    trace_: LoopTrace, provider: Provider, request: InferenceInput, *, streaming: bool
+) -> Span:
+    """Start a request's span, with the attributes the request tells."""
+    prefix, model = split_model(request.model)
+    attributes: dict[str, Any] = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": provider_name(prefix, provider, trace_.provider_names),
+        "gen_ai.request.model": model,
+        "gen_ai.conversation.id": trace_.conversation_id,
+        "gen_ai.request.stream": streaming,
+        **server_attributes(provider),
+    }
+    if request.max_output_tokens is not None:
+        attributes["gen_ai.request.max_tokens"] = request.max_output_tokens
+    if request.temperature is not None:
+        attributes["gen_ai.request.temperature"] = request.temperature
+    if request.top_p is not None:
+        attributes["gen_ai.request.top_p"] = request.top_p
+    if request.seed is not None:
+        attributes["gen_ai.request.seed"] = request.seed
+    if request.stop_sequences:
+        attributes["gen_ai.request.stop_sequences"] = request.stop_sequences
+    if request.structured_output is not None:
+        attributes["gen_ai.output.type"] = "json"
+    if trace_.capture_content:
+        context = request.context
+        attributes["gen_ai.input.messages"] = content.input_messages(context.items)
+        if context.instructions:
+            attributes["gen_ai.system_instructions"] = content.system_instructions(
+                context.instructions
+            )
+        if request.tools:
+            attributes["gen_ai.tool.definitions"] = content.tool_definitions(
+                request.tools
+            )
+    return trace_.tracer.start_span(
+        f"chat {model}", kind=SpanKind.CLIENT, attributes=attributes
+    )
+
+
+def record_output(trace_: LoopTrace, span: Span, output: InferenceOutput) -> None:
+    """What the response tells: usage, finish reason, its id and model, and
+    (when content is captured) the output itself."""
+    attributes: dict[str, Any] = {
+        "gen_ai.response.finish_reasons": (content.finish_reason(output),)
+    }
+    usage = output.token_usage
+    if usage is not None:
+        attributes["gen_ai.usage.input_tokens"] = usage.input_tokens
+        attributes["gen_ai.usage.output_tokens"] = usage.output_tokens
+        attributes["gen_ai.usage.cache_read.input_tokens"] = usage.cached_input_tokens
+        attributes["gen_ai.usage.reasoning.output_tokens"] = usage.reasoning_tokens
+    raw = output.raw_response
+    if isinstance(raw, dict):  # the providers keep the vendor's response here
+        if isinstance(response_id := raw.get("id"), str):
+            attributes["gen_ai.response.id"] = response_id
+        if isinstance(response_model := raw.get("model"), str):
+            attributes["gen_ai.response.model"] = response_model
+    if trace_.capture_content:
+        attributes["gen_ai.output.messages"] = content.output_messages(output)
+    span.set_attributes(attributes)
+
+
+class _TracedStream:
+    """A provider's stream inside a `chat` span, which is current from entering
+    the stream to leaving it (the loop reads the stream in one task, so the
+    span is attached and detached in the same context)."""
+
+    __slots__ = (
+        "_chunks",
+        "_inner",
+        "_provider",
+        "_request",
+        "_span",
+        "_token",
+        "_trace",
+    )
+
+    def __init__(
+        self, trace_: LoopTrace, provider: Provider, request: InferenceInput
+    ) -> None:
+        self._trace = trace_
+        self._provider = provider
+        self._request = request
+        self._inner: AbstractAsyncContextManager[AsyncIterator[StreamEvent]] | None = (
+            None
+        )
+        self._span: Span | None = None
+        self._token: Token[Context] | None = None
+        self._chunks: _Chunks | None = None
+
+    async def __aenter__(self) -> AsyncIterator[StreamEvent]:
+        span = self._span = start_chat(
+            self._trace, self._provider, self._request, streaming=True
+        )
+        started = time.monotonic()
+        self._token = otel_context.attach(trace.set_span_in_context(span))
+        try:
+            self._inner = self._provider.stream(self._request)
+            deltas = await self._inner.__aenter__()
+        except BaseException as exc:
+            self._finish(exc)
+            raise
+        self._chunks = _Chunks(deltas, span, started)
+        return self._chunks
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        assert self._inner is not None
+        try:
+            return await self._inner.__aexit__(exc_type, exc, tb)
+        except BaseException as error:
+            exc = error
+            raise
+        finally:
+            self._finish(exc)
+
+    def _finish(self, exc: BaseException | None) -> None:
+        span = self._span
+        assert span is not None
+        chunks = self._chunks
+        if exc is not None:
+            failed(span, exc)
+        elif chunks is not None and chunks.output is not None:
+            record_output(self._trace, span, chunks.output)
+        assert self._token is not None
+        otel_context.detach(self._token)
+        span.end()
+
+
+class _Chunks:
+    """The stream's deltas, passed on as they come; notes when the first came
+    (`gen_ai.response.time_to_first_chunk`) and keeps the completed output."""
+
+    __slots__ = ("_deltas", "_span", "_started", "output")
+
+    def __init__(
+        self, deltas: AsyncIterator[StreamEvent], span: Span, started: float
+    ) -> None:
+        self._deltas = aiter(deltas)
+        self._span = span
+        self._started: float | None = started
+        """When the request started, until the first chunk came."""
+        self.output: InferenceOutput | None = None
+
+    def __aiter__(self) -> _Chunks:
+        return self
+
+    async def __anext__(self) -> StreamEvent:
+        delta = await anext(self._deltas)
+        if self._started is not None:
+            seconds = time.monotonic() - self._started
+            self._span.set_attribute("gen_ai.response.time_to_first_chunk", seconds)
+            self._started = None
+        if isinstance(delta, OutputCompleted):
+            self.output = delta.output
+        return delta
