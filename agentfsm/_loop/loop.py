@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
 
 from agentfsm import _models
@@ -131,6 +131,7 @@ class Loop(Emitter):
         "reason",
         # what the loop runs with (not data: not in the record)
         "_bound_log",
+        "clock",
         "done",
         "cancel_scope",
         "event",
@@ -158,6 +159,7 @@ class Loop(Emitter):
         cancel_scope: Callable[..., anyio.CancelScope],
         event: Callable[[], anyio.Event],
         on_end: Callable[[Loop], None],
+        clock: Callable[[], datetime],
         on_commit: Callable[[Loop], None] | None = None,
     ) -> None:
         # (The runtime passes these by position: keyword arguments to a class
@@ -178,7 +180,9 @@ class Loop(Emitter):
             if options.model_wrappers
             else None
         )
-        self.started_at = datetime.now(UTC)
+        self.clock = clock
+        """The runtime's clock: `started_at`, `ended_at` and every event's `ts`."""
+        self.started_at = clock()
 
         Emitter.__init__(self, bus)  # `seq`, and what events go out through
         self.state: LoopState = _S.idle
@@ -241,7 +245,7 @@ class Loop(Emitter):
         self._bound_log: FilteringBoundLogger | None = None
         self.done: anyio.Event | None = None
         """Set when the loop ends; made when someone waits."""
-        self.emit_started(message, inference_input.model, inference_input.streaming)
+        self.emit_started(message, inference_input, options, self.handlers)
 
     @property
     def log(self) -> FilteringBoundLogger:
