@@ -58,7 +58,7 @@ from ._replay.doubles import ReplayProvider, ReplayRegistry, recorded_tools
 from ._replay.recording import Recording, loop_events
 from ._replay.wire import FORKED_FROM, rebound, request_of
 from .eventlog import read_events
-from .events import AgentEvent, ForkOrigin, LoopPaused
+from .events import AgentEvent, ForkOrigin, LoopPaused, LoopTransition
 from .exceptions import ConfigurationError
 from .inference import InferenceInput
 from .interception import Abort, InterceptionHandler, PendingTransition
@@ -121,9 +121,11 @@ class Divergence(BaseModel):
     def describe(self) -> str:
         """The divergence in a few lines."""
         lines = [
-            f"diverged at seq {self.seq}: expected {_event_text(self.expected_event)}"
-            f" in {_edge_text(self.expected)}, got {_event_text(self.actual_event)}"
-            f" in {_edge_text(self.actual)}"
+            (
+                f"diverged at seq {self.seq}: expected {_event_text(self.expected_event)}"
+                f" in {_edge_text(self.expected)}, got {_event_text(self.actual_event)}"
+                f" in {_edge_text(self.actual)}"
+            )
         ]
         lines.extend(
             f"  {d.path}: {d.expected!r} -> {d.actual!r}" for d in self.differences
@@ -203,7 +205,7 @@ def _source(source: object) -> ReplaySource:
     if isinstance(source, ReplaySource):
         return source
     if isinstance(source, Sequence) and all(isinstance(e, BaseModel) for e in source):
-        return _EventList(source)  # type: ignore[arg-type]
+        return _EventList(source)
     raise ConfigurationError(
         "source must be an event log's path, a list of events or a ReplaySource, "
         f"got {type(source).__name__}"
@@ -247,7 +249,11 @@ async def replay(
     recording = Recording.of(await _source(source).loop_events(loop_id))
     given = _given(recording, tools)
     request, chosen, loop_options = _setup(
-        recording, recorded_tools(recording, given), handlers, options, structured_output
+        recording,
+        recorded_tools(recording, given),
+        handlers,
+        options,
+        structured_output,
     )
     provider = ReplayProvider(recording)
     events, result, replay_id = await _run(
@@ -317,9 +323,7 @@ def _options(recording: Recording, given: LoopOptionsDict) -> dict[str, Any]:
     if record is not None:
         values = record.model_dump()
         missing = [
-            name
-            for name in _CALLABLE_OPTIONS
-            if values.get(name) and name not in given
+            name for name in _CALLABLE_OPTIONS if values.get(name) and name not in given
         ]
         if missing:
             names = ", ".join(f"{n} ({values[n]})" for n in missing)
@@ -518,7 +522,7 @@ def _fork_point(recording: Recording, at_seq: int) -> tuple[ForkOrigin, int]:
     """The first model request at or after `at_seq`: its origin, and its number."""
     number = 0
     for event in recording.events:
-        if event.type == "loop.transition" and event.trigger in (  # type: ignore[union-attr]
+        if isinstance(event, LoopTransition) and event.trigger in (
             Trigger.infer,
             Trigger.infer_streaming,
         ):

@@ -127,12 +127,18 @@ class RecordedTool(Tool):
             else like.definition
         )
         self.timeout = spec.timeout if like is None else like.timeout
-        self.execution_mode = spec.execution_mode if like is None else like.execution_mode
+        self.execution_mode = (
+            spec.execution_mode if like is None else like.execution_mode
+        )
         # A rule (a function of the arguments) is not data: the recording
         # says which calls it held for approval.
         self._rule = like is None and spec.needs_approval == "rule"
         self.needs_approval = (
-            like.needs_approval if like is not None else bool(spec.needs_approval)
+            like.needs_approval
+            if like is not None
+            else _recorded_rule
+            if self._rule
+            else bool(spec.needs_approval)
         )
         self.run_in_thread = False
         self._is_async = True
@@ -170,6 +176,12 @@ class RecordedTool(Tool):
         return ToolResult(
             output=match.output, is_error=match.is_error, terminate=match.terminate
         )
+
+
+def _recorded_rule(arguments: dict[str, Any]) -> bool:
+    """Stands for a recorded approval rule (`RecordedTool.requires_approval`
+    answers from the recording instead)."""
+    raise AssertionError("a recorded rule is never called")
 
 
 def _never(**kwargs: Any) -> Any:

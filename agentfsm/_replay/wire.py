@@ -12,7 +12,7 @@ This module converts public data only (it imports none of `_bus`, `_loop` or
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Final
 
@@ -180,16 +180,14 @@ def request_of(
     )
 
 
-def rebound(
-    names: Sequence[str], given: Mapping[str, Callable[..., Any]], what: str
-) -> list[Callable[..., Any]]:
+def rebound(names: Sequence[str], given: Mapping[str, Any], what: str) -> list[Any]:
     """The callables recorded by `names`, looked up in `given` (by
     `module:qualname`, or by the bare qualname).
 
     Raises:
         ConfigurationError: naming each one not given.
     """
-    found: list[Callable[..., Any]] = []
+    found: list[Any] = []
     missing: list[str] = []
     for name in names:
         value = given.get(name)
