@@ -22,12 +22,20 @@ from agentfsm import (
     Trigger,
     tool,
 )
+from agentfsm.diagrams import LoopPath, render_paths_mermaid
 from agentfsm.eventlog import read_events
 from agentfsm.events import AgentEvent, LoopStarted
 from agentfsm.exceptions import ProviderError
 from agentfsm.replay import EventLogSource, ReplaySource, fork, replay
 from agentfsm.results import PathStep
 from agentfsm.testing import EventRecorder, ScriptedProvider, call, calls, text
+from agentfsm.timeline import (
+    build_timeline,
+    format_table,
+    format_timeline,
+    short_ids,
+    summarize,
+)
 from tests.helpers import items_of
 
 ran: list[tuple[int, int]] = []
@@ -431,3 +439,34 @@ class TestFork:
         async with Runtime() as runtime:
             with pytest.raises(ConfigurationError, match="not given: add"):
                 await fork(log, 1, runtime=runtime)
+
+    async def test_inspect_shows_the_fork_and_both_paths_draw_side_by_side(
+        self, log: Path
+    ) -> None:
+        """A fork logged beside its original: the table and the timelines say
+        which forked from which, and one diagram holds both paths."""
+        original = await record(log)
+        other = ScriptedProvider([text("forked answer")])
+        async with Runtime(providers={"scripted": other}, event_log=log) as runtime:
+            forked = await fork(log, 1, tools=[add])
+            await runtime.wait(forked)
+        events = list(read_events(log))
+        table = format_table(summarize(events))
+        shorts = short_ids([original, forked])
+        assert f"fork of {shorts[original]}@" in table
+        assert build_timeline(events, original).forks == (forked,)
+        text_of_fork = format_timeline(build_timeline(events, forked))
+        assert f"forked    from {original} at seq " in text_of_fork
+        diagram = render_paths_mermaid(
+            [
+                LoopPath.from_events(events, original),
+                LoopPath.from_events(events, forked),
+            ],
+            titles=["original", "fork"],
+        )
+        assert 'state "original" as loop1 {' in diagram
+        assert 'state "fork" as loop2 {' in diagram
+        # The original called tools; the fork answered at once.
+        assert "l1_inference --> l1_function_call: call_tools (#3, #5)" in diagram
+        assert "l2_inference --> l2_model_message: answer (#3)" in diagram
+        assert "l2_inference --> l2_function_call: call_tools\n" in diagram
