@@ -350,9 +350,12 @@ async def _run(
     started = recording.started
     events: list[AgentEvent] = []
     resumes = iter(recording.resumes)
-    async with Runtime(providers=ReplayRegistry(provider), keep_finished=1) as runtime:
+    runtime = Runtime(providers=ReplayRegistry(provider), keep_finished=1)
+    async with runtime:
+        # Subscribed until after the runtime's exit: a loop left paused ends
+        # only then (cancelled, as the recording's did), publishing its end.
         subscription = runtime.bus.subscribe(buffer=10**9)
-        with subscription:
+        try:
             loop_id = runtime.run_loop(
                 started.agent_id, started.message, request, handlers, **options
             )
@@ -367,13 +370,15 @@ async def _run(
                     runtime.resume(loop_id, decision)
                 elif event.type == "loop.idle":
                     break
-            result = await runtime.wait(loop_id)
-        # What the exit published (a loop left paused is cancelled then).
+        except BaseException:
+            subscription.close()
+            raise
+    with subscription:
         while subscription.statistics().buffered:
             event = subscription.receive_nowait()
             if event.loop_id == loop_id:
                 events.append(event)
-    return events, result, loop_id
+    return events, await runtime.wait(loop_id), loop_id
 
 
 def _divergence(

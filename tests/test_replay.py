@@ -11,6 +11,7 @@ from agentfsm import (
     ConfigurationError,
     InferenceInput,
     LoopState,
+    LoopStatus,
     ModelContext,
     Outcome,
     PendingTransition,
@@ -36,7 +37,7 @@ from agentfsm.timeline import (
     short_ids,
     summarize,
 )
-from tests.helpers import items_of
+from tests.helpers import items_of, wait_until
 
 ran: list[tuple[int, int]] = []
 """Every call of `add` that ran: a replay adds nothing to it."""
@@ -253,8 +254,6 @@ class TestReplay:
         async with Runtime(providers={"scripted": provider}, event_log=log) as runtime:
             loop_id = runtime.run_loop("agent", "go", new_request(gated))
             recorder = EventRecorder(runtime.bus, "loop.paused", loop_id=loop_id)
-            from tests.helpers import wait_until
-
             await wait_until(lambda: recorder.events)
             paused = recorder.events[0]
             assert isinstance(paused.payload, ToolBatch)  # type: ignore[union-attr]
@@ -270,6 +269,25 @@ class TestReplay:
         assert "loop.paused" in types
         assert "loop.resumed" in types
         assert report.result.outcome is Outcome.answered
+
+    async def test_a_run_left_paused_ends_the_same_way(self, log: Path) -> None:
+        """A recording that ended paused (cancelled as its runtime closed): the
+        replay pauses there too, and ends cancelled with the same reason."""
+
+        @tool(needs_approval=True)
+        async def gated(a: int, b: int) -> int:
+            """Add, with approval."""
+            return a + b
+
+        script = [calls(call("gated", a=1, b=1)), text("never")]
+        provider = ScriptedProvider(script)
+        async with Runtime(providers={"scripted": provider}, event_log=log) as runtime:
+            loop_id = runtime.run_loop("agent", "go", new_request(gated))
+            await wait_until(lambda: runtime.get(loop_id).status is LoopStatus.paused)
+        report = await replay(log)
+        assert not report.diverged, report.describe()
+        assert report.result.outcome is Outcome.cancelled
+        assert report.result.reason == "the runtime closed while the loop was paused"
 
     async def test_a_failed_model_request_fails_again(self, log: Path) -> None:
         """A request that failed in the recording fails the same way in the replay."""

@@ -149,6 +149,8 @@ class Recording:
                     for invocation in batch:
                         invocation.terminate = True
             after_resume = False
+        # `used` paired each output with its call while reading; a replay
+        # uses it again to serve each recorded output once.
         for invocations in self.invocations.values():
             for invocation in invocations:
                 invocation.used = False
