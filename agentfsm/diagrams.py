@@ -32,7 +32,7 @@ import json
 import re
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Literal, NamedTuple
 
 from ._machine import TABLE, draw_mermaid
@@ -48,6 +48,7 @@ __all__ = (
     "render_markdown",
     "render_mermaid",
     "render_path_mermaid",
+    "render_paths_mermaid",
     "render_png",
     "render_svg",
     "run_graphviz",
@@ -225,6 +226,43 @@ def render_path_mermaid(
         )
     lines.append("  [*] --> idle")
     return "\n".join(lines) + "\n"
+
+
+def render_paths_mermaid(
+    loops: Sequence[LoopPath | LoopView | LoopResult],
+    *,
+    titles: Sequence[str] | None = None,
+) -> str:
+    """Several loops' paths side by side in one mermaid diagram: a loop and its
+    fork (`agentfsm.replay.fork`), or a recording and its replay.
+
+    Each loop is a composite state holding the whole machine (its states named
+    `l<n>_<state>`), drawn as `render_path_mermaid` draws one loop (without the
+    pause note).
+
+    Args:
+        loops: the loops, left to right.
+        titles: one per loop (default: each `LoopPath.title`).
+    """
+    paths = [LoopPath.of(loop) for loop in loops]
+    names = list(titles) if titles is not None else [p.title for p in paths]
+    if len(names) != len(paths):
+        raise ValueError(f"{len(paths)} loops but {len(names)} titles")
+    lines = ["stateDiagram-v2", "  direction LR", *_MERMAID_CLASSES, ""]
+    classes: list[str] = []
+    for n, (path, name) in enumerate(zip(paths, names, strict=True), 1):
+        lines.append(f"  state {json.dumps(name, ensure_ascii=False)} as loop{n} {{")
+        lines.append("    direction LR")
+        for state in LoopState:
+            lines.append(f'    state "{state}" as l{n}_{state}')
+            css = _state_class(state, path)
+            if css is not None:
+                classes.append(f"  class l{n}_{state} {css}")
+        lines.extend(
+            f"    l{n}_{e.source} --> l{n}_{e.dest}: {e.label}" for e in _edges(path)
+        )
+        lines.extend((f"    [*] --> l{n}_idle", "  }"))
+    return "\n".join((*lines, *classes)) + "\n"
 
 
 def _mermaid_text(text: str) -> str:

@@ -30,12 +30,14 @@ from . import _models
 from .inference import InferenceOutput, StreamingDelta
 from .interception import ToolBatch
 from .messages import (
+    ContextItem,
     FunctionCallItem,
     FunctionCallOutputItem,
     ModelMessageItem,
     TokenUsage,
     UserMessage,
 )
+from .record import OptionsRecord
 from .states import LoopState, Outcome, Trigger
 
 __all__ = (
@@ -46,6 +48,7 @@ __all__ = (
     "FunctionCallCompleted",
     "FunctionCallProgress",
     "FunctionCallStarted",
+    "ForkOrigin",
     "InferenceCompleted",
     "InferenceStream",
     "LoopFailed",
@@ -56,7 +59,9 @@ __all__ = (
     "LoopStarted",
     "LoopTransition",
     "ModelAnswer",
+    "RequestData",
     "RequestSummary",
+    "ToolSpec",
     "TransitionIntercepted",
 )
 
@@ -76,6 +81,51 @@ class RequestSummary(BaseModel):
     instructions: str | None = None
     context_items: int = 0
     """How many items the context held."""
+
+
+class ToolSpec(BaseModel):
+    """A tool as `loop.started` records it: what the model was shown, and how
+    the loop ran it (its function is not data)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
+
+    name: str
+    description: str = ""
+    parameters: dict[str, JsonValue]
+    """The JSON schema of the arguments."""
+    needs_approval: bool | Literal["rule"] = False
+    """`"rule"`: a function of the arguments decided."""
+    execution_mode: Literal["parallel", "sequential"] = "parallel"
+    timeout: float | None = None
+
+
+class RequestData(BaseModel):
+    """A loop's `InferenceInput` as data, context included: what a replay
+    starts the same loop from."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
+
+    model: str
+    settings: dict[str, JsonValue] = Field(default_factory=dict)
+    """The other fields of the input that differ from their defaults
+    (`streaming`, `tool_choice`, `temperature`, ...), as JSON data."""
+    tools: tuple[ToolSpec, ...] = ()
+    structured_output: str | dict[str, JsonValue] | None = None
+    """A pydantic class by name (`module:qualname`), a JSON schema as it is."""
+    instructions: str | None = None
+    items: tuple[ContextItem, ...] = ()
+    """The context as the loop found it (before its own message entered)."""
+
+
+class ForkOrigin(BaseModel):
+    """Where a forked loop came from: `agentfsm.replay.fork`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
+
+    loop_id: str
+    """The loop it was forked from."""
+    seq: int
+    """The seq of that loop's `loop.transition` it continues after."""
 
 
 EventPayload: TypeAlias = (
@@ -146,6 +196,16 @@ class LoopStarted(_Event):
     """The message the loop starts with (`None` continues the context)."""
     model: str
     streaming: bool
+    request: RequestData | None = None
+    """The input the loop was started with, context and tools included (what
+    `agentfsm.replay` re-drives it from)."""
+    options: OptionsRecord | None = None
+    """Its options, callables by name."""
+    handlers: tuple[str, ...] = ()
+    """Its interception handlers by name, in order (the approval gate first
+    when a tool needs approval)."""
+    forked_from: ForkOrigin | None = None
+    """For a loop `fork` started: the loop and seq it continues from."""
 
 
 @final

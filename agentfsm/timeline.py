@@ -66,6 +66,8 @@ class LoopSummary(NamedTuple):
     """The user message it started with (`None`: it continued its context)."""
     answer: str | None = None
     """The answer it published, if any."""
+    forked_from: ev.ForkOrigin | None = None
+    """For a fork (`agentfsm.replay.fork`): the loop and seq it continues from."""
 
     @property
     def duration(self) -> float:
@@ -105,6 +107,8 @@ class Timeline:
     rows: tuple[TimelineRow, ...]
     answer: str | None
     """The published answer, in full."""
+    forks: tuple[str, ...] = ()
+    """The ids of the loops forked from this one, in the events given."""
 
 
 def group_by_loop(events: Iterable[ev.AgentEvent]) -> dict[str, list[ev.AgentEvent]]:
@@ -237,6 +241,7 @@ def _summary(mine: Sequence[ev.AgentEvent]) -> LoopSummary:
             ),
             None,
         ),
+        forked_from=first.forked_from if isinstance(first, ev.LoopStarted) else None,
     )
 
 
@@ -265,9 +270,17 @@ def build_timeline(
     Raises:
         EventLogError: the events hold no loop `loop_id`.
     """
-    mine = group_by_loop(events).get(loop_id)
+    loops = group_by_loop(events)
+    mine = loops.get(loop_id)
     if not mine:
         raise EventLogError(f"the events hold no loop {loop_id!r}")
+    forks = tuple(
+        other
+        for other, theirs in loops.items()
+        if isinstance(theirs[0], ev.LoopStarted)
+        and theirs[0].forked_from is not None
+        and theirs[0].forked_from.loop_id == loop_id
+    )
     start = mine[0].ts
     rows: list[TimelineRow] = []
     time_in: dict[LoopState, float] = {}
@@ -312,6 +325,7 @@ def build_timeline(
         ),
         rows=tuple(rows),
         answer=answer,
+        forks=forks,
     )
 
 
@@ -481,7 +495,7 @@ def format_table(summaries: Sequence[LoopSummary]) -> str:
             str(s.tool_calls),
             str(s.usage.total_tokens),
             _seconds(s.duration),
-            _line(s.question),
+            _line(s.question) if s.forked_from is None else _fork_cell(s, shorts),
             _line(s.answer),
         )
         for s in summaries
@@ -496,6 +510,14 @@ def format_table(summaries: Sequence[LoopSummary]) -> str:
         for row in (header, *rows)
     ]
     return "\n".join((*lines, _count(len(rows), "loop"))) + "\n"
+
+
+def _fork_cell(summary: LoopSummary, shorts: dict[str, str]) -> str:
+    """A fork's question cell: where it was forked from (`fork of 4454f1a2@7`)."""
+    origin = summary.forked_from
+    assert origin is not None
+    parent = shorts.get(origin.loop_id, origin.loop_id[:8])
+    return f"fork of {parent}@{origin.seq}"
 
 
 def _line(text: str | None) -> str:
@@ -530,9 +552,13 @@ def format_timeline(timeline: Timeline) -> str:
         f"  totals    {_totals(s)}",
         f"  started   {_when(s.started_at)}, lasted {_seconds(s.duration)}",
         f"  path      {_path_text(timeline.path)}",
-        "",
-        "time in state",
     ]
+    if s.forked_from is not None:
+        origin = s.forked_from
+        lines.append(f"  forked    from {origin.loop_id} at seq {origin.seq}")
+    if timeline.forks:
+        lines.append(f"  forks     {', '.join(timeline.forks)}")
+    lines.extend(("", "time in state"))
     width = max(len(t.state) for t in timeline.states)
     lines.extend(
         f"  {t.state:<{width}}  {t.visits:>3}x  {_seconds(t.seconds):>9}"

@@ -29,6 +29,7 @@ PUBLIC_MODULES = (
     "agentfsm.diagrams",
     "agentfsm.eventlog",
     "agentfsm.timeline",
+    "agentfsm.replay",
 )
 
 

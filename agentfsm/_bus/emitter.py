@@ -18,8 +18,8 @@ there.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from datetime import UTC, datetime
+from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from agentfsm._models import (  # events are made as `_models.trusted` makes models
@@ -31,7 +31,7 @@ from agentfsm.inference import InferenceInput
 if TYPE_CHECKING:
     from agentfsm.events import AgentEvent, EventPayload
     from agentfsm.inference import InferenceOutput, StreamingDelta
-    from agentfsm.interception import TransitionPayload
+    from agentfsm.interception import InterceptionHandler, TransitionPayload
     from agentfsm.messages import (
         FunctionCallItem,
         FunctionCallOutputItem,
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
         TokenUsage,
         UserMessage,
     )
+    from agentfsm.options import LoopOptions
     from agentfsm.states import LoopState, Outcome, Trigger
 
     from .bus import EventBus, Subscription
@@ -82,7 +83,8 @@ class Emitter:
 
     A loop's class inherits it (rather than holding an emitter, which would be
     one more object per loop, and a cycle that only the cycle collector frees)
-    and provides the envelope: `loop_id`, `agent_id` and `state`.
+    and provides the envelope: `loop_id`, `agent_id` and `state`, and the
+    runtime's `clock` (the events' `ts`).
     """
 
     __slots__ = ("bus", "flushing", "outbox", "seq")
@@ -90,6 +92,7 @@ class Emitter:
     loop_id: str
     agent_id: str
     state: LoopState
+    clock: Callable[[], datetime]
 
     def __init__(self, bus: EventBus) -> None:
         self.bus = bus
@@ -108,12 +111,21 @@ class Emitter:
     # events per run). The rare ones go through `emit`.
 
     def emit_started(
-        self, message: UserMessage | None, model: str, streaming: bool
+        self,
+        message: UserMessage | None,
+        request: InferenceInput,
+        options: LoopOptions,
+        handlers: Sequence[InterceptionHandler],
     ) -> None:
-        """`loop.started`."""
+        """`loop.started`, with what a replay needs to start the loop again: the
+        request as data (its context and tools included), the options and the
+        handlers by name. Built only when someone listens (an event log, a
+        subscriber): the request's items are copied then, a tuple of references."""
         seq = self.seq = self.seq + 1
         if self.bus.listening:
-            fields = {"message": message, "model": model, "streaming": streaming}
+            from agentfsm._replay.wire import started_fields
+
+            fields = started_fields(message, request, options, handlers)
             self._publish("loop.started", seq, fields)
 
     def emit_transition(
@@ -216,7 +228,7 @@ class Emitter:
         values["loop_id"] = loop_id
         values["agent_id"] = self.agent_id
         values["seq"] = seq
-        values["ts"] = datetime.now(UTC)
+        values["ts"] = self.clock()  # the runtime's (`Runtime(clock=)`)
         values["state"] = self.state
         values.update(fields)
         _setattr(event, "__pydantic_fields_set__", fields_set)

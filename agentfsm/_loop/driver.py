@@ -19,7 +19,6 @@ Each turn of `drive`:
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from time import monotonic
 from typing import TYPE_CHECKING, Final
 
@@ -278,7 +277,7 @@ def end(
     loop.outcome = outcome
     loop.reason = reason
     loop.status = _DONE
-    loop.ended_at = datetime.now(UTC)
+    loop.ended_at = loop.clock()
     loop.paused = loop.pending = None
     loop.output = None
     loop.emit_idle(

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
 
 from agentfsm import _models
@@ -132,6 +132,7 @@ class Loop(Emitter):
         "reason",
         # what the loop runs with (not data: not in the record)
         "_bound_log",
+        "clock",
         "done",
         "durable",
         "cancel_scope",
@@ -160,6 +161,7 @@ class Loop(Emitter):
         cancel_scope: Callable[..., anyio.CancelScope],
         event: Callable[[], anyio.Event],
         on_end: Callable[[Loop], None],
+        clock: Callable[[], datetime],
         on_commit: Callable[[Loop], None] | None = None,
     ) -> None:
         # (The runtime passes these by position: keyword arguments to a class
@@ -180,7 +182,9 @@ class Loop(Emitter):
             if options.model_wrappers
             else None
         )
-        self.started_at = datetime.now(UTC)
+        self.clock = clock
+        """The runtime's clock: `started_at`, `ended_at` and every event's `ts`."""
+        self.started_at = clock()
 
         Emitter.__init__(self, bus)  # `seq`, and what events go out through
         self.state: LoopState = _S.idle

@@ -1,9 +1,41 @@
-"""UUIDv7 loop ids: unique, and sortable by creation time within a process."""
+"""Where a runtime reads the time and makes loop ids: `Runtime(clock=, ids=)`.
+
+By default the time is `datetime.now(UTC)` and loop ids are UUIDv7s (unique,
+and sortable by creation time within a process). A runtime given its own
+sources uses them for everything it stamps or names: event timestamps (`ts`),
+a loop's `started_at` and `ended_at`, and loop ids (event ids are
+`<loop_id>:<seq>`, so they follow). A Temporal workflow passes sources built on
+`workflow.now()` and `workflow.uuid4()`, which replay the same values; a test
+passes a fixed clock and counter ids, which make a run's events repeat exactly.
+
+The sources a user gives are wrapped so that a wrong value is refused by name
+(`checked_clock`, `checked_ids`); the defaults are used as they are, at no cost
+over reading the clock directly.
+"""
 
 from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from functools import partial
+from typing import TypeAlias
+
+from agentfsm.exceptions import ConfigurationError
+
+__all__ = ("Clock", "IdSource", "checked_clock", "checked_ids", "utc_now", "uuid7")
+
+Clock: TypeAlias = Callable[[], datetime]
+"""Returns the current time, timezone-aware (events and results say UTC)."""
+
+IdSource: TypeAlias = Callable[[], str]
+"""Returns a new loop id, unique within the runtime."""
+
+utc_now: Clock = partial(datetime.now, UTC)
+"""The default clock. A partial of the C function, not a lambda: a call is one
+C-level hop, about what `datetime.now(UTC)` written out costs (a Python
+function around it would be a frame per event)."""
 
 _last_ms = 0
 _counter = 0
@@ -28,3 +60,64 @@ def uuid7() -> str:
     value = (_last_ms << 80) | (0x7 << 76) | (_counter << 64) | (0b10 << 62) | rand
     h = f"{value:032x}"
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def checked_clock(clock: object) -> Clock:
+    """`clock` (a user's), wrapped so that each time it gives is checked.
+
+    A naive datetime (or anything else) would reach events and results, which
+    say UTC; refused at the first use instead, which is `run_loop` (the loop's
+    `started_at`), so the caller sees the error, not a loop.
+
+    Raises:
+        ConfigurationError: `clock` is not callable.
+    """
+    if clock is utc_now:
+        return utc_now
+    if not callable(clock):
+        raise ConfigurationError(
+            f"clock must be a callable returning a datetime, got {type(clock).__name__}"
+        )
+
+    def checked() -> datetime:
+        now = clock()
+        if not isinstance(now, datetime) or now.utcoffset() is None:
+            raise ConfigurationError(
+                f"clock {clock!r} returned {now!r}: a timezone-aware datetime "
+                "is needed (e.g. datetime.now(UTC))"
+            )
+        return now
+
+    return checked
+
+
+def checked_ids(ids: object, known: Callable[[str], bool]) -> IdSource:
+    """`ids` (a user's), wrapped so that each id it gives is checked.
+
+    `known(loop_id)` says whether the runtime already holds a loop of that id:
+    a repeated id would replace a loop the runtime still tracks.
+
+    Raises:
+        ConfigurationError: `ids` is not callable.
+    """
+    if ids is uuid7:
+        return uuid7
+    if not callable(ids):
+        raise ConfigurationError(
+            f"ids must be a callable returning a str, got {type(ids).__name__}"
+        )
+
+    def checked() -> str:
+        loop_id = ids()
+        if not isinstance(loop_id, str) or not loop_id:
+            raise ConfigurationError(
+                f"ids {ids!r} returned {loop_id!r}: a loop id is a non-empty str"
+            )
+        if known(loop_id):
+            raise ConfigurationError(
+                f"ids {ids!r} returned {loop_id!r}, the id of a loop this runtime "
+                "already has: loop ids must be unique"
+            )
+        return loop_id
+
+    return checked

@@ -51,7 +51,7 @@ from agentfsm.results import LoopResult, LoopStatus, LoopView
 from agentfsm.states import LoopState
 
 from .backend import Primitives, primitives
-from .ids import uuid7
+from .ids import Clock, IdSource, checked_clock, checked_ids, utc_now, uuid7
 from .inputs import agent_id_of, handlers_of, user_message_of
 from .instrument import Instrument
 from .services import Services
@@ -113,6 +113,13 @@ class Runtime:
             a mapping from such names.
         instrument: traces the loops, e.g. `agentfsm.otel.OpenTelemetry()`
             (OpenTelemetry GenAI spans).
+        clock: returns the time (a timezone-aware `datetime`) for event
+            timestamps and a loop's `started_at`/`ended_at`; default
+            `datetime.now(UTC)`. It must not raise.
+        ids: returns a new loop id (a non-empty str, unique in the runtime);
+            default a UUIDv7, which `loops()` sorts by creation time. A
+            Temporal workflow passes sources built on `workflow.now()` and
+            `workflow.uuid4()`; tests, a fixed clock and counter ids.
     """
 
     def __init__(
@@ -125,6 +132,8 @@ class Runtime:
         tools: Sequence[Tool | Callable[..., Any]] = (),
         handlers: Mapping[str, Any] | Sequence[Any] = (),
         instrument: Instrument | None = None,
+        clock: Clock = utc_now,
+        ids: IdSource = uuid7,
     ) -> None:
         if type(keep_finished) is not int or keep_finished < 0:  # bool, str: refused
             raise ConfigurationError(
@@ -175,6 +184,8 @@ class Runtime:
             )
         self._services = Services()
         """Context managers held open until the loops have ended (MCP sessions)."""
+        self._clock = checked_clock(clock)
+        self._ids = checked_ids(ids, self._knows)
 
     async def __aenter__(self) -> Self:
         if self._tg is not None or self._closed:
@@ -386,7 +397,7 @@ class Runtime:
         handlers = handlers_of(interception_handler)
         # An unknown provider fails here, loudly, before the loop exists.
         self.providers.resolve(inference_input.model)
-        loop_id = uuid7()
+        loop_id = self._ids()
         primitives = self._primitives
         loop = Loop(  # by position (see `Loop.__init__`)
             loop_id,
@@ -400,11 +411,10 @@ class Runtime:
             primitives.cancel_scope,
             primitives.event,
             self._loop_done,
+            self._clock,
             self._on_commit,
         )
-        loop.emit_started(
-            user_message, inference_input.model, inference_input.streaming
-        )
+        loop.emit_started(user_message, inference_input, loop_options, loop.handlers)
         if self._keeper is not None:
             self._keeper.adopt(loop)
         self._loops[loop_id] = loop
@@ -454,6 +464,7 @@ class Runtime:
                 primitives.cancel_scope,
                 primitives.event,
                 self._loop_done,
+                self._clock,
                 self._on_commit,
             )
 
@@ -465,6 +476,10 @@ class Runtime:
             self._run_ended(loop)  # its deadline timer, if it has one
         else:
             self._spawn(loop)
+
+    def _knows(self, loop_id: str) -> bool:
+        """Whether a loop of this id is running, paused or kept finished."""
+        return loop_id in self._loops or loop_id in self._results
 
     def _live(self, loop_id: str) -> Loop | None:
         """The running or paused loop with this id; None if it has finished.

@@ -1,0 +1,210 @@
+"""What a replay runs with instead of the model and the tools: the recording.
+
+- `ReplayProvider` serves the n-th recorded `inference.completed` output to the
+  n-th request (streamed: the recorded chunks, then the output), for whatever
+  model the request names (`ReplayRegistry` resolves every model to it).
+- `RecordedTool` is a tool with the recorded tool's spec (or the given tool's)
+  whose calls return the recorded outputs: the first unused output of a call of
+  that tool with the same arguments, else the next unused one. Its function
+  never runs: no side effects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+from agentfsm.events import ToolSpec
+from agentfsm.exceptions import ProviderError, ToolError
+from agentfsm.inference import InferenceInput, InferenceOutput, OutputCompleted
+from agentfsm.providers import Provider, ProviderRegistry
+from agentfsm.tools import Tool, ToolDefinition, ToolResult
+
+if TYPE_CHECKING:
+    import anyio
+
+    from agentfsm.inference import StreamEvent
+
+    from .recording import Invocation, Recording
+
+__all__ = ("RecordedTool", "ReplayProvider", "ReplayRegistry", "recorded_tools")
+
+_errors: dict[str, type[ProviderError]] = {}
+
+
+def _error_class(name: str) -> type[ProviderError]:
+    """A `ProviderError` named as the recorded error was, so the replayed
+    `loop.failed` names the same type."""
+    if name == "ProviderError":
+        return ProviderError
+    cls = _errors.get(name)
+    if cls is None:
+        cls = _errors[name] = type(name, (ProviderError,), {})
+    return cls
+
+
+class ReplayProvider:
+    """Serves a recording's model outputs by request number."""
+
+    def __init__(self, recording: Recording) -> None:
+        self._recording = recording
+        self.served = 0
+        """How many requests it has answered."""
+        self.requests: list[InferenceInput] = []
+        """The requests the replayed loop made, in order."""
+
+    def _next(self, request: InferenceInput) -> tuple[int, InferenceOutput]:
+        self.requests.append(request)
+        number, self.served = self.served, self.served + 1
+        requests = self._recording.requests
+        output = requests[number].output if number < len(requests) else None
+        if output is not None:
+            return number, output
+        failed = self._recording.failed
+        if number == len(requests) - 1 and failed is not None:
+            # The recorded request failed: it fails again, the same way.
+            raise _error_class(failed.error_type)(failed.message)
+        raise ProviderError(
+            f"replay: the recording has no output for model request {number + 1} "
+            f"(it made {sum(r.output is not None for r in requests)})"
+        )
+
+    async def complete(self, request: InferenceInput, /) -> InferenceOutput:
+        """The recorded output of this request."""
+        return self._next(request)[1]
+
+    @asynccontextmanager
+    async def stream(
+        self, request: InferenceInput, /
+    ) -> AsyncIterator[AsyncIterator[StreamEvent]]:
+        """The recorded chunks of this request, then its output."""
+        number, output = self._next(request)
+        deltas = self._recording.requests[number].deltas
+        yield _deltas([*deltas, OutputCompleted(output=output)])
+
+
+async def _deltas(events: list[Any]) -> AsyncIterator[StreamEvent]:
+    for event in events:
+        yield event
+
+
+class ReplayRegistry(ProviderRegistry):
+    """A registry that resolves every model to one provider (a handler that
+    rewrites the model is still served from the recording)."""
+
+    __slots__ = ("_replay",)
+
+    def __init__(self, provider: Provider) -> None:
+        super().__init__()
+        self._replay = provider
+
+    def resolve(self, model: str) -> Provider:
+        return self._replay
+
+
+class RecordedTool(Tool):
+    """A tool whose calls return recorded outputs (its function never runs)."""
+
+    __slots__ = ("_approvals", "_invocations", "_rule")
+
+    def __init__(
+        self,
+        spec: ToolSpec,
+        invocations: list[Invocation],
+        approvals: set[tuple[str, str]],
+        like: Tool | None = None,
+    ) -> None:
+        # Not `Tool.__init__`: there is no function to read a schema from. The
+        # slots a loop reads are set from the spec (or the given tool).
+        self.function = _never
+        self.name = spec.name if like is None else like.name
+        self.definition = (
+            ToolDefinition(
+                name=spec.name, description=spec.description, parameters=spec.parameters
+            )
+            if like is None
+            else like.definition
+        )
+        self.timeout = spec.timeout if like is None else like.timeout
+        self.execution_mode = (
+            spec.execution_mode if like is None else like.execution_mode
+        )
+        # A rule (a function of the arguments) is not data: the recording
+        # says which calls it held for approval.
+        self._rule = like is None and spec.needs_approval == "rule"
+        self.needs_approval = (
+            like.needs_approval
+            if like is not None
+            else _recorded_rule
+            if self._rule
+            else bool(spec.needs_approval)
+        )
+        self.run_in_thread = False
+        self._is_async = True
+        self._awaits = False
+        self._parameters = None
+        self._invocations = invocations
+        self._approvals = approvals
+        if like is not None:
+            self._args_model = like._args_model  # its rule validates arguments
+            self._parameters = like._parameters
+
+    def requires_approval(self, arguments: str | Mapping[str, Any]) -> bool:
+        """As recorded for a rule (a function of the arguments, not data)."""
+        if self._rule:
+            return (self.name, _text(arguments)) in self._approvals
+        return super().requires_approval(arguments)
+
+    async def _invoke(
+        self,
+        arguments: str | Mapping[str, Any],
+        cancel_scope: Callable[[], anyio.CancelScope],
+    ) -> str | ToolResult:
+        text = _text(arguments)
+        unused = [i for i in self._invocations if not i.used]
+        match = next((i for i in unused if i.arguments == text), None)
+        if match is None and unused:
+            match = unused[0]
+        if match is None:
+            raise ToolError(
+                f"replay: the recording has no more calls of tool {self.name!r} "
+                f"(this one with arguments {text})",
+                tool=self.name,
+            )
+        match.used = True
+        return ToolResult(
+            output=match.output, is_error=match.is_error, terminate=match.terminate
+        )
+
+
+def _recorded_rule(arguments: dict[str, Any]) -> bool:
+    """Stands for a recorded approval rule (`RecordedTool.requires_approval`
+    answers from the recording instead)."""
+    raise AssertionError("a recorded rule is never called")
+
+
+def _never(**kwargs: Any) -> Any:
+    raise AssertionError("a recorded tool's function never runs")
+
+
+def _text(arguments: str | Mapping[str, Any]) -> str:
+    from agentfsm._models import json_text
+
+    return json_text(arguments)
+
+
+def recorded_tools(recording: Recording, given: Mapping[str, Tool]) -> dict[str, Tool]:
+    """A `RecordedTool` for each tool the recorded request offered (with the
+    given tool's spec where one of its name is given)."""
+    request = recording.started.request
+    assert request is not None
+    return {
+        spec.name: RecordedTool(
+            spec,
+            recording.invocations.get(spec.name, []),
+            recording.approvals,
+            given.get(spec.name),
+        )
+        for spec in request.tools
+    }
