@@ -1,0 +1,189 @@
+"""A loop as a durable Temporal workflow (`pip install agentfsm[temporal]`).
+
+One loop is one workflow: agentfsm's machine (the unchanged `Runtime`) runs in
+workflow code, each model request and each tool body runs as an activity, and
+the loop survives its workers: a worker killed mid tool call is replaced, and
+the loop goes on from its history without running completed calls again.
+
+```python
+from agentfsm.temporal import LoopClient, TemporalAgent, worker
+
+calc = TemporalAgent(name="calc", model="openai:gpt-4.1-mini", tools=[add])
+
+async with worker(client, task_queue="agents", agents=[calc]):
+    loops = LoopClient(client, task_queue="agents")
+    loop_id = await loops.start("calc", "what is 2+3?")
+    result = await loops.wait(loop_id)
+```
+
+See docs/temporal.md for the mapping (signals, updates, the query, the
+search attribute, streaming, the context passed by reference).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from typing import Any
+
+# Imported eagerly, here and not inside the sandbox: anyio imports its asyncio
+# backend lazily, at first use, and doing that inside a workflow trips the
+# sandbox's restriction on `threading` (pydantic-ai does the same).
+import anyio._backends._asyncio  # noqa: F401
+from temporalio.client import Client
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker, WorkflowRunner
+from temporalio.worker.workflow_sandbox import (
+    SandboxedWorkflowRunner,
+    SandboxRestrictions,
+)
+
+from agentfsm._temporal.activities import (
+    Chunk,
+    ContextStore,
+    MemoryContextStore,
+    activities_for,
+    current_call,
+)
+from agentfsm._temporal.agent import (
+    LocalActivityHandler,
+    TemporalAgent,
+    local_activity,
+    register,
+)
+from agentfsm._temporal.client import LoopClient, workflow_id
+from agentfsm._temporal.wire import ToolArgs
+from agentfsm._temporal.workflow import STATE_ATTRIBUTE, WORKFLOW_NAME, LoopWorkflow
+from agentfsm.exceptions import ConfigurationError
+from agentfsm.providers import Provider, ProviderRegistry
+
+__all__ = (
+    "PASSTHROUGH_MODULES",
+    "STATE_ATTRIBUTE",
+    "WORKFLOW_NAME",
+    "Chunk",
+    "ContextStore",
+    "LocalActivityHandler",
+    "LoopClient",
+    "LoopWorkflow",
+    "MemoryContextStore",
+    "TemporalAgent",
+    "ToolArgs",
+    "current_call",
+    "drop_replayed_logs",
+    "local_activity",
+    "worker",
+    "workflow_id",
+    "workflow_runner",
+)
+
+PASSTHROUGH_MODULES = (
+    "agentfsm",
+    "anyio",
+    "sniffio",
+    "structlog",
+    "transitions",
+    "jsonschema",
+    "griffe",
+    "pydantic",
+    "pydantic_core",
+)
+"""The modules the sandbox imports once, from outside, instead of again for
+each workflow: agentfsm and what it imports (their module-level state is
+data, not per-workflow state)."""
+
+
+def workflow_runner(*, sandboxed: bool = True) -> WorkflowRunner:
+    """The workflow runner loop workflows need: Temporal's sandbox with
+    agentfsm and its dependencies passed through, or no sandbox (faster,
+    without the sandbox's checks against non-determinism in user code)."""
+    if not sandboxed:
+        return UnsandboxedWorkflowRunner()
+    restrictions = SandboxRestrictions.default.with_passthrough_modules(
+        *PASSTHROUGH_MODULES
+    )
+    return SandboxedWorkflowRunner(restrictions=restrictions)
+
+
+def worker(
+    client: Client,
+    *,
+    task_queue: str,
+    agents: Sequence[TemporalAgent],
+    providers: Mapping[str, Provider] | ProviderRegistry | None = None,
+    context_store: ContextStore | None = None,
+    on_chunk: Chunk | None = None,
+    sandboxed: bool = True,
+    **options: Any,
+) -> Worker:
+    """A Temporal worker that runs the agents' loop workflows and activities.
+
+    Use it as `async with worker(...):` (or `await w.run()`).
+
+    Args:
+        client: a connected Temporal client.
+        task_queue: the queue to poll (the `LoopClient`'s).
+        agents: the agents whose loops this worker runs (registered by name
+            in this process: the workflow looks its agent up).
+        providers: serve the agents' models inside the inference activity
+            (`prefix -> provider`, as `Runtime(providers=)`).
+        context_store: where inference activities keep each loop's context
+            between requests (default: a `MemoryContextStore` per worker).
+        on_chunk: called with each streamed delta of a streaming request, in
+            the activity, with the attempt number.
+        sandboxed: run workflows in Temporal's sandbox (see `workflow_runner`).
+        **options: passed to `temporalio.worker.Worker` (tuning:
+            `max_concurrent_activities`, `sticky_queue_schedule_to_start_timeout`, ...).
+
+    Raises:
+        ConfigurationError: no agents, or two of one name.
+    """
+    agents = tuple(agents)
+    if not agents:
+        raise ConfigurationError("worker() needs at least one TemporalAgent")
+    named: dict[str, TemporalAgent] = {}
+    for agent in agents:
+        if not isinstance(agent, TemporalAgent):
+            raise ConfigurationError(
+                f"worker() takes TemporalAgents, got {type(agent).__name__}"
+            )
+        if agent.name in named:
+            raise ConfigurationError(f"two agents named {agent.name!r}")
+        named[agent.name] = agent
+    for agent in agents:
+        register(agent)
+    registry = (
+        providers
+        if isinstance(providers, ProviderRegistry)
+        else ProviderRegistry(providers)
+    )
+    activities = activities_for(
+        named, registry, context_store or MemoryContextStore(), on_chunk
+    )
+    options.setdefault("workflow_runner", workflow_runner(sandboxed=sandboxed))
+    return Worker(
+        client,
+        task_queue=task_queue,
+        workflows=[LoopWorkflow],
+        activities=activities,
+        **options,
+    )
+
+
+def drop_replayed_logs(
+    logger: object, method: str, event_dict: Any
+) -> Any:
+    """A structlog processor that drops what workflow code logs while the
+    workflow replays (it was logged on the first run): add it to
+    `structlog.configure(processors=[...])` ahead of the renderer."""
+    import structlog
+    from temporalio import workflow
+
+    try:
+        replaying = workflow.unsafe.is_replaying()
+    except Exception:  # noqa: BLE001 - not in workflow code
+        return event_dict
+    if replaying:
+        raise structlog.DropEvent
+    return event_dict
+
+
