@@ -19,7 +19,14 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
-from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.client import (
+    Client,
+    WorkflowFailureError,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+)
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.common import (
     SearchAttributePair,
     TypedSearchAttributes,
@@ -137,7 +144,13 @@ class LoopClient:
 
     async def wait(self, loop_id: str) -> LoopResult:
         """Wait for the loop to end; its result, whatever its outcome."""
-        data = await self.handle(loop_id).result()
+        try:
+            data = await self.handle(loop_id).result()
+        except WorkflowFailureError as exc:
+            cause = exc.cause
+            if isinstance(cause, ApplicationError) and cause.type == "ConfigurationError":
+                raise ConfigurationError(cause.message) from exc
+            raise
         return LoopResult.model_validate(data)
 
     async def get(self, loop_id: str) -> LoopView:
@@ -188,5 +201,12 @@ class LoopClient:
             cause = exc.cause
             raise LoopStateError(
                 f"{name} of loop {loop_id} was refused: {getattr(cause, 'message', cause)}"
+            ) from exc
+        except RPCError as exc:
+            if exc.status is not RPCStatusCode.NOT_FOUND:
+                raise
+            raise LoopStateError(
+                f"{name} of loop {loop_id} was refused: the loop has ended "
+                f"(or never existed): {exc.message}"
             ) from exc
         return LoopView.model_validate(data)

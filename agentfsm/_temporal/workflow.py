@@ -36,7 +36,7 @@ from agentfsm._durable.writer import idempotency_key
 from agentfsm._replay.wire import request_data
 from agentfsm._runtime.runtime import Runtime
 from agentfsm.events import AgentEvent
-from agentfsm.exceptions import LoopStateError, ProviderError, ToolTimeout
+from agentfsm.exceptions import ConfigurationError, LoopStateError, ProviderError, ToolTimeout
 from agentfsm.inference import InferenceInput, InferenceOutput, OutputCompleted
 from agentfsm.interception import (
     Decision,
@@ -78,6 +78,28 @@ loops can be listed. Set only on workflows started with it
 registered would fail the workflow task."""
 
 _decisions: TypeAdapter[Decision] = TypeAdapter(Decision)
+
+
+async def _run(handle: Any) -> Any:
+    """Await an activity's handle so that a cancellation ends the wait at once.
+
+    anyio cancels a task by calling `cancel()` on it again at each turn of the
+    event loop until it exits; awaiting the handle itself, the task would wait
+    for Temporal to confirm the activity's cancellation, which needs the
+    workflow to yield first, so the loop would spin until Temporal's deadlock
+    detector fails the workflow task. Shielded, the task leaves at once, and
+    the handle, cancelled, asks Temporal to cancel the activity.
+    """
+    import asyncio  # noqa: TID251 - workflow code runs on asyncio only
+
+    try:
+        return await asyncio.shield(handle)
+    except asyncio.CancelledError:
+        handle.cancel()
+        # Nobody awaits the handle any more: retrieve its outcome, so that
+        # asyncio does not report an exception that was never retrieved.
+        handle.add_done_callback(lambda f: f.cancelled() or f.exception())
+        raise
 
 
 def view_data(view: LoopView) -> dict[str, Any]:
@@ -185,14 +207,14 @@ class _ActivityProvider:
                 digests=digests,
             )
             try:
-                raw = await workflow.execute_activity(
+                raw = await _run(workflow.start_activity(
                     f"agentfsm.{self.agent.name}.infer",
                     dump(args),
                     start_to_close_timeout=self.timeout,
                     heartbeat_timeout=self.agent.model_heartbeat,
                     retry_policy=self.agent.model_retry,
                     summary=f"request {self.requests}",
-                )
+                ))
             except ActivityError as exc:
                 cause = exc.cause
                 if (
@@ -278,7 +300,7 @@ class _ToolActivities:
             else self.agent.no_timeout
         )
         try:
-            raw = await workflow.execute_activity(
+            raw = await _run(workflow.start_activity(
                 f"agentfsm.{self.agent.name}.tool.{tool.name}",
                 dump(args),
                 start_to_close_timeout=timeout,
@@ -287,7 +309,7 @@ class _ToolActivities:
                     maximum_attempts=self.agent.tool_attempts if retry else 1
                 ),
                 summary=f"{tool.name} {item.call_id}",
-            )
+            ))
         except ActivityError as exc:
             cause = exc.cause
             if not retry:
@@ -333,11 +355,11 @@ def _local(agent: TemporalAgent, marked: LocalActivityHandler) -> Callable[..., 
         sent = pending
         if isinstance(pending.payload, InferenceInput):
             sent = pending.model_copy(update={"payload": None})
-        raw = await workflow.execute_local_activity(
+        raw = await _run(workflow.start_local_activity(
             f"agentfsm.{agent.name}.handler.{marked.name}",
             sent.model_dump(mode="json", exclude={"metadata"}),
             start_to_close_timeout=marked.timeout,
-        )
+        ))
         return None if raw is None else _decisions.validate_python(raw)
 
     decide.__qualname__ = decide.__name__ = marked.name
@@ -378,7 +400,14 @@ class LoopWorkflow:
     @workflow.run
     async def run(self, data: dict[str, Any]) -> dict[str, Any]:
         start = StartLoop.model_validate(data)
-        agent = agent_named(start.agent)
+        try:
+            agent = agent_named(start.agent)
+        except ConfigurationError as exc:
+            # A workflow failure, not a failed workflow task (which Temporal
+            # would retry forever): no worker of this queue knows the agent.
+            raise ApplicationError(
+                str(exc), type="ConfigurationError", non_retryable=True
+            ) from exc
         self.loop_id = start.loop_id
         self.provider = _ActivityProvider(agent, self)
         tools = _ToolActivities(agent, self)
