@@ -23,7 +23,6 @@ search attribute, streaming, the context passed by reference).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import timedelta
 from typing import Any
 
 # Imported eagerly, here and not inside the sandbox: anyio imports its asyncio
@@ -169,9 +168,7 @@ def worker(
     )
 
 
-def drop_replayed_logs(
-    logger: object, method: str, event_dict: Any
-) -> Any:
+def drop_replayed_logs(logger: object, method: str, event_dict: Any) -> Any:
     """A structlog processor that drops what workflow code logs while the
     workflow replays (it was logged on the first run): add it to
     `structlog.configure(processors=[...])` ahead of the renderer."""
@@ -185,5 +182,3 @@ def drop_replayed_logs(
     if replaying:
         raise structlog.DropEvent
     return event_dict
-
-

@@ -54,13 +54,16 @@ async def slow_step(n: int) -> str:
     process and its idempotency key), sleeping in between."""
     info = current_call()
     key = info.idempotency_key if info is not None else "-"
-    path = Path(os.environ[CRASH_LOG])
-    with path.open("a") as f:
-        f.write(json.dumps({"n": n, "event": "start", "pid": os.getpid(), "key": key}) + "\n")
+    _log(n, "start", key)
     await anyio.sleep(1.5)
-    with path.open("a") as f:
-        f.write(json.dumps({"n": n, "event": "done", "pid": os.getpid(), "key": key}) + "\n")
+    _log(n, "done", key)
     return f"step {n} done"
+
+
+def _log(n: int, event: str, key: str) -> None:
+    entry = {"n": n, "event": event, "pid": os.getpid(), "key": key}
+    with Path(os.environ[CRASH_LOG]).open("a") as f:
+        f.write(json.dumps(entry) + "\n")
 
 
 def _outputs(request: InferenceInput) -> int:
@@ -146,4 +149,3 @@ SLOW = TemporalAgent(
 )
 BENCH = TemporalAgent(name="bench", model="fn:bench", tools=[add])
 AGENTS = (SEED, AUDITED, APPROVAL, SLOW, BENCH)
-

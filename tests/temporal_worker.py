@@ -4,7 +4,7 @@ it polls. The test kills it with SIGKILL in the middle of a tool call."""
 
 from __future__ import annotations
 
-import asyncio
+import asyncio  # noqa: TID251 - temporalio's workers run on asyncio
 import os
 import sys
 from datetime import timedelta
@@ -26,7 +26,7 @@ async def main(address: str, task_queue: str) -> None:
         providers=PROVIDERS,
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=1),
     ):
-        print("ready", flush=True)
+        print("ready", flush=True)  # noqa: T201 - the test waits for it
         await asyncio.Event().wait()
 
 

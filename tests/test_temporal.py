@@ -24,21 +24,17 @@ from typing import Any
 import anyio
 import pytest
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client, WorkflowHistory
+from temporalio.client import WorkflowHistory
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 
 from agentfsm import (
     ConfigurationError,
-    FunctionCallItem,
-    FunctionCallOutputItem,
-
     LoopStatus,
     ModelMessageItem,
     Outcome,
     TokenUsage,
     Trigger,
-    UserMessage,
 )
 from agentfsm.events import AgentEvent
 from agentfsm.exceptions import LoopStateError
@@ -107,7 +103,9 @@ def loops(env: WorkflowEnvironment, queue: str) -> LoopClient:
 
 
 def events_of(history: WorkflowHistory) -> list[str]:
-    return [EventType.Name(e.event_type).removeprefix("EVENT_TYPE_") for e in history.events]
+    return [
+        EventType.Name(e.event_type).removeprefix("EVENT_TYPE_") for e in history.events
+    ]
 
 
 def scheduled(history: WorkflowHistory) -> list[tuple[str, dict[str, Any]]]:
@@ -122,14 +120,17 @@ def scheduled(history: WorkflowHistory) -> list[tuple[str, dict[str, Any]]]:
 
 
 async def until_paused(client: LoopClient, loop_id: str) -> None:
-    while (await client.get(loop_id)).status is not LoopStatus.paused:
+    # Polls the workflow's query: the loop runs in a worker, not here.
+    while (await client.get(loop_id)).status is not LoopStatus.paused:  # noqa: ASYNC110
         await anyio.sleep(0.02)
 
 
 # ------------------------------------------------------------------ the seed flow
 
 
-async def test_seed_flow_through_the_workflow(env: WorkflowEnvironment, queue: str) -> None:
+async def test_seed_flow_through_the_workflow(
+    env: WorkflowEnvironment, queue: str
+) -> None:
     """The seed flow's path, answer, totals and context, each model request and
     the tool body an activity, the context sent by reference, no timers."""
     async with worker(env.client, task_queue=queue, agents=AGENTS, providers=PROVIDERS):
@@ -140,7 +141,10 @@ async def test_seed_flow_through_the_workflow(env: WorkflowEnvironment, queue: s
         described = await client.handle(loop_id).describe()
 
     assert result.loop_id == loop_id
-    assert_path(result, "idle context_update inference function_call inference model_message idle")
+    assert_path(
+        result,
+        "idle context_update inference function_call inference model_message idle",
+    )
     assert result.outcome is Outcome.answered
     assert result.answer == ModelMessageItem(content="5")
     assert result.usage == TokenUsage(input_tokens=30, output_tokens=6)
@@ -160,16 +164,26 @@ async def test_seed_flow_through_the_workflow(env: WorkflowEnvironment, queue: s
     assert first["items"][0]["content"] == "what is 2+3?"
     assert second["base"] == 1
     assert second["base_digest"] == first["digests"][0]
-    assert [i["type"] for i in second["items"]] == ["function_call", "function_call_output"]
+    assert [i["type"] for i in second["items"]] == [
+        "function_call",
+        "function_call_output",
+    ]
     # The tool call carries its idempotency key; its timeout is the activity's.
     tool_arg = acts[1][1]
-    assert tool_arg["name"] == "add" and len(tool_arg["idempotency_key"]) == 64
+    assert tool_arg["name"] == "add"
+    assert len(tool_arg["idempotency_key"]) == 64
     tool_event = next(
-        e for e in history.events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
-        and e.activity_task_scheduled_event_attributes.activity_type.name.endswith(".add")
+        e
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        and e.activity_task_scheduled_event_attributes.activity_type.name.endswith(
+            ".add"
+        )
     )
     attrs = tool_event.activity_task_scheduled_event_attributes
-    assert attrs.start_to_close_timeout.ToTimedelta() == timedelta(seconds=add.timeout or 0)
+    assert attrs.start_to_close_timeout.ToTimedelta() == timedelta(
+        seconds=add.timeout or 0
+    )
     assert "TIMER_STARTED" not in events_of(history)
     assert described.typed_search_attributes.get(STATE_ATTRIBUTE) == "done:idle"
 
@@ -186,7 +200,11 @@ async def test_the_context_is_whole_when_the_store_lost_it(
 
     store = Forgetful()
     async with worker(
-        env.client, task_queue=queue, agents=AGENTS, providers=PROVIDERS, context_store=store
+        env.client,
+        task_queue=queue,
+        agents=AGENTS,
+        providers=PROVIDERS,
+        context_store=store,
     ):
         client = loops(env, queue)
         loop_id = await client.start("seed", "what is 2+3?")
@@ -198,7 +216,9 @@ async def test_the_context_is_whole_when_the_store_lost_it(
     assert [(a["base"], len(a["items"])) for a in infer] == [(0, 1), (1, 2), (0, 3)]
 
 
-async def test_unknown_agent_fails_naming_it(env: WorkflowEnvironment, queue: str) -> None:
+async def test_unknown_agent_fails_naming_it(
+    env: WorkflowEnvironment, queue: str
+) -> None:
     async with worker(env.client, task_queue=queue, agents=AGENTS, providers=PROVIDERS):
         client = loops(env, queue)
         loop_id = await client.start("nobody", "hi")
@@ -233,7 +253,10 @@ async def test_approval_through_an_update_and_state_through_a_query(
         assert view.pending.payload is not None
         assert view.pending.payload.awaiting_approval == ("t1",)  # type: ignore[union-attr]
         described = await client.handle(loop_id).describe()
-        assert described.typed_search_attributes.get(STATE_ATTRIBUTE) == f"paused:{view.state}"
+        assert (
+            described.typed_search_attributes.get(STATE_ATTRIBUTE)
+            == f"paused:{view.state}"
+        )
 
         with pytest.raises(LoopStateError, match="stale call ids"):
             await client.approve(loop_id, ["t0"])
@@ -251,7 +274,9 @@ async def test_approval_through_an_update_and_state_through_a_query(
     assert result.model_requests == 3
 
 
-async def test_denied_calls_and_cancel_by_signal(env: WorkflowEnvironment, queue: str) -> None:
+async def test_denied_calls_and_cancel_by_signal(
+    env: WorkflowEnvironment, queue: str
+) -> None:
     async with worker(env.client, task_queue=queue, agents=AGENTS, providers=PROVIDERS):
         client = loops(env, queue)
         denied_id = await client.start("approval", "pay")
@@ -281,7 +306,7 @@ async def test_resume_refused_while_running_and_cancel_mid_tool(
     async with worker(env.client, task_queue=queue, agents=AGENTS, providers=PROVIDERS):
         client = loops(env, queue)
         loop_id = await client.start("slow", "do the steps")
-        while not log.read_text():
+        while not log.read_text():  # noqa: ASYNC110 - the tool writes it in the worker
             await anyio.sleep(0.02)
         with pytest.raises(LoopStateError, match="is running, not paused"):
             await client.resume(loop_id)
@@ -292,7 +317,9 @@ async def test_resume_refused_while_running_and_cancel_mid_tool(
     assert result.reason == "stop now"
 
 
-async def test_local_activity_handler_decides(env: WorkflowEnvironment, queue: str) -> None:
+async def test_local_activity_handler_decides(
+    env: WorkflowEnvironment, queue: str
+) -> None:
     """A handler marked `local_activity` runs as one (a marker in the history)
     and its decision is applied."""
     temporal_agents.checked.clear()
@@ -311,7 +338,9 @@ async def test_local_activity_handler_decides(env: WorkflowEnvironment, queue: s
 # ------------------------------------------------------------------------ replay
 
 
-async def test_history_replays_without_divergence(env: WorkflowEnvironment, queue: str) -> None:
+async def test_history_replays_without_divergence(
+    env: WorkflowEnvironment, queue: str
+) -> None:
     """The histories of a plain loop and of a paused-and-approved one replay
     cleanly; a subscriber runs once per event, not again on the replay."""
     seen: list[AgentEvent] = []
@@ -330,12 +359,15 @@ async def test_history_replays_without_divergence(env: WorkflowEnvironment, queu
         histories = [await client.handle(i).fetch_history() for i in (plain, approved)]
 
     types = [e.type for e in seen]
-    assert types[0] == "loop.started" and types[-1] == "loop.idle"
+    assert types[0] == "loop.started"
+    assert types[-1] == "loop.idle"
     assert all(e.loop_id == plain for e in seen)
     count = len(seen)
     replayer = Replayer(workflows=[LoopWorkflow], workflow_runner=workflow_runner())
     for history in histories:
-        replayed = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+        replayed = await replayer.replay_workflow(
+            history, raise_on_replay_failure=False
+        )
         assert replayed.replay_failure is None
     assert len(seen) == count  # the replay published, the subscriber skipped it
 
@@ -356,7 +388,9 @@ async def test_a_changed_workflow_diverges_on_replay(
     registry.register(TemporalAgent(name="seed", model="fn:seed", tools=[]))
     try:
         replayer = Replayer(workflows=[LoopWorkflow], workflow_runner=workflow_runner())
-        replayed = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+        replayed = await replayer.replay_workflow(
+            history, raise_on_replay_failure=False
+        )
     finally:
         registry.register(original)
     assert replayed.replay_failure is not None
@@ -376,7 +410,7 @@ async def test_worker_killed_mid_tool_call(
     log.touch()
     os.environ[CRASH_LOG] = str(log)
     address = env.client.service_client.config.target_host
-    child = subprocess.Popen(
+    child = subprocess.Popen(  # noqa: ASYNC220 - returns at once; the worker runs on
         [sys.executable, "-m", "tests.temporal_worker", address, queue],
         stdout=subprocess.PIPE,
         env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
@@ -390,12 +424,15 @@ async def test_worker_killed_mid_tool_call(
         def entries() -> list[dict[str, Any]]:
             return [json.loads(line) for line in log.read_text().splitlines()]
 
-        while not any(e["n"] == 1 and e["event"] == "start" for e in entries()):
+        # The child process writes it: poll.
+        while not any(e["n"] == 1 and e["event"] == "start" for e in entries()):  # noqa: ASYNC110
             await anyio.sleep(0.05)
         child.send_signal(signal.SIGKILL)
         child.wait()
         killed = child.pid
-        async with worker(env.client, task_queue=queue, agents=AGENTS, providers=PROVIDERS):
+        async with worker(
+            env.client, task_queue=queue, agents=AGENTS, providers=PROVIDERS
+        ):
             result = await client.wait(loop_id)
     finally:
         if child.poll() is None:
@@ -407,11 +444,13 @@ async def test_worker_killed_mid_tool_call(
     assert result.outcome is Outcome.answered
     assert result.answer == ModelMessageItem(content="all steps done")
     log_entries = entries()
-    starts = [(e["n"], e["pid"] == killed) for e in log_entries if e["event"] == "start"]
+    starts = [
+        (e["n"], e["pid"] == killed) for e in log_entries if e["event"] == "start"
+    ]
     # Step 0 ran once (in the killed worker); step 1 started there and again
     # in the new worker; step 2 ran once, in the new one.
     assert starts == [(0, True), (1, True), (1, False), (2, False)]
-    keys = {e["n"]: set() for e in log_entries}
+    keys: dict[int, set[str]] = {e["n"]: set() for e in log_entries}
     for e in log_entries:
         keys[e["n"]].add(e["key"])
     assert all(len(k) == 1 for k in keys.values())  # one key per call, across attempts
@@ -424,19 +463,19 @@ async def test_worker_killed_mid_tool_call(
 async def test_three_day_approval_timeout_under_time_skipping(queue: str) -> None:
     """A loop paused for approval with a 3-day deadline fails `LoopTimeout`
     after 3 days of workflow time, which the time-skipping server skips."""
-    async with await WorkflowEnvironment.start_time_skipping(
-        test_server_existing_path=TEST_SERVER
-    ) as skipping:
-        async with worker(
-            skipping.client, task_queue=queue, agents=AGENTS, providers=PROVIDERS
-        ):
-            client = LoopClient(skipping.client, task_queue=queue)
-            loop_id = await client.start("approval", "pay")
-            await until_paused(client, loop_id)
-            # A handle from `get_workflow_handle` does not skip time while it
-            # waits: the test skips the three days itself.
-            await skipping.sleep(timedelta(days=3, minutes=1))
-            result = await client.wait(loop_id)
+    async with (
+        await WorkflowEnvironment.start_time_skipping(
+            test_server_existing_path=TEST_SERVER
+        ) as skipping,
+        worker(skipping.client, task_queue=queue, agents=AGENTS, providers=PROVIDERS),
+    ):
+        client = LoopClient(skipping.client, task_queue=queue)
+        loop_id = await client.start("approval", "pay")
+        await until_paused(client, loop_id)
+        # A handle from `get_workflow_handle` does not skip time while it
+        # waits: the test skips the three days itself.
+        await skipping.sleep(timedelta(days=3, minutes=1))
+        result = await client.wait(loop_id)
     assert result.outcome is Outcome.failed
     assert result.error is not None
     assert result.error.type == "LoopTimeout"
@@ -446,11 +485,15 @@ async def test_three_day_approval_timeout_under_time_skipping(queue: str) -> Non
 # ----------------------------------------------------------------- client input
 
 
-async def test_client_refuses_bad_messages(env: WorkflowEnvironment, queue: str) -> None:
+async def test_client_refuses_bad_messages(
+    env: WorkflowEnvironment, queue: str
+) -> None:
     client = loops(env, queue)
     with pytest.raises(ConfigurationError, match="takes a str, a UserMessage or None"):
         await client.start("seed", 42)  # type: ignore[arg-type]
-    with pytest.raises(ConfigurationError, match="steer\\(\\) takes a str or a UserMessage"):
+    with pytest.raises(
+        ConfigurationError, match="steer\\(\\) takes a str or a UserMessage"
+    ):
         await client.steer("x", 42)  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="needs a temporalio Client"):
         LoopClient(object(), task_queue="q")  # type: ignore[arg-type]
@@ -460,4 +503,3 @@ async def test_client_refuses_bad_messages(env: WorkflowEnvironment, queue: str)
 def _no_crash_log_leak() -> Iterator[None]:
     yield
     os.environ.pop(CRASH_LOG, None)
-

@@ -8,13 +8,14 @@ heartbeat timeout and the attempt runs again on another worker.
 
 from __future__ import annotations
 
-import asyncio
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from contextvars import ContextVar
 from datetime import timedelta
-from typing import Any, Final, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
+import anyio
+from pydantic import TypeAdapter
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
@@ -26,9 +27,8 @@ from agentfsm.inference import (
     InferenceInput,
     InferenceOutput,
     OutputCompleted,
-    StreamingDelta,
 )
-from agentfsm.interception import Decision, PendingTransition, Proceed
+from agentfsm.interception import Decision, PendingTransition
 from agentfsm.messages import ContextItem, ModelContext
 from agentfsm.providers import Provider, ProviderRegistry
 from agentfsm.tools import Tool, ToolDefinition, ToolResult
@@ -157,19 +157,29 @@ def _context(args: InferArgs, store: ContextStore) -> list[ContextItem]:
 
 
 async def _heartbeating(work: Awaitable[T], every: float | None) -> T:
-    """Await `work`, heartbeating every `every` seconds meanwhile."""
+    """Await `work`, heartbeating every `every` seconds meanwhile (a
+    cancellation of the activity, which Temporal delivers with a heartbeat's
+    answer, cancels `work`)."""
     if every is None:
         return await work
-    task = asyncio.ensure_future(work)
-    try:
+    outcome: list[T] = []
+    failure: list[BaseException] = []
+
+    async def run() -> None:
+        try:
+            outcome.append(await work)
+        except Exception as exc:  # noqa: BLE001 - re-raised below, not as a group
+            failure.append(exc)
+        tg.cancel_scope.cancel()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run)
         while True:
-            done, _ = await asyncio.wait({task}, timeout=every)
-            if done:
-                return task.result()
+            await anyio.sleep(every)
             activity.heartbeat()
-    finally:
-        if not task.done():
-            task.cancel()
+    if failure:
+        raise failure[0]
+    return outcome[0]
 
 
 def _beat(timeout: timedelta | None) -> float | None:
@@ -246,8 +256,7 @@ async def _stream(
     attempt = activity.info().attempt
     output: InferenceOutput | None = None
     index = 0
-    deltas: AsyncIterator[StreamingDelta | OutputCompleted]
-    async with provider.stream(request) as deltas:  # type: ignore[assignment]
+    async with provider.stream(request) as deltas:
         async for delta in deltas:
             if isinstance(delta, OutputCompleted):
                 output = delta.output
@@ -287,19 +296,16 @@ def _tool(agent: TemporalAgent, tool: Tool) -> Callable[..., Any]:
     return activity.defn(name=f"agentfsm.{agent.name}.tool.{tool.name}")(run)
 
 
-_DECISION: Final = PendingTransition  # the handler's input model
+_decisions: TypeAdapter[Decision] = TypeAdapter(Decision)
 
 
 def _handler(agent: TemporalAgent, marked: LocalActivityHandler) -> Callable[..., Any]:
-    from pydantic import TypeAdapter
-
-    decisions: TypeAdapter[Decision] = TypeAdapter(Decision)
-
     async def decide(data: dict[str, Any]) -> dict[str, Any] | None:
-        pending = _DECISION.model_validate(data)
+        pending = PendingTransition.model_validate(data)
         decision = await call_handler(marked.handler, pending)
         if decision is None:
             return None
-        return decisions.dump_python(decision or Proceed(), mode="json")  # type: ignore[no-any-return]
+        dumped: dict[str, Any] = _decisions.dump_python(decision, mode="json")
+        return dumped
 
     return activity.defn(name=f"agentfsm.{agent.name}.handler.{marked.name}")(decide)

@@ -128,7 +128,7 @@ class TemporalAgent:
     no_timeout: timedelta = timedelta(hours=1)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not _NAME.match(self.name):
+        if not _NAME.match(str(self.name)):
             raise ConfigurationError(
                 f"TemporalAgent name must be letters, digits, '_', '.', '-', "
                 f"got {self.name!r}"
@@ -152,7 +152,7 @@ class TemporalAgent:
         object.__setattr__(self, "tools", tools)
         object.__setattr__(self, "handlers", tuple(self.handlers))
         # Checked now, in the worker, not at a loop's start inside a workflow.
-        LoopOptions.of(dict(self.options))
+        LoopOptions.of(dict(self.options))  # type: ignore[arg-type]
         self.request(ModelContext())
 
     def request(self, context: ModelContext) -> InferenceInput:

@@ -19,20 +19,20 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
+from pydantic import TypeAdapter
 from temporalio.client import (
     Client,
     WorkflowFailureError,
     WorkflowHandle,
     WorkflowUpdateFailedError,
 )
-from temporalio.exceptions import ApplicationError
-from temporalio.service import RPCError, RPCStatusCode
 from temporalio.common import (
     SearchAttributePair,
     TypedSearchAttributes,
     WorkflowIDConflictPolicy,
 )
-from pydantic import TypeAdapter
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
 
 from agentfsm._runtime.ids import uuid7
 from agentfsm.exceptions import ConfigurationError, LoopStateError
@@ -127,7 +127,9 @@ class LoopClient:
             agent_id=agent_id,
         )
         attributes = (
-            TypedSearchAttributes([SearchAttributePair(STATE_ATTRIBUTE, "running:idle")])
+            TypedSearchAttributes(
+                [SearchAttributePair(STATE_ATTRIBUTE, "running:idle")]
+            )
             if self.state_attribute
             else None
         )
@@ -148,7 +150,10 @@ class LoopClient:
             data = await self.handle(loop_id).result()
         except WorkflowFailureError as exc:
             cause = exc.cause
-            if isinstance(cause, ApplicationError) and cause.type == "ConfigurationError":
+            if (
+                isinstance(cause, ApplicationError)
+                and cause.type == "ConfigurationError"
+            ):
                 raise ConfigurationError(cause.message) from exc
             raise
         return LoopResult.model_validate(data)
@@ -176,7 +181,9 @@ class LoopClient:
         Raises:
             LoopStateError: the loop is not paused (the update was refused).
         """
-        data = None if decision is None else _decisions.dump_python(decision, mode="json")
+        data = (
+            None if decision is None else _decisions.dump_python(decision, mode="json")
+        )
         return await self._update(loop_id, "resume", [data])
 
     async def approve(
@@ -192,7 +199,9 @@ class LoopClient:
             LoopStateError: the loop is not paused before that batch (the call
                 ids are stale, or some are left out).
         """
-        return await self._update(loop_id, "approve", [list(call_ids), dict(denied or {})])
+        return await self._update(
+            loop_id, "approve", [list(call_ids), dict(denied or {})]
+        )
 
     async def _update(self, loop_id: str, name: str, args: list[Any]) -> LoopView:
         try:

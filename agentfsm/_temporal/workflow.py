@@ -29,14 +29,19 @@ from typing import TYPE_CHECKING, Any, Final
 
 from pydantic import TypeAdapter
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributePair
+from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
 
 from agentfsm._durable.writer import idempotency_key
 from agentfsm._replay.wire import request_data
 from agentfsm._runtime.runtime import Runtime
 from agentfsm.events import AgentEvent
-from agentfsm.exceptions import ConfigurationError, LoopStateError, ProviderError, ToolTimeout
+from agentfsm.exceptions import (
+    ConfigurationError,
+    LoopStateError,
+    ProviderError,
+    ToolTimeout,
+)
 from agentfsm.inference import InferenceInput, InferenceOutput, OutputCompleted
 from agentfsm.interception import (
     Decision,
@@ -47,7 +52,7 @@ from agentfsm.interception import (
 )
 from agentfsm.messages import ContextItem, FunctionCallItem, ModelContext, UserMessage
 from agentfsm.providers import Provider, ProviderRegistry
-from agentfsm.results import LoopResult, LoopStatus, LoopView
+from agentfsm.results import LoopStatus, LoopView
 from agentfsm.states import LoopState, Trigger
 from agentfsm.tools import ToolCall, ToolNext, ToolResult
 
@@ -142,8 +147,11 @@ class _ContextRef:
             digests.append(previous)
         self.sent = list(items)
         self.digests = digests
-        return base, (self.digests[base - 1] if base else ""), fresh, tuple(
-            digests[base:]
+        return (
+            base,
+            (self.digests[base - 1] if base else ""),
+            fresh,
+            tuple(digests[base:]),
         )
 
 
@@ -180,7 +188,9 @@ class _ActivityProvider:
 
         yield one()
 
-    async def _infer(self, request: InferenceInput, *, streaming: bool) -> InferenceOutput:
+    async def _infer(
+        self, request: InferenceInput, *, streaming: bool
+    ) -> InferenceOutput:
         self.requests += 1
         data = request_data(request)
         schema = request.structured_output
@@ -207,14 +217,16 @@ class _ActivityProvider:
                 digests=digests,
             )
             try:
-                raw = await _run(workflow.start_activity(
-                    f"agentfsm.{self.agent.name}.infer",
-                    dump(args),
-                    start_to_close_timeout=self.timeout,
-                    heartbeat_timeout=self.agent.model_heartbeat,
-                    retry_policy=self.agent.model_retry,
-                    summary=f"request {self.requests}",
-                ))
+                raw = await _run(
+                    workflow.start_activity(
+                        f"agentfsm.{self.agent.name}.infer",
+                        dump(args),
+                        start_to_close_timeout=self.timeout,
+                        heartbeat_timeout=self.agent.model_heartbeat,
+                        retry_policy=self.agent.model_retry,
+                        summary=f"request {self.requests}",
+                    )
+                )
             except ActivityError as exc:
                 cause = exc.cause
                 if (
@@ -300,16 +312,18 @@ class _ToolActivities:
             else self.agent.no_timeout
         )
         try:
-            raw = await _run(workflow.start_activity(
-                f"agentfsm.{self.agent.name}.tool.{tool.name}",
-                dump(args),
-                start_to_close_timeout=timeout,
-                heartbeat_timeout=self.agent.tool_heartbeat,
-                retry_policy=RetryPolicy(
-                    maximum_attempts=self.agent.tool_attempts if retry else 1
-                ),
-                summary=f"{tool.name} {item.call_id}",
-            ))
+            raw = await _run(
+                workflow.start_activity(
+                    f"agentfsm.{self.agent.name}.tool.{tool.name}",
+                    dump(args),
+                    start_to_close_timeout=timeout,
+                    heartbeat_timeout=self.agent.tool_heartbeat,
+                    retry_policy=RetryPolicy(
+                        maximum_attempts=self.agent.tool_attempts if retry else 1
+                    ),
+                    summary=f"{tool.name} {item.call_id}",
+                )
+            )
         except ActivityError as exc:
             cause = exc.cause
             if not retry:
@@ -355,11 +369,13 @@ def _local(agent: TemporalAgent, marked: LocalActivityHandler) -> Callable[..., 
         sent = pending
         if isinstance(pending.payload, InferenceInput):
             sent = pending.model_copy(update={"payload": None})
-        raw = await _run(workflow.start_local_activity(
-            f"agentfsm.{agent.name}.handler.{marked.name}",
-            sent.model_dump(mode="json", exclude={"metadata"}),
-            start_to_close_timeout=marked.timeout,
-        ))
+        raw = await _run(
+            workflow.start_local_activity(
+                f"agentfsm.{agent.name}.handler.{marked.name}",
+                sent.model_dump(mode="json", exclude={"metadata"}),
+                start_to_close_timeout=marked.timeout,
+            )
+        )
         return None if raw is None else _decisions.validate_python(raw)
 
     decide.__qualname__ = decide.__name__ = marked.name
@@ -413,16 +429,15 @@ class LoopWorkflow:
         tools = _ToolActivities(agent, self)
         handlers: list[Any] = [tools.pause_after_lost]
         for h in agent.handlers:
-            handlers.append(_local(agent, h) if isinstance(h, LocalActivityHandler) else h)
+            handlers.append(
+                _local(agent, h) if isinstance(h, LocalActivityHandler) else h
+            )
         options = dict(agent.options)
         # The activity's start-to-close timeout, not an in-workflow timer.
         options.pop("inference_timeout", None)
         options["tool_wrappers"] = (*options.get("tool_wrappers", ()), tools)
-        self._state = (
-            str(workflow.info().typed_search_attributes.get(STATE_ATTRIBUTE) or "")
-            if STATE_ATTRIBUTE in workflow.info().typed_search_attributes
-            else ""
-        )
+        # Kept current only on workflows started with it (the namespace has it).
+        self._state = workflow.info().typed_search_attributes.get(STATE_ATTRIBUTE) or ""
         ids = iter((start.loop_id,))
         runtime = Runtime(
             providers=_Providers(self.provider),
@@ -461,7 +476,7 @@ class LoopWorkflow:
     def upsert(self, state: str) -> None:
         if self._state and state != self._state:
             self._state = state
-            workflow.upsert_search_attributes([SearchAttributePair(STATE_ATTRIBUTE, state)])
+            workflow.upsert_search_attributes([STATE_ATTRIBUTE.value_set(state)])
 
     def _view(self) -> LoopView:
         if self.runtime is None:
@@ -562,13 +577,17 @@ class LoopWorkflow:
         return view_data(self._view())
 
 
-def _ignore_ended(queue: Callable[[str, UserMessage], None], loop_id: str, msg: UserMessage) -> None:
+def _ignore_ended(
+    queue: Callable[[str, UserMessage], None], loop_id: str, msg: UserMessage
+) -> None:
     # A signal cannot be refused: one that reaches an ended loop is dropped
     # (it is in the history; the loop's result says what it saw).
     try:
         queue(loop_id, msg)
     except LoopStateError:
-        workflow.logger.info("agentfsm: a message reached loop %s after it ended", loop_id)
+        workflow.logger.info(
+            "agentfsm: a message reached loop %s after it ended", loop_id
+        )
 
 
 async def _drain(
