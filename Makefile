@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 LOCAL  := $(VENV)/.local-installed
 
-.PHONY: test demo bench bench-instructions bench-peers lint typecheck pytest quick clean docs docs-check
+.PHONY: test demo bench bench-instructions bench-peers bench-temporal lint typecheck pytest quick clean docs docs-check
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -90,6 +90,13 @@ $(BENCH_VENVS)/%/.installed: bench/peers/requirements-%.txt
 bench-peers: $(STAMP)
 	$(MAKE) --no-print-directory -j4 $(PEER_VENVS)
 	$(PY) bench/peers/run.py
+
+# The benchmark workload as a Temporal workflow on a local dev server
+# (bench/bench_temporal.py, ~1 minute): agentfsm, then pydantic-ai's Temporal
+# integration in its own pinned venv (bench/.venvs/pydantic_ai_temporal, made
+# on first use). Last line: `temporal_ms_per_loop=... history_events=...`.
+bench-temporal: $(STAMP)
+	$(PY) bench/bench_temporal.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache site .docs-check
