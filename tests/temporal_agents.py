@@ -66,6 +66,13 @@ def _log(n: int, event: str, key: str) -> None:
         f.write(json.dumps(entry) + "\n")
 
 
+@tool(timeout=0.3)
+async def stall() -> str:
+    """Hangs past its timeout (on_crash="pause", the default)."""
+    await anyio.sleep(10)
+    return "never"
+
+
 def _outputs(request: InferenceInput) -> int:
     return sum(isinstance(i, FunctionCallOutputItem) for i in request.context.items)
 
@@ -94,6 +101,15 @@ def slow_model(request: InferenceInput) -> InferenceOutput:
     return text("all steps done")
 
 
+def stall_model(request: InferenceInput) -> InferenceOutput:
+    outputs = [
+        i for i in request.context.items if isinstance(i, FunctionCallOutputItem)
+    ]
+    if not outputs:
+        return calls(call("stall", call_id="h1"))
+    return text(f"saw: {outputs[-1].output}")
+
+
 BENCH_CALLS = ((1, 2), (3, 3), (6, 4))
 
 
@@ -114,6 +130,7 @@ def model_for(request: InferenceInput) -> InferenceOutput:
         "approval": approval_model,
         "slow": slow_model,
         "bench": bench_model,
+        "stall": stall_model,
     }[name](request)
 
 
@@ -147,5 +164,9 @@ SLOW = TemporalAgent(
     tools=[slow_step],
     tool_heartbeat=timedelta(seconds=1),
 )
+STREAMED = TemporalAgent(
+    name="streamed", model="fn:seed", tools=[add], settings={"streaming": True}
+)
+STALLED = TemporalAgent(name="stalled", model="fn:stall", tools=[stall])
 BENCH = TemporalAgent(name="bench", model="fn:bench", tools=[add])
-AGENTS = (SEED, AUDITED, APPROVAL, SLOW, BENCH)
+AGENTS = (SEED, AUDITED, APPROVAL, SLOW, STREAMED, STALLED, BENCH)

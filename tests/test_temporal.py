@@ -121,7 +121,8 @@ def scheduled(history: WorkflowHistory) -> list[tuple[str, dict[str, Any]]]:
 
 async def until_paused(client: LoopClient, loop_id: str) -> None:
     # Polls the workflow's query: the loop runs in a worker, not here.
-    while (await client.get(loop_id)).status is not LoopStatus.paused:  # noqa: ASYNC110
+    while (view := await client.get(loop_id)).status is not LoopStatus.paused:
+        assert view.status is not LoopStatus.done, view
         await anyio.sleep(0.02)
 
 
@@ -315,6 +316,58 @@ async def test_resume_refused_while_running_and_cancel_mid_tool(
         result = await client.wait(loop_id)
     assert result.outcome is Outcome.cancelled
     assert result.reason == "stop now"
+
+
+async def test_streamed_chunks_reach_the_worker_with_their_attempt(
+    env: WorkflowEnvironment, queue: str
+) -> None:
+    """A streaming request's stream is consumed in the activity: its chunks go
+    to `on_chunk`, numbered, with the attempt; the loop gets the output."""
+    chunks: list[tuple[str, int, int, int, Any]] = []
+    async with worker(
+        env.client,
+        task_queue=queue,
+        agents=AGENTS,
+        providers=PROVIDERS,
+        on_chunk=lambda *chunk: chunks.append(chunk),
+    ):
+        client = loops(env, queue)
+        loop_id = await client.start("streamed", "what is 2+3?")
+        result = await client.wait(loop_id)
+    assert result.answer == ModelMessageItem(content="5")
+    assert_path(
+        result,
+        "idle context_update inference_streaming function_call inference_streaming "
+        "model_message idle",
+    )
+    assert {c[0] for c in chunks} == {loop_id}
+    assert {c[1] for c in chunks} == {1, 2}  # the two requests
+    assert {c[2] for c in chunks} == {1}  # first attempts
+    second = [c for c in chunks if c[1] == 2]
+    assert [c[3] for c in second] == list(range(len(second)))
+    assert "".join(getattr(c[4], "text", "") for c in second) == "5"
+
+
+async def test_a_lost_pause_policy_call_pauses_the_loop(
+    env: WorkflowEnvironment, queue: str
+) -> None:
+    """A tool call with `on_crash="pause"` whose one attempt timed out is not
+    retried: the loop pauses, naming it; resumed, the model sees the timeout."""
+    async with worker(env.client, task_queue=queue, agents=AGENTS, providers=PROVIDERS):
+        client = loops(env, queue)
+        loop_id = await client.start("stalled", "go")
+        await until_paused(client, loop_id)
+        view = await client.get(loop_id)
+        await client.resume(loop_id)
+        result = await client.wait(loop_id)
+        history = await client.handle(loop_id).fetch_history()
+    assert view.pause_reason is not None
+    assert "stall (h1)" in view.pause_reason
+    assert "on_crash='pause'" in view.pause_reason
+    assert result.outcome is Outcome.answered
+    assert result.answer is not None
+    assert "timed out" in result.answer.content
+    assert events_of(history).count("ACTIVITY_TASK_TIMED_OUT") == 1
 
 
 async def test_local_activity_handler_decides(

@@ -8,6 +8,7 @@ heartbeat timeout and the attempt runs again on another worker.
 
 from __future__ import annotations
 
+import copy
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from contextvars import ContextVar
@@ -273,6 +274,12 @@ async def _stream(
 
 def _tool(agent: TemporalAgent, tool: Tool) -> Callable[..., Any]:
     every = _beat(agent.tool_heartbeat)
+    # The tool's timeout is the activity's start-to-close timeout (Temporal
+    # ends the attempt, and retries it by the tool's crash policy): the copy
+    # run here has none of its own, which would end the call first, as an
+    # error output that no retry policy sees.
+    tool = copy.copy(tool)
+    tool.timeout = None
 
     async def run(data: dict[str, Any]) -> dict[str, Any]:
         args = ToolArgs.model_validate(data)
