@@ -140,6 +140,9 @@ async def test_seed_flow_through_the_workflow(
         result = await client.wait(loop_id)
         history = await client.handle(loop_id).fetch_history()
         described = await client.handle(loop_id).describe()
+        # Start-or-attach: the same loop id names the same loop, even ended.
+        assert await client.start("seed", "again", loop_id=loop_id) == loop_id
+        assert await client.wait(loop_id) == result
 
     assert result.loop_id == loop_id
     assert_path(

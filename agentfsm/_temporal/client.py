@@ -15,6 +15,7 @@ validator refused them (the loop is not paused; stale call ids).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
@@ -24,14 +25,16 @@ from temporalio.client import (
     Client,
     WorkflowFailureError,
     WorkflowHandle,
+    WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
 )
 from temporalio.common import (
     SearchAttributePair,
     TypedSearchAttributes,
     WorkflowIDConflictPolicy,
+    WorkflowIDReusePolicy,
 )
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from agentfsm._runtime.ids import uuid7
@@ -133,15 +136,20 @@ class LoopClient:
             if self.state_attribute
             else None
         )
-        await self.client.start_workflow(
-            WORKFLOW_NAME,
-            dump(start),
-            id=workflow_id(loop_id),
-            task_queue=self.task_queue,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            execution_timeout=self.execution_timeout,
-            search_attributes=attributes,
-        )
+        # The loop ended already (its id is taken): `wait` gives its result.
+        with contextlib.suppress(WorkflowAlreadyStartedError):
+            await self.client.start_workflow(
+                WORKFLOW_NAME,
+                dump(start),
+                id=workflow_id(loop_id),
+                task_queue=self.task_queue,
+                # Start-or-attach, for a running loop and for an ended one: a
+                # loop id names one loop, never a second run of another.
+                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                execution_timeout=self.execution_timeout,
+                search_attributes=attributes,
+            )
         return loop_id
 
     async def wait(self, loop_id: str) -> LoopResult:
@@ -160,7 +168,10 @@ class LoopClient:
 
     async def get(self, loop_id: str) -> LoopView:
         """The loop's view (a query): state, status, pending transition, totals."""
-        data = await self.handle(loop_id).query("view")
+        try:
+            data = await self.handle(loop_id).query("view")
+        except WorkflowQueryFailedError as exc:
+            raise LoopStateError(f"loop {loop_id}: {exc.message}") from exc
         return LoopView.model_validate(data)
 
     async def steer(self, loop_id: str, message: UserMessage | str) -> None:
