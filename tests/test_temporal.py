@@ -23,6 +23,7 @@ from typing import Any
 
 import anyio
 import pytest
+import structlog
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHistory
 from temporalio.testing import WorkflowEnvironment
@@ -33,6 +34,7 @@ from agentfsm import (
     LoopStatus,
     ModelMessageItem,
     Outcome,
+    PendingTransition,
     TokenUsage,
     Trigger,
 )
@@ -44,6 +46,7 @@ from agentfsm.temporal import (
     LoopWorkflow,
     MemoryContextStore,
     TemporalAgent,
+    drop_replayed_logs,
     worker,
     workflow_runner,
 )
@@ -394,38 +397,65 @@ async def test_local_activity_handler_decides(
 # ------------------------------------------------------------------------ replay
 
 
+def noting(pending: PendingTransition) -> None:
+    """A deterministic handler that logs (workflow code logging)."""
+    structlog.get_logger("tests.temporal").info(
+        "deciding", trigger=str(pending.trigger)
+    )
+
+
 async def test_history_replays_without_divergence(
     env: WorkflowEnvironment, queue: str
 ) -> None:
     """The histories of a plain loop and of a paused-and-approved one replay
-    cleanly; a subscriber runs once per event, not again on the replay."""
+    cleanly; a subscriber runs once per event, and a log line is written once,
+    not again on the replay; the events' times are the workflow's."""
     seen: list[AgentEvent] = []
     watched = TemporalAgent(
-        name="watched", model="fn:seed", tools=[add], subscribers=[seen.append]
+        name="watched",
+        model="fn:seed",
+        tools=[add],
+        subscribers=[seen.append],
+        handlers=[noting],
     )
     agents = (*AGENTS, watched)
-    async with worker(env.client, task_queue=queue, agents=agents, providers=PROVIDERS):
-        client = loops(env, queue)
-        plain = await client.start("watched", "what is 2+3?")
-        await client.wait(plain)
-        approved = await client.start("approval", "pay")
-        await until_paused(client, approved)
-        await client.approve(approved, ["t1"])
-        await client.wait(approved)
-        histories = [await client.handle(i).fetch_history() for i in (plain, approved)]
+    with structlog.testing.capture_logs(processors=[drop_replayed_logs]) as logs:
+        async with worker(
+            env.client, task_queue=queue, agents=agents, providers=PROVIDERS
+        ):
+            client = loops(env, queue)
+            plain = await client.start("watched", "what is 2+3?")
+            result = await client.wait(plain)
+            approved = await client.start("approval", "pay")
+            await until_paused(client, approved)
+            await client.approve(approved, ["t1"])
+            await client.wait(approved)
+            histories = [
+                await client.handle(i).fetch_history() for i in (plain, approved)
+            ]
+        logged = len([e for e in logs if e["event"] == "deciding"])
+        count = len(seen)
+        replayer = Replayer(workflows=[LoopWorkflow], workflow_runner=workflow_runner())
+        for history in histories:
+            replayed = await replayer.replay_workflow(
+                history, raise_on_replay_failure=False
+            )
+            assert replayed.replay_failure is None
+        replay_logged = len([e for e in logs if e["event"] == "deciding"])
 
     types = [e.type for e in seen]
     assert types[0] == "loop.started"
     assert types[-1] == "loop.idle"
     assert all(e.loop_id == plain for e in seen)
-    count = len(seen)
-    replayer = Replayer(workflows=[LoopWorkflow], workflow_runner=workflow_runner())
-    for history in histories:
-        replayed = await replayer.replay_workflow(
-            history, raise_on_replay_failure=False
-        )
-        assert replayed.replay_failure is None
+    # The events' times are the workflow's clock: within the loop's run, in order.
+    stamps = [e.ts for e in seen]
+    assert stamps == sorted(stamps)
+    assert result.started_at <= stamps[0]
+    assert stamps[-1] <= result.ended_at
+    assert [e.seq for e in seen] == sorted({e.seq for e in seen})
     assert len(seen) == count  # the replay published, the subscriber skipped it
+    assert logged == len(result.path)  # one line per transition, first run only
+    assert replay_logged == logged
 
 
 async def test_a_changed_workflow_diverges_on_replay(
