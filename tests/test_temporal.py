@@ -202,8 +202,8 @@ async def test_the_context_is_whole_when_the_store_lost_it(
     request; the workflow sends that request's whole context instead."""
 
     class Forgetful(MemoryContextStore):
-        def put(self, loop_id: str, items: Any, digests: Any) -> None:
-            self.misses += 0  # keeps nothing
+        async def put(self, loop_id: str, items: Any, digests: Any) -> None:
+            pass  # keeps nothing
 
     store = Forgetful()
     async with worker(

@@ -66,13 +66,20 @@ def current_call() -> ToolArgs | None:
 
 class ContextStore(Protocol):
     """Where inference activities keep each loop's context between requests,
-    so that a request carries only the items added since the last one."""
+    so that a request carries only the items added since the last one.
 
-    def get(self, loop_id: str) -> tuple[list[ContextItem], list[str]] | None:
+    A store every worker reads (a database) saves the one request per worker
+    that otherwise sends its loop's whole context; either way a miss is only
+    slower, never wrong: a prefix is used only when its digest matches.
+    """
+
+    async def get(self, loop_id: str) -> tuple[list[ContextItem], list[str]] | None:
         """The items held for the loop and the chain digest after each."""
         ...
 
-    def put(self, loop_id: str, items: list[ContextItem], digests: list[str]) -> None:
+    async def put(
+        self, loop_id: str, items: list[ContextItem], digests: list[str]
+    ) -> None:
         """Hold `items` (and their digests) as the loop's context."""
         ...
 
@@ -90,13 +97,15 @@ class MemoryContextStore:
         self.misses = 0
         """How many requests referred to a prefix this store did not hold."""
 
-    def get(self, loop_id: str) -> tuple[list[ContextItem], list[str]] | None:
+    async def get(self, loop_id: str) -> tuple[list[ContextItem], list[str]] | None:
         entry = self._loops.get(loop_id)
         if entry is not None:
             self._loops.move_to_end(loop_id)
         return entry
 
-    def put(self, loop_id: str, items: list[ContextItem], digests: list[str]) -> None:
+    async def put(
+        self, loop_id: str, items: list[ContextItem], digests: list[str]
+    ) -> None:
         self._loops[loop_id] = (items, digests)
         self._loops.move_to_end(loop_id)
         while len(self._loops) > self.max_loops:
@@ -130,14 +139,14 @@ def _spec_tool(spec: ToolSpec) -> Tool:
     return stand_in
 
 
-def _context(args: InferArgs, store: ContextStore) -> list[ContextItem]:
+async def _context(args: InferArgs, store: ContextStore) -> list[ContextItem]:
     """The request's whole context: the prefix the store holds, then the
     items sent; refused (the workflow then sends the whole context) when the
     store does not hold that prefix."""
     if args.base == 0:
         items, digests = list(args.items), list(args.digests)
     else:
-        held = store.get(args.loop_id)
+        held = await store.get(args.loop_id)
         if (
             held is None
             or len(held[1]) < args.base
@@ -153,7 +162,7 @@ def _context(args: InferArgs, store: ContextStore) -> list[ContextItem]:
             )
         items = held[0][: args.base] + list(args.items)
         digests = held[1][: args.base] + list(args.digests)
-    store.put(args.loop_id, items, digests)
+    await store.put(args.loop_id, items, digests)
     return items
 
 
@@ -219,7 +228,7 @@ def _infer(
         request = InferenceInput(
             model=args.model,
             context=ModelContext(
-                instructions=args.instructions, items=_context(args, store)
+                instructions=args.instructions, items=await _context(args, store)
             ),
             tools=tuple(_spec_tool(s) for s in args.tools),
             structured_output=args.structured_output,
