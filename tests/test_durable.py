@@ -183,6 +183,26 @@ class TestWhatIsStored:
         assert entry.output.output == "3"
         assert entry.key == idempotency_key(loop_id, 1, 0, "add", '{"b": 2, "a": 1}')
 
+    async def test_a_loop_waited_for_has_its_end_in_the_store(
+        self, tmp_path: Path
+    ) -> None:
+        """`wait` returns once the end is stored (it returned before the last
+        write: a crash then left a finished loop looking unfinished)."""
+        import sqlite3
+
+        path = tmp_path / "loops.db"
+        provider = ScriptedProvider([text("hi")])
+        async with Runtime(
+            providers={"scripted": provider}, store=SQLiteStore(path)
+        ) as runtime:
+            loop_id = runtime.run_loop("agent", "hi", request_with())
+            await runtime.wait(loop_id)
+            with sqlite3.connect(path) as db:  # no await in between
+                row = db.execute(
+                    "SELECT status, state FROM loops WHERE loop_id = ?", (loop_id,)
+                ).fetchone()
+        assert row == ("done", "idle")
+
     async def test_a_commit_writes_only_what_the_context_gained(
         self, tmp_path: Path
     ) -> None:

@@ -103,10 +103,13 @@ async def run(loop: Loop) -> None:
         # as cancelled, then let the cancellation go on.
         with anyio.CancelScope(shield=True):
             end(loop, _T.cancel, reason=_cancel_reason(loop, "runtime closed"))
-            if durable is not None and loop.cancel_requested:
-                # A cancel is the loop's end; the runtime closing is not: the
-                # store keeps the loop's last transition, and recovery goes on.
-                await _save_end(loop, durable)
+            if durable is not None:
+                if loop.cancel_requested:
+                    # A cancel is the loop's end; the runtime closing is not:
+                    # the store keeps the loop's last transition, and
+                    # recovery goes on from it.
+                    await _save_end(loop, durable)
+                wake(loop)
             await loop.flush()
         raise
     except LoopAborted as exc:
@@ -127,11 +130,14 @@ async def run(loop: Loop) -> None:
             end(loop, _T.fail, reason=error_text(exc), error=exc)
             if durable is not None:
                 await _save_end(loop, durable)
+                wake(loop)
             await loop.flush()
         raise
     if durable is not None:
         with anyio.CancelScope(shield=True):
             await _save_end(loop, durable)  # paused, or ended
+        if loop.status is _DONE:
+            wake(loop)
     if loop.outbox is not None:
         with anyio.CancelScope(shield=True):
             await loop.flush()
@@ -284,8 +290,16 @@ def end(
         outcome, reason, loop.answer, loop.usage, loop.model_requests, loop.tool_calls
     )
     loop.log.info("loop_idle", outcome=outcome, reason=reason)
+    if loop.durable is None:
+        wake(loop)
+    # A durable loop wakes its waiters once its end is stored (`run`): whoever
+    # `wait`s then finds it ended in the store too.
+
+
+def wake(loop: Loop) -> None:
+    """The loop has ended: wake whoever waits, hand its result to the runtime."""
     if loop.done is not None:
-        loop.done.set()  # wake whoever waits
+        loop.done.set()
     loop.on_end(loop)
 
 
@@ -327,4 +341,5 @@ async def expire_paused(loop: Loop) -> None:
     end(loop, _T.fail, reason=error_text(error), error=error)
     if loop.durable is not None:
         await _save_end(loop, loop.durable)
+        wake(loop)
     await loop.flush()
