@@ -1,0 +1,565 @@
+"""What durability costs: the benchmark workload with and without a SQLite store.
+
+The workload is bench_loop.py's (4 model calls and 3 tool calls a run, a
+zero-latency scripted model, an async `add` tool), run four ways, plus the
+bare loop for reference:
+
+1. `memory`: agentfsm with no store, as bench_loop.py runs it;
+2. `sqlite`: agentfsm with `SQLiteStore(path)` (`synchronous=NORMAL`, the
+   default): a commit at every transition, plus the tool-call ledger's intent
+   and result for every call;
+3. `langgraph`: LangGraph's prebuilt ReAct agent with its SQLite checkpointer
+   (`AsyncSqliteSaver`, also at `synchronous=NORMAL`), in its own venv,
+   driven as a worker process (bench/peers/peer_langgraph_sqlite.py);
+4. `floor`: the bare asyncio loop (bench/peers/harness.py's) plus one plain
+   `sqlite3` transaction (an INSERT of one row, then COMMIT) through
+   `anyio.to_thread.run_sync` with a one-thread `CapacityLimiter`, WAL and
+   `synchronous=NORMAL`, for every commit agentfsm's store makes, with the
+   same bytes in total: the commits and bytes per run are taken from the
+   `sqlite` subject's `store.statistics()` before the timed rounds;
+5. `bare`: the bare asyncio loop alone (what `floor` adds its commits to).
+
+How it is measured. Each subject runs rounds of sequential runs, sized to about
+ROUND_SECONDS of wall time each; one round of every subject, one after the
+other, makes a set, and there are ROUNDS sets (so a drift in the machine's
+speed hits every subject alike). Every durable round gets a new database file
+in a temporary directory, and a new `Runtime` (agentfsm) or checkpointer and
+agent (LangGraph), made and closed outside the timed region. Wall µs
+(`perf_counter`) and CPU µs (`process_time`, which counts the SQLite worker
+thread too) per run are the medians over the sets; the ratios are the medians
+of each set's ratio. Every run is checked: the answer "10", 3 tool calls, 4
+model requests.
+
+Then the durable cost as the context grows: 10, 100, 1,000 and 10,000 items
+in the context when the loop starts (bench_scaling.py's quads of user message,
+function call, output and model message), agentfsm with the SQLite store
+against agentfsm in memory, interleaved the same way: µs per run, commits and
+bytes written per run, and the bytes beyond the JSON of the context's items,
+which stays flat if a snapshot never copies the context (the context is stored
+append-only: a new loop's first commit writes the items it starts with, and
+every later commit only the items added since).
+
+The last line is `durable_vs_floor=<x> langgraph_sqlite_vs_agentfsm_sqlite=<y>`
+(wall time; the line before it has the same in CPU time). Run with `make
+bench-durable`; `--quick` is a smoke run; `--profile` runs only the `sqlite`
+subject for ~20 s, for a profiler. See bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import gc
+import json
+import pstats
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import anyio
+import anyio.to_thread
+from bench_loop import add, check, inference_input, scripted_provider
+from bench_scaling import context_items
+
+import agentfsm
+from agentfsm import InferenceInput, ModelContext
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "peers"))
+from harness import (
+    ANSWER,
+    BARE_SCRIPT,
+    MODEL_CALLS,
+    PROMPT,
+    TOOL_CALLS,
+    Message,
+    bare_loop,
+    bare_model,
+)
+
+try:
+    from agentfsm.store import SQLiteStore
+except ImportError:  # this checkout has no store yet
+    SQLiteStore = None
+
+BENCH: Final = Path(__file__).resolve().parent
+LANGGRAPH_PYTHON: Final = BENCH / ".venvs" / "langgraph_sqlite" / "bin" / "python"
+LANGGRAPH_WORKER: Final = BENCH / "peers" / "peer_langgraph_sqlite.py"
+
+ROUNDS: Final = 9
+"""Sets of one round of every subject; the medians are over these."""
+ROUND_SECONDS: Final = 0.5
+"""Target wall seconds of one round (its run count is calibrated)."""
+CONTEXT_SIZES: Final = (10, 100, 1_000, 10_000)
+CONTEXT_ROUNDS: Final = 5
+COUNT_RUNS: Final = 50
+"""Runs counted for commits and bytes per run."""
+
+# Targets of issue 13 (reported, not asserted).
+MAX_DURABLE_VS_FLOOR: Final = 1.5
+MIN_LANGGRAPH_VS_DURABLE: Final = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    wall_us: float
+    cpu_us: float
+
+
+@dataclass(slots=True)
+class Writes:
+    """Commits and bytes per run a store (or LangGraph's checkpointer) wrote."""
+
+    commits: float
+    bytes: float
+
+
+class Databases:
+    """A new database file per round, in one temporary directory."""
+
+    def __init__(self) -> None:
+        self._dir = tempfile.TemporaryDirectory(prefix="bench-durable-")
+        self._n = 0
+
+    def next(self) -> Path:
+        self._n += 1
+        return Path(self._dir.name) / f"round{self._n}.db"
+
+    def close(self) -> None:
+        self._dir.cleanup()
+
+
+@contextmanager
+def stopwatch(runs: int, out: list[Sample]) -> Iterator[None]:
+    gc.collect()
+    wall, cpu = time.perf_counter(), time.process_time()
+    yield
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    out.append(Sample(wall / runs * 1e6, cpu / runs * 1e6))
+
+
+# ---------------------------------------------------------------------- agentfsm
+
+
+def requests(base: list[Any] | None) -> Callable[[], InferenceInput]:
+    """A fresh request per run: the usual empty context, or a copy of `base`'s items."""
+    if base is None:
+        return inference_input
+    # A copy of the list per run (the loop appends to it); the items are shared,
+    # as in bench_scaling.py.
+    return lambda: InferenceInput(
+        model="scripted:bench",
+        context=ModelContext.model_construct(items=list(base)),
+        tools=[add],
+    )
+
+
+async def agentfsm_round(
+    runs: int,
+    out: list[Sample],
+    *,
+    db: Path | None = None,
+    base: list[Any] | None = None,
+) -> Writes | None:
+    """`runs` sequential loops in memory (`db` None) or with a SQLite store at `db`.
+
+    Returns the store's commits and bytes per run over the timed runs.
+    """
+    make = requests(base)
+    store = None if db is None else SQLiteStore(db)
+    runtime = (
+        agentfsm.Runtime(providers={"scripted": scripted_provider()})
+        if store is None
+        else agentfsm.Runtime(store=store, providers={"scripted": scripted_provider()})
+    )
+    async with runtime:
+        before = store.statistics() if store is not None else None
+        with stopwatch(runs, out):
+            for _ in range(runs):
+                check(await runtime.wait(runtime.run_loop("agent", PROMPT, make())))
+        if store is None or before is None:
+            return None
+        after = store.statistics()
+    return Writes(
+        (after.commits - before.commits) / runs,
+        (after.bytes_written - before.bytes_written) / runs,
+    )
+
+
+# ---------------------------------------------------------------------- floor
+
+
+def open_floor_db(path: Path) -> sqlite3.Connection:
+    # check_same_thread=False: the connection is used from anyio's worker
+    # thread, one at a time (the limiter), as the store uses its own.
+    conn = sqlite3.connect(path, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.execute("CREATE TABLE rows (id INTEGER PRIMARY KEY, data TEXT NOT NULL)")
+    conn.commit()
+    return conn
+
+
+def commit_plan(writes: Writes) -> list[list[str]]:
+    """The floor's commits for one run: a list of row payloads per slot.
+
+    There is a slot before each model call and one after the answer; the
+    commits are spread evenly over them, and the bytes evenly over the commits,
+    so that a run writes `writes.commits` rows of `writes.bytes` in total.
+    """
+    commits = round(writes.commits)
+    total = round(writes.bytes)
+    sizes = [total // commits + (i < total % commits) for i in range(commits)]
+    slots: list[list[str]] = [[] for _ in range(MODEL_CALLS + 1)]
+    for i, size in enumerate(sizes):
+        slots[i * len(slots) // commits].append("x" * size)
+    return slots
+
+
+async def floor_round(runs: int, out: list[Sample], db: Path, writes: Writes) -> None:
+    conn = open_floor_db(db)
+    limiter = anyio.CapacityLimiter(1)
+    plan = commit_plan(writes)
+
+    def write(payload: str) -> None:
+        conn.execute("INSERT INTO rows (data) VALUES (?)", (payload,))
+        conn.commit()
+
+    async def model(messages: list[Message], turn: int) -> Message:
+        for payload in plan[turn]:
+            await anyio.to_thread.run_sync(write, payload, limiter=limiter)
+        return BARE_SCRIPT[turn]
+
+    loop = asyncio.get_running_loop()
+    try:
+        with stopwatch(runs, out):
+            for _ in range(runs):
+                # A task per run, awaited, as bench_loop.py's floor.
+                result = await loop.create_task(bare_loop(PROMPT, model))
+                assert result == (ANSWER, TOOL_CALLS), result
+                for payload in plan[-1]:
+                    await anyio.to_thread.run_sync(write, payload, limiter=limiter)
+        written = conn.execute(
+            "SELECT count(*), sum(length(data)) FROM rows"
+        ).fetchone()
+        assert written == (
+            runs * sum(map(len, plan)),
+            runs * sum(len(p) for slot in plan for p in slot),
+        ), written
+    finally:
+        conn.close()
+
+
+async def bare_round(runs: int, out: list[Sample]) -> None:
+    loop = asyncio.get_running_loop()
+    with stopwatch(runs, out):
+        for _ in range(runs):
+            result = await loop.create_task(bare_loop(PROMPT, bare_model))
+            assert result == (ANSWER, TOOL_CALLS), result
+
+
+# ---------------------------------------------------------------------- langgraph
+
+
+class LangGraphWorker:
+    """peer_langgraph_sqlite.py in its venv, one request and one reply a line."""
+
+    def __init__(self) -> None:
+        self._proc = subprocess.Popen(
+            [str(LANGGRAPH_PYTHON), str(LANGGRAPH_WORKER)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=BENCH / "peers",
+        )
+
+    def ask(self, **request: Any) -> dict[str, float]:
+        assert self._proc.stdin is not None
+        assert self._proc.stdout is not None
+        self._proc.stdin.write(json.dumps(request) + "\n")
+        self._proc.stdin.flush()
+        line = self._proc.stdout.readline()
+        if not line:
+            sys.exit(f"the LangGraph worker exited ({self._proc.wait()})")
+        reply: dict[str, float] = json.loads(line)
+        return reply
+
+    def round(self, runs: int, out: list[Sample]) -> None:
+        # The worker blocks this process while it runs (it waits on the pipe):
+        # nothing of this process runs beside it.
+        reply = self.ask(op="round", runs=runs)
+        out.append(Sample(reply["wall_us"], reply["cpu_us"]))
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            assert self._proc.stdin is not None
+            self._proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
+            self._proc.stdin.close()
+            self._proc.wait(timeout=30)
+
+
+# ---------------------------------------------------------------------- rounds
+
+
+@dataclass(slots=True)
+class Subject:
+    name: str
+    label: str
+    run: Callable[[int, list[Sample]], Awaitable[None]]
+    runs: int = 0
+    samples: list[Sample] = field(default_factory=list)
+
+    def median(self, attr: str) -> float:
+        return statistics.median(getattr(s, attr) for s in self.samples)
+
+
+async def calibrate(subject: Subject, seconds: float) -> None:
+    """Warm up, then size the subject's rounds to about `seconds` of wall time."""
+    probe: list[Sample] = []
+    await subject.run(5, probe)
+    await subject.run(20, probe)
+    subject.runs = max(5, min(5_000, round(seconds / (probe[-1].wall_us / 1e6))))
+
+
+async def interleaved(subjects: list[Subject], rounds: int) -> None:
+    for _ in range(rounds):
+        for s in subjects:
+            await s.run(s.runs, s.samples)
+
+
+def set_ratio(a: Subject, b: Subject, attr: str) -> float:
+    """The median over the sets of a's µs over b's in the same set."""
+    return statistics.median(
+        getattr(x, attr) / getattr(y, attr)
+        for x, y in zip(a.samples, b.samples, strict=True)
+    )
+
+
+def table(headers: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    print("  " + "  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True)))
+    for r in rows:
+        print("  " + "  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
+
+
+# ---------------------------------------------------------------------- main
+
+
+async def workload(dbs: Databases, rounds: int, seconds: float) -> None:
+    print("\nthe workload four ways (+ the bare loop alone)")
+    counted: list[Sample] = []
+    writes = await agentfsm_round(COUNT_RUNS, counted, db=dbs.next())
+    assert writes is not None
+    worker = LangGraphWorker() if LANGGRAPH_PYTHON.exists() else None
+    try:
+        lg_writes = None
+        if worker is not None:
+            reply = worker.ask(op="count", runs=COUNT_RUNS)
+            lg_writes = Writes(reply["commits"], reply["bytes"])
+
+        async def memory(runs: int, out: list[Sample]) -> None:
+            await agentfsm_round(runs, out)
+
+        async def durable(runs: int, out: list[Sample]) -> None:
+            got = await agentfsm_round(runs, out, db=dbs.next())
+            # The floor writes what the store wrote in the counted runs: the
+            # store must keep writing the same in the timed ones.
+            assert got is not None
+            assert round(got.commits) == round(writes.commits), (got, writes)
+
+        async def floor(runs: int, out: list[Sample]) -> None:
+            await floor_round(runs, out, dbs.next(), writes)
+
+        async def bare(runs: int, out: list[Sample]) -> None:
+            await bare_round(runs, out)
+
+        subjects = [
+            Subject("memory", "agentfsm, in memory", memory),
+            Subject("sqlite", "agentfsm, SQLiteStore (NORMAL)", durable),
+            Subject("floor", "floor: bare loop + sqlite3 commits", floor),
+            Subject("bare", "bare asyncio loop", bare),
+        ]
+        if worker is not None:
+
+            async def langgraph(runs: int, out: list[Sample]) -> None:
+                worker.round(runs, out)
+
+            subjects.insert(
+                2,
+                Subject(
+                    "langgraph", "LangGraph + AsyncSqliteSaver (NORMAL)", langgraph
+                ),
+            )
+        for s in subjects:
+            await calibrate(s, seconds)
+        await interleaved(subjects, rounds)
+    finally:
+        if worker is not None:
+            worker.close()
+
+    by = {s.name: s for s in subjects}
+    per_run = {"sqlite": writes, "floor": writes, "langgraph": lg_writes}
+    rows = []
+    for s in subjects:
+        w = per_run.get(s.name)
+        rows.append(
+            [
+                s.label,
+                f"{s.median('wall_us'):,.1f}",
+                f"{s.median('cpu_us'):,.1f}",
+                f"{set_ratio(s, by['floor'], 'wall_us'):.2f}",
+                "-" if w is None else f"{w.commits:.1f}",
+                "-" if w is None else f"{w.bytes:,.0f}",
+                f"{s.runs:,}",
+            ]
+        )
+    print(f"median of {rounds} interleaved rounds of ~{seconds} s each")
+    table(
+        ["subject", "wall µs/run", "cpu µs/run", "x floor", "commits/run",
+         "bytes/run", "runs/round"],
+        rows,
+    )  # fmt: skip
+    durable_wall = set_ratio(by["sqlite"], by["floor"], "wall_us")
+    durable_cpu = set_ratio(by["sqlite"], by["floor"], "cpu_us")
+    cost = by["sqlite"].median("wall_us") - by["memory"].median("wall_us")
+    print(
+        f"durability adds {cost:,.1f} µs/run to agentfsm "
+        f"({cost / writes.commits:.1f} µs per commit); "
+        f"the floor's commits add "
+        f"{by['floor'].median('wall_us') - by['bare'].median('wall_us'):,.1f} µs/run"
+    )
+    print(
+        f"target: durable <= {MAX_DURABLE_VS_FLOOR}x the floor: {durable_wall:.2f}x "
+        f"wall, {durable_cpu:.2f}x cpu"
+    )
+    if "langgraph" in by:
+        lg_wall = set_ratio(by["langgraph"], by["sqlite"], "wall_us")
+        lg_cpu = set_ratio(by["langgraph"], by["sqlite"], "cpu_us")
+        print(
+            f"target: >= {MIN_LANGGRAPH_VS_DURABLE:g}x faster than LangGraph + SQLite: "
+            f"{lg_wall:.1f}x wall, {lg_cpu:.1f}x cpu"
+        )
+        lg_text = f"{lg_wall:.1f}"
+        lg_cpu_text = f"{lg_cpu:.1f}"
+    else:
+        print(f"LangGraph: skipped, {LANGGRAPH_PYTHON} missing (make bench-durable)")
+        lg_text = lg_cpu_text = "nan"
+    await context_table(dbs, CONTEXT_ROUNDS if rounds > 1 else 1, seconds)
+    print(
+        f"cpu_durable_vs_floor={durable_cpu:.2f} "
+        f"cpu_langgraph_sqlite_vs_agentfsm_sqlite={lg_cpu_text}"
+    )
+    print(
+        f"durable_vs_floor={durable_wall:.2f} langgraph_sqlite_vs_agentfsm_sqlite={lg_text}"
+    )
+
+
+def json_bytes(items: list[Any]) -> int:
+    return sum(len(item.model_dump_json()) for item in items)
+
+
+async def context_table(dbs: Databases, rounds: int, seconds: float) -> None:
+    print("\nthe durable cost as the context grows (items in the context at the start)")
+    rows = []
+    for size in CONTEXT_SIZES:
+        base = context_items(size)
+        counted: list[Sample] = []
+        writes = await agentfsm_round(
+            COUNT_RUNS // 5, counted, db=dbs.next(), base=base
+        )
+        assert writes is not None
+
+        async def memory(runs: int, out: list[Sample], base: list[Any] = base) -> None:
+            await agentfsm_round(runs, out, base=base)
+
+        async def durable(runs: int, out: list[Sample], base: list[Any] = base) -> None:
+            await agentfsm_round(runs, out, db=dbs.next(), base=base)
+
+        pair = [Subject("memory", "", memory), Subject("sqlite", "", durable)]
+        for s in pair:
+            await calibrate(s, seconds)
+        await interleaved(pair, rounds)
+        mem, dur = pair
+        rows.append((size, mem, dur, writes, json_bytes(base)))
+    first = rows[0][2].median("wall_us") - rows[0][1].median("wall_us")
+    out = []
+    for size, mem, dur, writes, initial in rows:
+        cost = dur.median("wall_us") - mem.median("wall_us")
+        out.append(
+            [
+                f"{size:,}",
+                f"{mem.median('wall_us'):,.0f}",
+                f"{dur.median('wall_us'):,.0f}",
+                f"{cost:,.0f}",
+                f"{cost / first:.2f}",
+                f"{writes.commits:.1f}",
+                f"{writes.bytes:,.0f}",
+                f"{writes.bytes - initial:,.0f}",
+            ]
+        )
+    print(f"wall µs/run, median of {rounds} interleaved rounds")
+    table(
+        ["items", "memory µs", "sqlite µs", "durable µs", "x at 10", "commits",
+         "bytes/run", "bytes beyond the items"],
+        out,
+    )  # fmt: skip
+    print(
+        "  'bytes beyond the items': bytes/run minus the JSON of the items the "
+        "loop started with (each new loop writes them once); flat if no commit "
+        "copies the context"
+    )
+
+
+async def profile_target(dbs: Databases, seconds: float = 20.0) -> None:
+    """Only the `sqlite` subject, under cProfile (the main thread only: the
+    SQLite work in the worker thread shows as the wait for it)."""
+    samples: list[Sample] = []
+    await agentfsm_round(100, samples, db=dbs.next())
+    profiler = cProfile.Profile()
+    runs = 0
+    start = time.perf_counter()
+    profiler.enable()
+    while time.perf_counter() - start < seconds:
+        await agentfsm_round(200, samples, db=dbs.next())
+        runs += 200
+    profiler.disable()
+    print(f"agentfsm with SQLiteStore: {runs:,} runs")
+    pstats.Stats(profiler).sort_stats("cumulative").print_stats(40)
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run")
+    parser.add_argument("--profile", action="store_true", help="cProfile the store")
+    args = parser.parse_args()
+    if SQLiteStore is None:
+        sys.exit("agentfsm.store.SQLiteStore is missing: this checkout has no store")
+    dbs = Databases()
+    try:
+        if args.profile:
+            await profile_target(dbs)
+            return
+        print(
+            f"python {sys.version.split()[0]}, asyncio, agentfsm {agentfsm.__version__}, "
+            f"sqlite {sqlite3.sqlite_version}"
+        )
+        print(f"workload: {MODEL_CALLS} model calls + {TOOL_CALLS} tool calls per run")
+        if args.quick:
+            await workload(dbs, 1, 0.1)
+        else:
+            await workload(dbs, ROUNDS, ROUND_SECONDS)
+    finally:
+        dbs.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
