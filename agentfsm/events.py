@@ -11,6 +11,7 @@ reads any of them back from JSON.
 | `loop.started` | `run_loop` accepted the loop |
 | `transition.intercepted` | a handler decided about a pending transition |
 | `loop.paused` / `loop.resumed` | a handler paused the loop / `resume` continued it |
+| `loop.recovered` | `Runtime.recover` took the loop from a durable store |
 | `loop.transition` | a transition was taken (the path, one edge at a time) |
 | `inference.stream` | a streamed chunk, in order |
 | `inference.completed` | a model request returned |
@@ -50,6 +51,7 @@ __all__ = (
     "LoopFailed",
     "LoopIdle",
     "LoopPaused",
+    "LoopRecovered",
     "LoopResumed",
     "LoopStarted",
     "LoopTransition",
@@ -188,6 +190,18 @@ class LoopResumed(_Event):
 
 
 @final
+class LoopRecovered(_Event):
+    """`Runtime.recover` took the loop from a durable store; it goes on from its
+    last committed transition (`state`), or stays paused."""
+
+    type: Literal["loop.recovered"] = "loop.recovered"
+    status: Literal["running", "paused"]
+    uncertain_calls: tuple[str, ...] = ()
+    """Ids of calls that were in flight when the process died, over which the
+    loop paused (their tools' `on_crash="pause"`)."""
+
+
+@final
 class LoopTransition(_Event):
     """A transition was taken; `state` is its destination."""
 
@@ -285,6 +299,7 @@ AgentEvent: TypeAlias = Annotated[
     | TransitionIntercepted
     | LoopPaused
     | LoopResumed
+    | LoopRecovered
     | LoopTransition
     | InferenceStream
     | InferenceCompleted

@@ -64,8 +64,12 @@ __all__ = (
 class ToolBatch(BaseModel):
     """The function calls a `call_tools` transition will run.
 
-    Handlers deny calls or change their arguments by returning a rewritten batch.
-    A denied call does not run; the model sees an error output with the reason.
+    Handlers deny calls, change their arguments or answer them without running
+    them by returning a rewritten batch. A denied call does not run; the model
+    sees an error output with the reason. An answered call does not run
+    either; the model sees the output given (a recovered loop's call whose
+    outcome is uncertain is resolved this way, or by a denial, or by running it
+    again).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
@@ -78,6 +82,8 @@ class ToolBatch(BaseModel):
     awaiting_approval: tuple[str, ...] = ()
     """Calls of tools that need approval; set while the loop waits for it.
     Resuming approves those not denied."""
+    outputs: dict[str, str] = Field(default_factory=dict)
+    """`call_id -> output` for each call answered without running it."""
 
     def deny(self, call_id: str, reason: str) -> "ToolBatch":
         """This batch with one more call denied."""
@@ -90,6 +96,11 @@ class ToolBatch(BaseModel):
         denied = {k: v for k, v in self.denied.items() if k != call_id}
         waiting = tuple(c for c in self.awaiting_approval if c != call_id)
         return self.model_copy(update={"denied": denied, "awaiting_approval": waiting})
+
+    def answer(self, call_id: str, output: str) -> "ToolBatch":
+        """This batch with one call answered by `output` instead of running it."""
+        self._check(call_id)
+        return self.model_copy(update={"outputs": {**self.outputs, call_id: output}})
 
     def with_arguments(
         self, call_id: str, arguments: Mapping[str, Any] | str

@@ -162,6 +162,7 @@ class MCPTool(Tool):
         self.run_in_thread = False
         self.needs_approval = needs_approval
         self.execution_mode = execution_mode
+        self.on_crash = "pause"  # a server's tool is not known to be idempotent
         self._is_async = self._awaits = True
         self._parameters = None
         self.definition = ToolDefinition(

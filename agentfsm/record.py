@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from .inference import InferenceOutput
 from .interception import ToolBatch
-from .messages import ModelMessageItem, TokenUsage, UserMessage
+from .messages import ContextItem, ModelMessageItem, TokenUsage, UserMessage
 from .results import ErrorInfo, LoopStatus, PathStep
 from .states import LoopState, Outcome, Trigger
 
@@ -76,6 +76,9 @@ class RequestRecord(BaseModel):
     """Every other field of the input, as JSON data (`streaming`, `tool_choice`, ...)."""
     tools: tuple[str, ...] = ()
     """The tools offered, by name."""
+    tool_schemas: tuple[str, ...] = ()
+    """A digest of each tool's name and parameters schema, in the order of
+    `tools`: a loop is never resumed with a tool whose schema changed."""
     structured_output: str | dict[str, JsonValue] | None = None
     """A pydantic class by name, a JSON schema as it is."""
     instructions: str | None = None
@@ -84,6 +87,10 @@ class RequestRecord(BaseModel):
     own_context: bool
     """Whether the request's context is the loop's own (or a copy a repair or a
     handler made)."""
+    items: tuple[ContextItem, ...] | None = None
+    """The items of a context that is not the loop's own (a copy a repair or a
+    handler made), so the request can be rebuilt; None for the loop's own,
+    which is referenced by position only."""
 
 
 class MessagesRecord(BaseModel):
@@ -233,6 +240,9 @@ class LoopRecord(BaseModel):
     cancel_reason: str | None = None
     deadline_at: float | None = None
     """The loop's deadline on anyio's clock (`anyio.current_time()`)."""
+    deadline_utc: datetime | None = None
+    """The same deadline as a wall-clock time (what a durable store restores it
+    from, in another process)."""
 
     outcome: Outcome | None = None
     reason: str | None = None

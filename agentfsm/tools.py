@@ -140,6 +140,7 @@ class ToolOptions(TypedDict, total=False):
     run_in_thread: bool
     needs_approval: bool | Callable[[dict[str, Any]], bool]
     execution_mode: Literal["parallel", "sequential"]
+    on_crash: Literal["pause", "retry"]
 
 
 class Tool:
@@ -163,6 +164,11 @@ class Tool:
             a call pauses the loop until `Runtime.resume`.
         execution_mode: `"sequential"` makes any batch containing this tool run
             one call at a time, even when the loop runs tools in parallel.
+        on_crash: what a durable loop recovered after a crash does with a call
+            of this tool that was in flight (started, no output recorded):
+            `"pause"` (the default) pauses the loop, naming the call, for a
+            handler or a person to decide; `"retry"` (idempotent tools) runs it
+            again with the same `idempotency_key`.
 
     Raises:
         ConfigurationError: the function cannot be a tool (a parameter without
@@ -180,6 +186,7 @@ class Tool:
         "function",
         "name",
         "needs_approval",
+        "on_crash",
         "run_in_thread",
         "timeout",
     )
@@ -194,7 +201,12 @@ class Tool:
         run_in_thread: bool = True,
         needs_approval: bool | Callable[[dict[str, Any]], bool] = False,
         execution_mode: Literal["parallel", "sequential"] = "parallel",
+        on_crash: Literal["pause", "retry"] = "pause",
     ) -> None:
+        if on_crash not in ("pause", "retry"):
+            raise ConfigurationError(
+                f"on_crash must be 'pause' or 'retry', got {on_crash!r}"
+            )
         if timeout is not None and timeout <= 0:
             raise ConfigurationError(f"tool timeout must be positive, got {timeout}")
         if execution_mode not in ("parallel", "sequential"):
@@ -207,6 +219,7 @@ class Tool:
         self.run_in_thread = run_in_thread
         self.needs_approval = needs_approval
         self.execution_mode = execution_mode
+        self.on_crash = on_crash
         self._is_async = inspect.iscoroutinefunction(function)
         self._awaits = self._is_async and awaits(function)
         summary, descriptions = docstring(function)

@@ -26,6 +26,7 @@ from agentfsm.events import (
     LoopFailed,
     LoopIdle,
     LoopPaused,
+    LoopRecovered,
     LoopResumed,
     LoopStarted,
     LoopTransition,
@@ -237,6 +238,14 @@ EXAMPLES: list[Any] = [
         id="inference.completed",
     ),
     pytest.param(
+        LoopRecovered(
+            **envelope(8, S.function_call),
+            status="paused",
+            uncertain_calls=("call_1",),
+        ),
+        id="loop.recovered",
+    ),
+    pytest.param(
         FunctionCallStarted(**envelope(8, S.function_call), call=CALL),
         id="function_call.started",
     ),
@@ -440,7 +449,11 @@ async def test_events_of_a_real_run() -> None:
         Outcome.answered,
         Outcome.failed,
     ]
-    assert set(EVENT_TYPES) - {e.type for e in events} == {"function_call.progress"}
+    # (A recovered loop's event is in tests/test_durable.py.)
+    assert set(EVENT_TYPES) - {e.type for e in events} == {
+        "function_call.progress",
+        "loop.recovered",
+    }
     for event in events:
         assert AgentEventAdapter.validate_json(event.model_dump_json()) == event
         # Built by the loop without validation: copies and pickles still work.

@@ -50,6 +50,7 @@ EventType: TypeAlias = Literal[
     "transition.intercepted",
     "loop.paused",
     "loop.resumed",
+    "loop.recovered",
     "loop.transition",
     "inference.stream",
     "inference.completed",

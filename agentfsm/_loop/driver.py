@@ -41,6 +41,8 @@ from .states import STATES
 from .steps import _S, _T, Step
 
 if TYPE_CHECKING:
+    from agentfsm._durable.writer import Durable
+
     from .loop import Loop
 
 __all__ = ("end", "end_paused", "expire_paused", "run")
@@ -83,9 +85,14 @@ async def run(loop: Loop) -> None:
     # so binding needs no reset.
     _current_loop.set(loop.loop_id)
     bind_contextvars(loop_id=loop.loop_id, agent_id=loop.agent_id)
+    durable = loop.durable
     # `Runtime.cancel` cancels the task of the worker running the loop; the
     # cancellation arrives here like the runtime closing does.
     try:
+        if durable is not None and loop.resumed is not None:
+            # The decision is stored before it takes effect: a loop recovered
+            # after this never asks for it again.
+            await durable.save(loop)
         if loop.options.deadline is None:
             await drive(loop)
         else:
@@ -97,6 +104,10 @@ async def run(loop: Loop) -> None:
         # as cancelled, then let the cancellation go on.
         with anyio.CancelScope(shield=True):
             end(loop, _T.cancel, reason=_cancel_reason(loop, "runtime closed"))
+            if durable is not None and loop.cancel_requested:
+                # A cancel is the loop's end; the runtime closing is not: the
+                # store keeps the loop's last transition, and recovery goes on.
+                await _save_end(loop, durable)
             await loop.flush()
         raise
     except LoopAborted as exc:
@@ -115,11 +126,29 @@ async def run(loop: Loop) -> None:
         # failed, naming it, so no loop is left without an outcome.
         with anyio.CancelScope(shield=True):
             end(loop, _T.fail, reason=error_text(exc), error=exc)
+            if durable is not None:
+                await _save_end(loop, durable)
             await loop.flush()
         raise
+    if durable is not None:
+        with anyio.CancelScope(shield=True):
+            await _save_end(loop, durable)  # paused, or ended
     if loop.outbox is not None:
         with anyio.CancelScope(shield=True):
             await loop.flush()
+
+
+async def _save_end(loop: Loop, durable: Durable) -> None:
+    """Store the loop as its run left it; a store that cannot take it is logged
+    (the loop has ended or paused in memory; the store keeps its last commit)."""
+    try:
+        await durable.save(loop)
+    except Exception as exc:  # noqa: BLE001 - the run is over: nothing to fail
+        loop.log.error(
+            "store_write_failed",
+            status=loop.status,
+            error=f"{type(exc).__name__}: {error_text(exc)}",
+        )
 
 
 def _cancel_reason(loop: Loop, otherwise: str) -> str:
@@ -150,11 +179,15 @@ async def _drive_until_deadline(loop: Loop) -> None:
 
 
 async def drive(loop: Loop) -> None:
-    """Take steps until the loop ends or pauses."""
+    """Take steps until the loop ends or pauses (a loop recovered from a store
+    with no pending step first runs the state it had entered)."""
     step = loop.pending
-    assert step is not None
+    if step is None:
+        assert loop.step is not None
+        step = await STATES[loop.state](loop, loop.step[1])
     loop.pending = None
     handlers = loop.handlers
+    durable = loop.durable
     while True:
         if loop.cancel_requested and _cancelled(loop):  # the flag first: no call
             return
@@ -172,6 +205,8 @@ async def drive(loop: Loop) -> None:
         if dest is _S.idle:
             end(loop, *step)
             return
+        if durable is not None:
+            await durable.save(loop)  # before the state's side effects
         step = await STATES[dest](loop, step[1])
         if loop.outbox is not None:
             await loop.flush()
@@ -291,4 +326,6 @@ async def expire_paused(loop: Loop) -> None:
     assert deadline is not None
     error = LoopTimeout(f"the loop ran past its deadline of {deadline:g}s (paused)")
     end(loop, _T.fail, reason=error_text(error), error=error)
+    if loop.durable is not None:
+        await _save_end(loop, loop.durable)
     await loop.flush()

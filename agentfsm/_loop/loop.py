@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
 
     from agentfsm._bus import EventBus
+    from agentfsm._durable.writer import Durable
     from agentfsm.providers import ProviderRegistry
     from agentfsm.record import LoopRecord
 
@@ -132,6 +133,7 @@ class Loop(Emitter):
         # what the loop runs with (not data: not in the record)
         "_bound_log",
         "done",
+        "durable",
         "cancel_scope",
         "event",
         "on_commit",
@@ -232,6 +234,8 @@ class Loop(Emitter):
         self.event = event
         self.on_end = on_end
         self.on_commit = on_commit
+        self.durable: Durable | None = None
+        """Its side of the runtime's store (`_durable.writer`), if the runtime has one."""
         self.scan: ContextScan = context_scan(inference_input.context)
         self.released: InferenceInput | None = None
         """The input with its forced tool choice released (`turn.released`)."""
@@ -241,7 +245,8 @@ class Loop(Emitter):
         self._bound_log: FilteringBoundLogger | None = None
         self.done: anyio.Event | None = None
         """Set when the loop ends; made when someone waits."""
-        self.emit_started(message, inference_input.model, inference_input.streaming)
+        # (`loop.started` is published by the runtime once the loop is made; a
+        # loop restored from a store publishes `loop.recovered` instead.)
 
     @property
     def log(self) -> FilteringBoundLogger:

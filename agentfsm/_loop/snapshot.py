@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
+
+import anyio
 
 from agentfsm.inference import InferenceInput
 from agentfsm.interception import Decision, Rewrite, TransitionPayload
@@ -20,6 +25,7 @@ from agentfsm.record import (
     TurnRecord,
     callable_name,
 )
+from agentfsm.tools import Tool, ToolDefinition
 
 from .states.model_message import jsonable
 
@@ -85,6 +91,7 @@ def record_of(loop: Loop) -> LoopRecord:
         cancel_requested=loop.cancel_requested,
         cancel_reason=loop.cancel_reason,
         deadline_at=loop.deadline_at,
+        deadline_utc=None if loop.deadline_at is None else _wall(loop.deadline_at),
         outcome=loop.outcome,
         reason=loop.reason,
         answer=loop.answer,
@@ -100,17 +107,43 @@ _REQUEST_DATA = {"model", "context", "tools", "structured_output"}
 def request_record(request: InferenceInput, own: Any) -> RequestRecord:
     """An `InferenceInput` as data (`own` is the loop's context)."""
     schema = request.structured_output
+    own_context = request.context is own
     return RequestRecord(
         model=request.model,
         settings=request.model_dump(mode="json", exclude=_REQUEST_DATA),
         tools=tuple(t.name for t in request.tools),
+        tool_schemas=tuple(schema_digest(t) for t in request.tools),
         structured_output=schema
         if schema is None or isinstance(schema, dict)
         else callable_name(schema),
         instructions=request.context.instructions,
         context_items=len(request.context.items),
-        own_context=request.context is own,
+        own_context=own_context,
+        items=None if own_context else tuple(request.context.items),
     )
+
+
+_DIGESTS: dict[int, tuple[ToolDefinition, str]] = {}
+"""Each tool definition's digest, by the definition's id (kept with it, so the
+id stays its own): a record names the same few tools at every commit."""
+
+
+def schema_digest(tool: Tool) -> str:
+    """A digest of a tool's name and parameters schema (not its description:
+    rewording a tool does not change the calls it takes)."""
+    definition = tool.definition
+    known = _DIGESTS.get(id(definition))
+    if known is not None and known[0] is definition:
+        return known[1]
+    text = json.dumps([definition.name, definition.parameters], sort_keys=True)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    _DIGESTS[id(definition)] = (definition, digest)
+    return digest
+
+
+def _wall(deadline_at: float) -> datetime:
+    """A deadline on anyio's clock as a wall-clock time."""
+    return datetime.now(UTC) + timedelta(seconds=deadline_at - anyio.current_time())
 
 
 def payload_record(payload: TransitionPayload, own: Any) -> PayloadRecord:

@@ -26,6 +26,8 @@ from agentfsm.tools import Tool, ToolCall, ToolResult, ToolWrapper, _progress
 from .wrappers import chain_wrappers
 
 if TYPE_CHECKING:
+    from agentfsm._durable.writer import Durable
+
     from .loop import Loop
 
 __all__ = ("INTERRUPTED", "CallResult", "chain_tool_wrappers", "run_batch")
@@ -103,14 +105,18 @@ async def run_batch(
         )
     if not parallel:
         for position, call in enumerate(batch.calls):
-            results[position] = await _run_call(loop, batch, call, tools, truncated)
+            results[position] = await _run_call(
+                loop, batch, position, call, tools, truncated
+            )
         return
 
     limiter = anyio.CapacityLimiter(options.max_tool_concurrency)
 
     async def run_one(position: int, call: FunctionCallItem) -> None:
         async with limiter:
-            results[position] = await _run_call(loop, batch, call, tools, truncated)
+            results[position] = await _run_call(
+                loop, batch, position, call, tools, truncated
+            )
 
     async with anyio.create_task_group() as tg:
         for position, call in enumerate(batch.calls):
@@ -120,6 +126,7 @@ async def run_batch(
 async def _run_call(
     loop: Loop,
     batch: ToolBatch,
+    position: int,
     call: FunctionCallItem,
     tools: Mapping[str, Tool],
     truncated: bool,
@@ -128,15 +135,26 @@ async def _run_call(
     denial = batch.denied.get(call.call_id)
     tool = tools.get(call.name)
     chain = loop.tool_chain
+    durable = loop.durable
+    key: str | None = None
     output: str
     is_error = terminate = False
     if denial is not None:
         output, is_error = f"the call was denied: {denial}", True
+    elif (answer := batch.outputs.get(call.call_id)) is not None:
+        output = answer  # answered by a handler: not run
     elif truncated:
         output, is_error = TRUNCATED, True
     elif tool is None and chain is None:
         output, is_error = _unknown(call, tools), True
     else:
+        if durable is not None:
+            ran = await _ledger(loop, durable, position, call)
+            if not isinstance(ran, str):
+                # It ran before a crash: its recorded output; never run twice.
+                loop.emit_call_completed(call, ran[0], time.perf_counter() - started)
+                return ran
+            key = ran
         loop.emit_call_started(call)
         if loop.outbox is not None:
             await loop.flush()  # the call starts once its start was received
@@ -182,12 +200,28 @@ async def _run_call(
         "is_error": is_error,
     }
     out = _models.trusted(FunctionCallOutputItem, values, _OUTPUT_FIELDS)
+    if key is not None:
+        assert durable is not None
+        with anyio.CancelScope(shield=True):  # the output is known: record it
+            await durable.end_call(key, out, terminate)
     if is_error:
         loop.log.info(
             "tool_call_error", call_id=call.call_id, tool=call.name, error=output
         )
     loop.emit_call_completed(call, out, time.perf_counter() - started)
     return out, terminate
+
+
+async def _ledger(
+    loop: Loop, durable: Durable, position: int, call: FunctionCallItem
+) -> CallResult | str:
+    """Record the intent to run a call; its recorded result if it ran already,
+    else its idempotency key (the call then runs)."""
+    key = durable.key(loop, position, call)
+    entry = await durable.begin_call(loop, key, position, call)
+    if entry.status == "done" and entry.output is not None:
+        return entry.output, entry.terminate
+    return key
 
 
 def _unknown(call: FunctionCallItem, tools: Mapping[str, Tool]) -> str:

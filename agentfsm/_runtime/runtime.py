@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from contextvars import ContextVar, Token
 from types import TracebackType
-from typing import TYPE_CHECKING, Self, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, Self, TypeVar, Unpack
 
 import anyio
 from anyio.abc import TaskGroup
@@ -57,8 +57,11 @@ from .services import Services
 from .workers import WorkerPool
 
 if TYPE_CHECKING:
+    from agentfsm._durable.keeper import Keeper, Recovery
     from agentfsm.eventlog import EventLogWriter
     from agentfsm.record import LoopRecord
+    from agentfsm.store import LoopStore
+    from agentfsm.tools import Tool
 
 __all__ = (
     "Runtime",
@@ -96,6 +99,17 @@ class Runtime:
             (oldest forgotten first).
         event_log: append every event of every loop to this JSON-lines file
             (see `agentfsm.eventlog`); it is complete once the runtime exited.
+        store: make every loop durable (`agentfsm.store`: `SQLiteStore`,
+            `MemoryStore`, ...): its record is written at each transition, its
+            tool calls go through a ledger, a paused loop stays paused when the
+            runtime exits, and `recover()` continues what a crashed process
+            left (see docs/durability.md).
+        tools: the tools stored loops may be rebound to, by name (loops this
+            runtime starts add theirs).
+        handlers: the interception handlers and other callables (wrappers,
+            stop conditions, `finish_turn`, structured-output classes) stored
+            loops may be rebound to: a list (each named `module:qualname`) or
+            a mapping from such names.
     """
 
     def __init__(
@@ -104,6 +118,9 @@ class Runtime:
         providers: Mapping[str, Provider] | ProviderRegistry | None = None,
         keep_finished: int = 10_000,
         event_log: str | os.PathLike[str] | None = None,
+        store: LoopStore | None = None,
+        tools: Sequence[Tool | Callable[..., Any]] = (),
+        handlers: Mapping[str, Any] | Sequence[Any] = (),
     ) -> None:
         if type(keep_finished) is not int or keep_finished < 0:  # bool, str: refused
             raise ConfigurationError(
@@ -138,6 +155,14 @@ class Runtime:
         self._on_commit: Callable[[Loop], None] | None = None
         """Called at each committed transition of every loop (the point at which
         a loop's record is complete; the durable store will write it there)."""
+        self._keeper: Keeper | None = None
+        """The durable store's side (`agentfsm._durable.keeper`), with a store."""
+        if store is not None:
+            self._keeper = _keeper_of(store, tools, handlers)
+        elif tools or handlers:
+            raise ConfigurationError(
+                "tools= and handlers= bind a durable store's loops: give store= too"
+            )
         self._services = Services()
         """Context managers held open until the loops have ended (MCP sessions)."""
 
@@ -153,7 +178,13 @@ class Runtime:
 
             writer = EventLogWriter(self.bus, self._event_log_path)
             self._event_log = await writer.__aenter__()
+        if self._keeper is not None:
+            # Opened before the loops and closed after them; the leases are a
+            # service (renewed until the loops have ended).
+            await self._keeper.store.__aenter__()
         await self._services.open()  # left after the loops' task group, too
+        if self._keeper is not None:
+            await self._services.enter(self._keeper.leases(), "store leases")
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
@@ -197,12 +228,19 @@ class Runtime:
             # group; paused ones have no task, so they are ended here.
             with anyio.CancelScope(shield=True):
                 for loop in list(self._loops.values()):
-                    if loop.status is LoopStatus.paused:
+                    if loop.status is not LoopStatus.paused:
+                        continue
+                    if self._keeper is None:
                         await end_paused(
                             loop, "the runtime closed while the loop was paused"
                         )
+                    else:  # it stays paused in the store, for any runtime
+                        self._loops.pop(loop.loop_id, None)
             # No loop is left to use what the services hold.
             await self._services.close()
+            if self._keeper is not None:
+                with anyio.CancelScope(shield=True):
+                    await self._keeper.store.__aexit__(None, None, None)
             self.bus.close()
             if self._token is not None:
                 _current.reset(self._token)
@@ -280,6 +318,12 @@ class Runtime:
 
     def _cancel_paused_if_idle(self) -> None:
         if self._closing and not self._running:
+            if self._keeper is not None:
+                # Paused loops stay paused in the store (any runtime may resume
+                # them): only their deadline timers go.
+                for timer in self._timers.values():
+                    timer.cancel()
+                return
             for loop in list(self._loops.values()):
                 if loop.status is LoopStatus.paused:
                     self.cancel(
@@ -343,9 +387,69 @@ class Runtime:
             self._loop_done,
             self._on_commit,
         )
+        loop.emit_started(
+            user_message, inference_input.model, inference_input.streaming
+        )
+        if self._keeper is not None:
+            self._keeper.adopt(loop)
         self._loops[loop_id] = loop
         self._spawn(loop)
         return loop_id
+
+    async def recover(self) -> Recovery:
+        """Continue every unfinished loop of the store that no live runtime owns.
+
+        Each goes on from its last committed transition: a paused loop stays
+        paused (`resume` it), a model request whose output was recorded is not
+        sent again, a tool call the ledger holds as done is never run again,
+        and a call that was in flight when the process stopped runs again if
+        its tool is `on_crash="retry"`, else the loop pauses, naming it. A
+        loop naming a tool or callable this runtime was not given (or a tool
+        whose schema changed) ends `failed` with an error that names it.
+
+        Returns:
+            What happened to each loop (`Recovery`).
+
+        Raises:
+            LoopStateError: the runtime has no store, or is not running.
+        """
+        keeper = self._keeper
+        if keeper is None:
+            raise LoopStateError("recover() needs a durable store: Runtime(store=...)")
+        if self._tg is None or self._closing:
+            raise LoopStateError(
+                "the runtime is not running: use `async with Runtime() as runtime:`"
+            )
+        primitives = self._primitives
+
+        def make(
+            inference_input: InferenceInput,
+            handlers: tuple[Any, ...],
+            options: LoopOptions,
+        ) -> Loop:
+            return Loop(  # by position (see `Loop.__init__`); restore sets the rest
+                "",
+                "",
+                None,
+                inference_input,
+                handlers,
+                options,
+                self.bus,
+                self.providers,
+                primitives.cancel_scope,
+                primitives.event,
+                self._loop_done,
+                self._on_commit,
+            )
+
+        return await keeper.recover(self._loops, make, self._take_recovered)
+
+    def _take_recovered(self, loop: Loop) -> None:
+        self._loops[loop.loop_id] = loop
+        if loop.status is LoopStatus.paused:
+            self._run_ended(loop)  # its deadline timer, if it has one
+        else:
+            self._spawn(loop)
 
     def _live(self, loop_id: str) -> Loop | None:
         """The running or paused loop with this id; None if it has finished.
@@ -488,6 +592,22 @@ class Runtime:
             results[loop.loop_id] = loop.result()
             if len(results) > self._keep_finished:
                 del results[next(iter(results))]  # the oldest finished
+
+
+def _keeper_of(
+    store: LoopStore,
+    tools: Sequence[Tool | Callable[..., Any]],
+    handlers: Mapping[str, Any] | Sequence[Any],
+) -> Keeper:
+    # Imported only by runtimes with a store (sqlite3 and the rest load then).
+    from agentfsm._durable.keeper import Keeper
+    from agentfsm.store import LoopStore
+
+    if not isinstance(store, LoopStore):
+        raise ConfigurationError(
+            f"store must be a LoopStore (agentfsm.store), got {type(store).__name__}"
+        )
+    return Keeper(store, tools, handlers)
 
 
 def run_loop(

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = ("completed", "inference")
 
-_BATCH_FIELDS: Final = {"kind", "calls", "denied", "awaiting_approval"}
+_BATCH_FIELDS: Final = {"kind", "calls", "denied", "awaiting_approval", "outputs"}
 _REQUEST_FIELDS: Final = {"input", "metadata", "streaming", "loop_id", "agent_id"}
 
 
@@ -37,6 +37,11 @@ async def inference(loop: Loop, payload: TransitionPayload) -> Step:
     if loop.model_requests >= loop.options.max_turns:
         raise TurnLimitExceeded(over_the_limit(loop))
     streaming = loop.state is _S.inference_streaming
+    durable = loop.durable
+    if durable is not None and durable.recorded is not None:
+        # A recovered loop whose request's output was recorded: not sent again.
+        output, durable.recorded = durable.recorded, None
+        return completed(loop, payload, output)
     if loop.model_chain is None:
         output = await request_model(loop, payload, streaming)
     else:
@@ -56,7 +61,10 @@ async def inference(loop: Loop, payload: TransitionPayload) -> Step:
                 f"the model wrappers returned {type(output).__name__}, "
                 "not an InferenceOutput"
             )
-    return completed(loop, payload, output)
+    step = completed(loop, payload, output)
+    if durable is not None and loop.handlers:
+        await durable.write_inference(loop)
+    return step
 
 
 def over_the_limit(loop: Loop) -> str:
@@ -80,6 +88,8 @@ def over_the_limit(loop: Loop) -> str:
 def completed(loop: Loop, request: InferenceInput, output: InferenceOutput) -> Step:
     """Count and publish a model request's output; the step it leads to."""
     loop.model_requests += 1
+    if loop.durable is not None:  # written with the next commit
+        loop.durable.inference = (loop.model_requests, output)
     if output.token_usage is not None:
         loop.usage = loop.usage + output.token_usage
     loop.request = request
@@ -92,6 +102,7 @@ def completed(loop: Loop, request: InferenceInput, output: InferenceOutput) -> S
         "kind": "tool_batch",
         "calls": calls,
         "denied": {},
+        "outputs": {},
         "awaiting_approval": awaiting_approval(loop, calls) if loop.gated else (),
     }
     return (_T.call_tools, _models.trusted(ToolBatch, batch, _BATCH_FIELDS), None)

@@ -1,0 +1,232 @@
+"""What a durable store keeps, and the interface every store implements.
+
+A store holds, per loop:
+
+- the loop's record (`agentfsm.record.LoopRecord`) at each committed transition,
+  the latest one and every earlier one by its `seq` (for fork);
+- the context items, append-only, by position: a commit writes only the items
+  added since the last one (and the one slot an edited answer replaced), so a
+  commit costs the same whatever the context's size;
+- each model request's output, by request number (a recovered loop never sends
+  a request whose output was recorded);
+- the tool-call ledger: an intent before each call starts and its output when
+  it ends, keyed by the call's idempotency key;
+- a lease: which runtime owns the loop, until when.
+
+Every method is a coroutine; a store is entered (`async with`) by the runtime
+that uses it. A write is one transaction: all of it lands, or none.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Literal, Self
+
+from pydantic import BaseModel, ConfigDict
+
+from agentfsm.exceptions import AgentFSMError
+from agentfsm.inference import InferenceOutput
+from agentfsm.messages import ContextItem, FunctionCallOutputItem
+from agentfsm.record import LoopRecord
+
+__all__ = (
+    "CallRecord",
+    "Commit",
+    "LoopLockedError",
+    "LoopStore",
+    "StoreError",
+    "StoreSchemaError",
+    "StoreStatistics",
+    "StoredLoop",
+)
+
+SCHEMA_VERSION = 1
+"""The layout a store writes; a store written by a newer layout is refused."""
+
+
+class StoreError(AgentFSMError):
+    """A durable store could not be read or written."""
+
+
+class StoreSchemaError(StoreError):
+    """The store was written by another version of agentfsm's store layout."""
+
+
+class LoopLockedError(StoreError):
+    """Another runtime holds the loop's lease: two runtimes never run one loop."""
+
+    def __init__(self, loop_id: str, owner: str) -> None:
+        super().__init__(
+            f"loop {loop_id} is owned by another runtime ({owner}); it runs there "
+            "until that runtime exits or its lease expires"
+        )
+        self.loop_id = loop_id
+        self.owner = owner
+
+
+class CallRecord(BaseModel):
+    """One tool call in the ledger."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    key: str
+    """The idempotency key (`agentfsm.current_call().idempotency_key`)."""
+    loop_id: str
+    request: int
+    """The model request whose output asked for the call (1 is the first)."""
+    position: int
+    """The call's position in that output's batch."""
+    tool: str
+    call_id: str
+    status: Literal["started", "done", "uncertain"]
+    """`started`: the intent is recorded and no output (in flight, or the process
+    died during the call). `uncertain`: a recovery paused the loop over it, and
+    the decision that resumes it says what happens. `done`: the output is recorded."""
+    attempt: int = 1
+    output: FunctionCallOutputItem | None = None
+    terminate: bool = False
+    """Whether the tool asked to end the loop (`ToolResult(terminate=True)`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """What one committed transition writes, in one transaction."""
+
+    record: LoopRecord
+    first: int
+    """The position of the first item of `items` in the loop's context."""
+    items: Sequence[ContextItem] = ()
+    """The items added to the context since the last commit."""
+    replaced: Mapping[int, ContextItem] | None = None
+    """Earlier items that changed (an answer a handler rewrote), by position."""
+    inference: tuple[int, InferenceOutput] | None = None
+    """A model request's output not written yet: (request number, output)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredLoop:
+    """A loop as the store holds it: its latest record and its context."""
+
+    record: LoopRecord
+    items: list[ContextItem]
+    owner: str | None
+    """The runtime holding its lease (None: nobody, or an expired lease)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStatistics:
+    """What a store has written since it was opened."""
+
+    commits: int
+    """Write transactions: transitions, ledger entries, leases."""
+    bytes_written: int
+    """Bytes of row data (JSON text) written."""
+
+
+class LoopStore(ABC):
+    """Where durable loops live (`Runtime(store=...)`).
+
+    Implementations: `MemoryStore` (one process), `SQLiteStore` (the embedded
+    default), `agentfsm.store.postgres.PostgresStore` (several processes).
+    """
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def open(self) -> None:  # noqa: B027 - optional for a store
+        """Connect, create or check the layout."""
+
+    async def close(self) -> None:  # noqa: B027 - optional for a store
+        """Disconnect."""
+
+    @abstractmethod
+    def statistics(self) -> StoreStatistics: ...
+
+    # ---------------------------------------------------------------- loops
+
+    lease_ttl: float = 30.0
+    """Seconds a lease lasts unless renewed (a runtime renews its leases every
+    third of it, and gives them up when it exits)."""
+
+    @abstractmethod
+    async def commit(self, commit: Commit, owner: str) -> None:
+        """Write a committed transition: the record (latest, and kept by seq),
+        the new items, and a recorded model output, atomically; `owner` takes
+        or renews the loop's lease.
+
+        Raises:
+            LoopLockedError: another runtime holds the loop's lease (this one
+                lost it: it was not renewed in time).
+        """
+
+    @abstractmethod
+    async def load(self, loop_id: str) -> StoredLoop | None:
+        """The loop's latest record and its context, or None."""
+
+    @abstractmethod
+    async def record_at(self, loop_id: str, seq: int) -> LoopRecord | None:
+        """The loop's record as committed at `seq` (the latest at or before it)."""
+
+    @abstractmethod
+    async def unfinished(self) -> list[str]:
+        """The ids of loops not done (running or paused when last written)."""
+
+    @abstractmethod
+    async def record_inference(
+        self, loop_id: str, request: int, output: InferenceOutput
+    ) -> None:
+        """Write a model request's output ahead of the next commit (a loop whose
+        handlers will decide about it first: they may take a while)."""
+
+    @abstractmethod
+    async def inference(self, loop_id: str, request: int) -> InferenceOutput | None:
+        """The recorded output of the loop's `request`-th model request."""
+
+    # ---------------------------------------------------------------- ledger
+
+    @abstractmethod
+    async def calls(self, loop_id: str, request: int) -> list[CallRecord]:
+        """The ledger's entries for the calls of one model request."""
+
+    @abstractmethod
+    async def begin_call(self, call: CallRecord) -> CallRecord:
+        """Record the intent to run a call (status `started`) and return it; if
+        the key is in the ledger already, return what it holds unchanged, except
+        a `started` or `uncertain` entry, which is taken as a new attempt."""
+
+    @abstractmethod
+    async def end_call(
+        self, key: str, output: FunctionCallOutputItem, terminate: bool
+    ) -> None:
+        """Record a call's output (status `done`)."""
+
+    @abstractmethod
+    async def mark_uncertain(self, keys: Sequence[str]) -> None:
+        """Mark in-flight calls `uncertain`: a recovery paused their loop."""
+
+    # ---------------------------------------------------------------- leases
+
+    @abstractmethod
+    async def acquire(self, loop_id: str, owner: str) -> str | None:
+        """Take the loop's lease; None if taken (or renewed), else the owner
+        holding it."""
+
+    @abstractmethod
+    async def renew(self, owner: str) -> None:
+        """Extend every lease `owner` holds by `lease_ttl` from now."""
+
+    @abstractmethod
+    async def release(self, owner: str, loop_ids: Sequence[str] | None = None) -> None:
+        """Give up the leases `owner` holds (all, or those of `loop_ids`)."""

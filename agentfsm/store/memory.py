@@ -1,0 +1,167 @@
+"""`MemoryStore`: a durable store that lives as long as its process.
+
+Loops outlive the runtime that ran them (a paused loop can be resumed by a
+later `Runtime(store=...)` in the same process), but not the process. It keeps
+the models themselves (records and items are frozen), so nothing is
+serialized: `bytes_written` stays 0.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from agentfsm.inference import InferenceOutput
+from agentfsm.messages import ContextItem, FunctionCallOutputItem
+from agentfsm.record import LoopRecord
+from agentfsm.results import LoopStatus
+
+from ._base import (
+    CallRecord,
+    Commit,
+    LoopLockedError,
+    LoopStore,
+    StoredLoop,
+    StoreStatistics,
+)
+
+__all__ = ("MemoryStore",)
+
+
+class _Entry:
+    __slots__ = ("items", "lease_until", "owner", "records")
+
+    def __init__(self) -> None:
+        self.records: dict[int, LoopRecord] = {}
+        self.items: list[ContextItem] = []
+        self.owner: str | None = None
+        self.lease_until = 0.0
+
+
+class MemoryStore(LoopStore):
+    """A store in this process's memory (tests, and loops that must outlive one
+    runtime but not the process)."""
+
+    def __init__(self, *, lease_ttl: float = 30.0) -> None:
+        self.lease_ttl = lease_ttl
+        self._loops: dict[str, _Entry] = {}
+        self._latest: dict[str, LoopRecord] = {}
+        self._inferences: dict[tuple[str, int], InferenceOutput] = {}
+        self._calls: dict[str, CallRecord] = {}
+        self._commits = 0
+
+    def statistics(self) -> StoreStatistics:
+        return StoreStatistics(commits=self._commits, bytes_written=0)
+
+    async def commit(self, commit: Commit, owner: str) -> None:
+        record = commit.record
+        entry = self._loops.get(record.loop_id)
+        if entry is None:
+            entry = self._loops[record.loop_id] = _Entry()
+        self._take(record.loop_id, entry, owner)
+        items = entry.items
+        del items[commit.first :]  # a commit after a crash rewrites its tail
+        items.extend(commit.items)
+        for at, item in (commit.replaced or {}).items():
+            items[at] = item
+        entry.records[record.seq] = record
+        self._latest[record.loop_id] = record
+        if commit.inference is not None:
+            number, output = commit.inference
+            self._inferences[record.loop_id, number] = output
+        self._commits += 1
+
+    async def load(self, loop_id: str) -> StoredLoop | None:
+        entry = self._loops.get(loop_id)
+        if entry is None:
+            return None
+        owner = entry.owner if entry.lease_until > time.time() else None
+        return StoredLoop(self._latest[loop_id], list(entry.items), owner)
+
+    async def record_at(self, loop_id: str, seq: int) -> LoopRecord | None:
+        entry = self._loops.get(loop_id)
+        if entry is None:
+            return None
+        at = [s for s in entry.records if s <= seq]
+        return entry.records[max(at)] if at else None
+
+    async def unfinished(self) -> list[str]:
+        return sorted(
+            loop_id
+            for loop_id, record in self._latest.items()
+            if record.status is not LoopStatus.done
+        )
+
+    async def record_inference(
+        self, loop_id: str, request: int, output: InferenceOutput
+    ) -> None:
+        self._inferences[loop_id, request] = output
+        self._commits += 1
+
+    async def inference(self, loop_id: str, request: int) -> InferenceOutput | None:
+        return self._inferences.get((loop_id, request))
+
+    async def calls(self, loop_id: str, request: int) -> list[CallRecord]:
+        return sorted(
+            (
+                c
+                for c in self._calls.values()
+                if c.loop_id == loop_id and c.request == request
+            ),
+            key=lambda c: c.position,
+        )
+
+    async def begin_call(self, call: CallRecord) -> CallRecord:
+        known = self._calls.get(call.key)
+        if known is not None and known.status == "done":
+            return known
+        if known is not None:
+            call = call.model_copy(update={"attempt": known.attempt + 1})
+        self._calls[call.key] = call
+        self._commits += 1
+        return call
+
+    async def end_call(
+        self, key: str, output: FunctionCallOutputItem, terminate: bool
+    ) -> None:
+        known = self._calls[key]
+        self._calls[key] = known.model_copy(
+            update={"status": "done", "output": output, "terminate": terminate}
+        )
+        self._commits += 1
+
+    async def mark_uncertain(self, keys: Sequence[str]) -> None:
+        for key in keys:
+            self._calls[key] = self._calls[key].model_copy(
+                update={"status": "uncertain"}
+            )
+        self._commits += 1
+
+    def _take(self, loop_id: str, entry: _Entry, owner: str) -> None:
+        now = time.time()
+        if entry.owner is not None and entry.owner != owner and entry.lease_until > now:
+            raise LoopLockedError(loop_id, entry.owner)
+        entry.owner = owner
+        entry.lease_until = now + self.lease_ttl
+
+    async def acquire(self, loop_id: str, owner: str) -> str | None:
+        entry = self._loops.get(loop_id)
+        if entry is None:
+            return None  # nothing to own: the loop's first commit takes it
+        try:
+            self._take(loop_id, entry, owner)
+        except LoopLockedError as exc:
+            return exc.owner
+        return None
+
+    async def renew(self, owner: str) -> None:
+        until = time.time() + self.lease_ttl
+        for entry in self._loops.values():
+            if entry.owner == owner:
+                entry.lease_until = until
+
+    async def release(self, owner: str, loop_ids: Sequence[str] | None = None) -> None:
+        for loop_id, entry in self._loops.items():
+            if entry.owner == owner and (loop_ids is None or loop_id in loop_ids):
+                entry.owner = None
+                entry.lease_until = 0.0

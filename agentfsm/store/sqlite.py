@@ -1,0 +1,504 @@
+"""`SQLiteStore`: the embedded durable store (stdlib `sqlite3`, one file).
+
+One connection in WAL mode, used from one worker thread at a time
+(`anyio.to_thread.run_sync` with a one-thread limiter), so it runs on asyncio
+and trio alike and never blocks the event loop. Every write is one
+`BEGIN IMMEDIATE` transaction. A cancelled caller cannot abandon a write: the
+thread runs it to the end, and the cancellation is delivered after it (anyio's
+`to_thread.run_sync` does not abandon its thread unless asked to).
+
+`durability="normal"` (`synchronous=NORMAL`): a commit survives the process
+crashing; a power loss may lose the last commits (never corrupt the file).
+`durability="strict"` (`synchronous=FULL`): every commit is fsynced. Measured
+here: ~0.1-0.25 ms per commit normal, ~4 ms strict.
+
+Several processes may share the file (SQLite locks it); leases keep them from
+running one loop twice.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from typing import Literal, TypeVar
+
+import anyio
+import anyio.to_thread
+
+from agentfsm.exceptions import ConfigurationError
+from agentfsm.inference import InferenceOutput
+from agentfsm.messages import ContextItemAdapter, FunctionCallOutputItem
+from agentfsm.record import LoopRecord
+from agentfsm.results import LoopStatus
+
+from ._base import (
+    SCHEMA_VERSION,
+    CallRecord,
+    Commit,
+    LoopLockedError,
+    LoopStore,
+    StoredLoop,
+    StoreError,
+    StoreSchemaError,
+    StoreStatistics,
+)
+
+__all__ = ("SQLiteStore",)
+
+_T = TypeVar("_T")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS loops (
+    loop_id TEXT PRIMARY KEY,
+    agent_id TEXT NOT NULL,
+    status TEXT NOT NULL,
+    state TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    owner TEXT,
+    lease_until REAL NOT NULL DEFAULT 0,
+    updated REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS loops_status ON loops (status);
+CREATE TABLE IF NOT EXISTS records (
+    loop_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    record TEXT NOT NULL,
+    PRIMARY KEY (loop_id, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS items (
+    loop_id TEXT NOT NULL,
+    position INTEGER NOT NULL,
+    item TEXT NOT NULL,
+    PRIMARY KEY (loop_id, position)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS inferences (
+    loop_id TEXT NOT NULL,
+    request INTEGER NOT NULL,
+    output TEXT NOT NULL,
+    PRIMARY KEY (loop_id, request)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS calls (
+    key TEXT PRIMARY KEY,
+    loop_id TEXT NOT NULL,
+    request INTEGER NOT NULL,
+    position INTEGER NOT NULL,
+    tool TEXT NOT NULL,
+    call_id TEXT NOT NULL,
+    status TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    output TEXT,
+    terminate INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS calls_request ON calls (loop_id, request);
+"""
+
+
+class SQLiteStore(LoopStore):
+    """Durable loops in one SQLite file.
+
+    Args:
+        path: the database file (created if missing).
+        durability: `"normal"` (the default) or `"strict"` (fsync every commit).
+        lease_ttl: seconds a runtime's lease on a loop lasts unless renewed.
+        busy_timeout: seconds to wait for another process's write lock.
+
+    Raises:
+        StoreSchemaError: (at open) the file was written by a newer agentfsm.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        durability: Literal["normal", "strict"] = "normal",
+        lease_ttl: float = 30.0,
+        busy_timeout: float = 10.0,
+    ) -> None:
+        if durability not in ("normal", "strict"):
+            raise ConfigurationError(
+                f"durability must be 'normal' or 'strict', got {durability!r}"
+            )
+        if not isinstance(path, str | os.PathLike):
+            raise ConfigurationError(
+                f"path must be a str or a path, got {type(path).__name__}"
+            )
+        self.path = os.fspath(path)
+        self.durability = durability
+        self.lease_ttl = lease_ttl
+        self._busy_timeout = busy_timeout
+        self._db: sqlite3.Connection | None = None
+        self._limiter: anyio.CapacityLimiter | None = None
+        self._commits = 0
+        self._bytes = 0
+
+    def statistics(self) -> StoreStatistics:
+        return StoreStatistics(commits=self._commits, bytes_written=self._bytes)
+
+    # ------------------------------------------------------------ connection
+
+    async def open(self) -> None:
+        if self._db is not None:
+            return
+        self._limiter = anyio.CapacityLimiter(1)
+        self._db = await anyio.to_thread.run_sync(self._connect)
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(
+            self.path,
+            check_same_thread=False,  # used from one worker thread at a time
+            isolation_level=None,  # transactions are explicit
+            timeout=self._busy_timeout,
+        )
+        try:
+            (version,) = db.execute("PRAGMA user_version").fetchone()
+            if version > SCHEMA_VERSION:
+                raise StoreSchemaError(
+                    f"{self.path} was written by a newer agentfsm (store layout "
+                    f"{version}; this one reads up to {SCHEMA_VERSION}): upgrade "
+                    "agentfsm to open it"
+                )
+            db.execute("PRAGMA journal_mode=WAL")
+            sync = "FULL" if self.durability == "strict" else "NORMAL"
+            db.execute(f"PRAGMA synchronous={sync}")
+            if version < SCHEMA_VERSION:
+                # (IF NOT EXISTS: two processes may create it at once.)
+                db.executescript(_SCHEMA)
+                db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    async def close(self) -> None:
+        db, self._db = self._db, None
+        if db is not None:
+            with anyio.CancelScope(shield=True):
+                await self._run(db.close, db)
+
+    async def _run(
+        self, fn: Callable[[], _T], db: sqlite3.Connection | None = None
+    ) -> _T:
+        if (db or self._db) is None or self._limiter is None:
+            raise StoreError(f"the store {self.path} is not open")
+        return await anyio.to_thread.run_sync(fn, limiter=self._limiter)
+
+    @property
+    def _conn(self) -> sqlite3.Connection:
+        db = self._db
+        if db is None:
+            raise StoreError(f"the store {self.path} is not open")
+        return db
+
+    def _write(self, fn: Callable[[sqlite3.Connection], int]) -> None:
+        """Run `fn` in one transaction (in the worker thread); it returns the
+        bytes it wrote."""
+        db = self._conn
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            written = fn(db)
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+        self._commits += 1
+        self._bytes += written
+
+    # ------------------------------------------------------------------ loops
+
+    async def commit(self, commit: Commit, owner: str) -> None:
+        record = commit.record
+        text = record.model_dump_json()
+        items = [(i.model_dump_json()) for i in commit.items]
+        replaced = [
+            (at, item.model_dump_json()) for at, item in (commit.replaced or {}).items()
+        ]
+        inference = (
+            None
+            if commit.inference is None
+            else (commit.inference[0], commit.inference[1].model_dump_json())
+        )
+        loop_id = record.loop_id
+
+        def write(db: sqlite3.Connection) -> int:
+            now = time.time()
+            row = db.execute(
+                "SELECT owner, lease_until FROM loops WHERE loop_id = ?", (loop_id,)
+            ).fetchone()
+            if row is not None and row[0] not in (None, owner) and row[1] > now:
+                raise LoopLockedError(loop_id, row[0])
+            db.execute(
+                "INSERT INTO loops (loop_id, agent_id, status, state, seq, owner,"
+                " lease_until, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (loop_id) DO UPDATE SET status = excluded.status,"
+                " state = excluded.state, seq = excluded.seq, owner = excluded.owner,"
+                " lease_until = excluded.lease_until, updated = excluded.updated",
+                (
+                    loop_id,
+                    record.agent_id,
+                    record.status.value,
+                    record.state.value,
+                    record.seq,
+                    owner,
+                    now + self.lease_ttl,
+                    now,
+                ),
+            )
+            db.execute(
+                "INSERT OR REPLACE INTO records (loop_id, seq, record) VALUES (?, ?, ?)",
+                (loop_id, record.seq, text),
+            )
+            first = commit.first
+            # A loop recovered from an earlier commit writes its tail again.
+            db.execute(
+                "DELETE FROM items WHERE loop_id = ? AND position >= ?",
+                (loop_id, first),
+            )
+            db.executemany(
+                "INSERT INTO items (loop_id, position, item) VALUES (?, ?, ?)",
+                [(loop_id, first + n, item) for n, item in enumerate(items)],
+            )
+            db.executemany(
+                "UPDATE items SET item = ? WHERE loop_id = ? AND position = ?",
+                [(item, loop_id, at) for at, item in replaced],
+            )
+            written = (
+                len(text) + sum(map(len, items)) + sum(len(i) for _, i in replaced)
+            )
+            if inference is not None:
+                db.execute(
+                    "INSERT OR REPLACE INTO inferences (loop_id, request, output)"
+                    " VALUES (?, ?, ?)",
+                    (loop_id, *inference),
+                )
+                written += len(inference[1])
+            return written
+
+        await self._run(lambda: self._write(write))
+
+    async def load(self, loop_id: str) -> StoredLoop | None:
+        def read() -> StoredLoop | None:
+            db = self._conn
+            row = db.execute(
+                "SELECT seq, owner, lease_until FROM loops WHERE loop_id = ?",
+                (loop_id,),
+            ).fetchone()
+            if row is None:
+                return None
+            seq, owner, lease_until = row
+            (text,) = db.execute(
+                "SELECT record FROM records WHERE loop_id = ? AND seq = ?",
+                (loop_id, seq),
+            ).fetchone()
+            items = [
+                ContextItemAdapter.validate_json(item)
+                for (item,) in db.execute(
+                    "SELECT item FROM items WHERE loop_id = ? ORDER BY position",
+                    (loop_id,),
+                )
+            ]
+            return StoredLoop(
+                LoopRecord.model_validate_json(text),
+                items,
+                owner if lease_until > time.time() else None,
+            )
+
+        return await self._run(read)
+
+    async def record_at(self, loop_id: str, seq: int) -> LoopRecord | None:
+        def read() -> LoopRecord | None:
+            row = self._conn.execute(
+                "SELECT record FROM records WHERE loop_id = ? AND seq <= ?"
+                " ORDER BY seq DESC LIMIT 1",
+                (loop_id, seq),
+            ).fetchone()
+            return None if row is None else LoopRecord.model_validate_json(row[0])
+
+        return await self._run(read)
+
+    async def unfinished(self) -> list[str]:
+        def read() -> list[str]:
+            rows = self._conn.execute(
+                "SELECT loop_id FROM loops WHERE status != ? ORDER BY loop_id",
+                (LoopStatus.done.value,),
+            )
+            return [loop_id for (loop_id,) in rows]
+
+        return await self._run(read)
+
+    async def record_inference(
+        self, loop_id: str, request: int, output: InferenceOutput
+    ) -> None:
+        text = output.model_dump_json()
+
+        def write(db: sqlite3.Connection) -> int:
+            db.execute(
+                "INSERT OR REPLACE INTO inferences (loop_id, request, output)"
+                " VALUES (?, ?, ?)",
+                (loop_id, request, text),
+            )
+            return len(text)
+
+        await self._run(lambda: self._write(write))
+
+    async def inference(self, loop_id: str, request: int) -> InferenceOutput | None:
+        def read() -> InferenceOutput | None:
+            row = self._conn.execute(
+                "SELECT output FROM inferences WHERE loop_id = ? AND request = ?",
+                (loop_id, request),
+            ).fetchone()
+            return None if row is None else InferenceOutput.model_validate_json(row[0])
+
+        return await self._run(read)
+
+    # ----------------------------------------------------------------- ledger
+
+    _CALL_COLUMNS = (
+        "key, loop_id, request, position, tool, call_id, status, attempt, output,"
+        " terminate"
+    )
+
+    @staticmethod
+    def _call_of(row: Sequence[object]) -> CallRecord:
+        key, loop_id, request, position, tool, call_id, status, attempt, out, term = row
+        return CallRecord(
+            key=str(key),
+            loop_id=str(loop_id),
+            request=int(request),  # type: ignore[call-overload]
+            position=int(position),  # type: ignore[call-overload]
+            tool=str(tool),
+            call_id=str(call_id),
+            status=status,  # type: ignore[arg-type]
+            attempt=int(attempt),  # type: ignore[call-overload]
+            output=None
+            if out is None
+            else FunctionCallOutputItem.model_validate_json(str(out)),
+            terminate=bool(term),
+        )
+
+    async def calls(self, loop_id: str, request: int) -> list[CallRecord]:
+        def read() -> list[CallRecord]:
+            rows = self._conn.execute(
+                f"SELECT {self._CALL_COLUMNS} FROM calls"
+                " WHERE loop_id = ? AND request = ? ORDER BY position",
+                (loop_id, request),
+            )
+            return [self._call_of(row) for row in rows]
+
+        return await self._run(read)
+
+    async def begin_call(self, call: CallRecord) -> CallRecord:
+        result: list[CallRecord] = []
+
+        def write(db: sqlite3.Connection) -> int:
+            row = db.execute(
+                f"SELECT {self._CALL_COLUMNS} FROM calls WHERE key = ?", (call.key,)
+            ).fetchone()
+            if row is not None:
+                known = self._call_of(row)
+                if known.status == "done":
+                    result.append(known)
+                    return 0
+                again = call.model_copy(
+                    update={"status": "started", "attempt": known.attempt + 1}
+                )
+                db.execute(
+                    "UPDATE calls SET status = 'started', attempt = ? WHERE key = ?",
+                    (again.attempt, call.key),
+                )
+                result.append(again)
+                return 0
+            db.execute(
+                f"INSERT INTO calls ({self._CALL_COLUMNS})"
+                " VALUES (?, ?, ?, ?, ?, ?, 'started', ?, NULL, 0)",
+                (
+                    call.key,
+                    call.loop_id,
+                    call.request,
+                    call.position,
+                    call.tool,
+                    call.call_id,
+                    call.attempt,
+                ),
+            )
+            result.append(call)
+            return len(call.key) + len(call.tool) + len(call.call_id)
+
+        await self._run(lambda: self._write(write))
+        return result[0]
+
+    async def end_call(
+        self, key: str, output: FunctionCallOutputItem, terminate: bool
+    ) -> None:
+        text = output.model_dump_json()
+
+        def write(db: sqlite3.Connection) -> int:
+            db.execute(
+                "UPDATE calls SET status = 'done', output = ?, terminate = ?"
+                " WHERE key = ?",
+                (text, int(terminate), key),
+            )
+            return len(text)
+
+        await self._run(lambda: self._write(write))
+
+    async def mark_uncertain(self, keys: Sequence[str]) -> None:
+        def write(db: sqlite3.Connection) -> int:
+            db.executemany(
+                "UPDATE calls SET status = 'uncertain' WHERE key = ?",
+                [(key,) for key in keys],
+            )
+            return 0
+
+        await self._run(lambda: self._write(write))
+
+    # ----------------------------------------------------------------- leases
+
+    async def acquire(self, loop_id: str, owner: str) -> str | None:
+        def write(db: sqlite3.Connection) -> int:
+            now = time.time()
+            row = db.execute(
+                "SELECT owner, lease_until FROM loops WHERE loop_id = ?", (loop_id,)
+            ).fetchone()
+            if row is None:
+                return 0  # nothing to own: the loop's first commit takes it
+            if row[0] not in (None, owner) and row[1] > now:
+                taken.append(row[0])
+                return 0
+            db.execute(
+                "UPDATE loops SET owner = ?, lease_until = ? WHERE loop_id = ?",
+                (owner, now + self.lease_ttl, loop_id),
+            )
+            return 0
+
+        taken: list[str] = []
+        await self._run(lambda: self._write(write))
+        return taken[0] if taken else None
+
+    async def renew(self, owner: str) -> None:
+        def write(db: sqlite3.Connection) -> int:
+            db.execute(
+                "UPDATE loops SET lease_until = ? WHERE owner = ?",
+                (time.time() + self.lease_ttl, owner),
+            )
+            return 0
+
+        await self._run(lambda: self._write(write))
+
+    async def release(self, owner: str, loop_ids: Sequence[str] | None = None) -> None:
+        def write(db: sqlite3.Connection) -> int:
+            if loop_ids is None:
+                db.execute(
+                    "UPDATE loops SET owner = NULL, lease_until = 0 WHERE owner = ?",
+                    (owner,),
+                )
+            else:
+                db.executemany(
+                    "UPDATE loops SET owner = NULL, lease_until = 0"
+                    " WHERE owner = ? AND loop_id = ?",
+                    [(owner, loop_id) for loop_id in loop_ids],
+                )
+            return 0
+
+        await self._run(lambda: self._write(write))

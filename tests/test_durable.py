@@ -1,0 +1,519 @@
+"""Durable loops (`Runtime(store=...)`): what a store holds, pauses that outlive
+their runtime, recovery after a runtime dies mid-loop, leases.
+
+A runtime "dies" here the way a deployment stops one: the task running it is
+cancelled while a loop is inside a call. The loop is then neither ended nor
+recorded as ended in the store (only a `Runtime.cancel` ends a durable loop),
+so a second runtime on the same store takes it up. The subprocess crash
+matrix (SIGKILL at every commit) is in tests/test_durable_crash.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from agentfsm import (
+    InferenceInput,
+    LoopState,
+    LoopStatus,
+    ModelContext,
+    Outcome,
+    PendingTransition,
+    Proceed,
+    Rewrite,
+    Runtime,
+    ToolBatch,
+    Trigger,
+    UserMessage,
+    tool,
+)
+from agentfsm._durable.writer import idempotency_key
+from agentfsm.events import LoopRecovered
+from agentfsm.exceptions import ConfigurationError
+from agentfsm.store import LoopStore, MemoryStore, SQLiteStore, StoreSchemaError
+from agentfsm.testing import EventRecorder, ScriptedProvider, call, calls, text
+from tests.helpers import items_of, wait_until
+
+RAN: list[str] = []
+"""What the tools below did (each appends once per run of its body)."""
+
+GATE: dict[str, anyio.Event] = {}
+"""`block` waits on GATE["block"] when it is set."""
+
+
+@tool
+async def add(a: int, b: int) -> int:
+    """Add two integers."""
+    RAN.append(f"add {a} {b}")
+    return a + b
+
+
+@tool(needs_approval=True)
+async def pay(amount: int) -> str:
+    """Pay an amount."""
+    RAN.append(f"pay {amount}")
+    return f"paid {amount}"
+
+
+@tool
+async def charge(amount: int) -> str:
+    """Charge a card (not idempotent: `on_crash` is the default, pause)."""
+    RAN.append(f"charge {amount}")
+    gate = GATE.get("block")
+    if gate is not None:
+        await gate.wait()
+    return f"charged {amount}"
+
+
+@tool(on_crash="retry")
+async def lookup(key: str) -> str:
+    """Look a key up (idempotent: runs again after a crash)."""
+    RAN.append(f"lookup {key}")
+    gate = GATE.get("block")
+    if gate is not None:
+        await gate.wait()
+    return f"value of {key}"
+
+
+TOOLS = [add, pay, charge, lookup]
+
+
+@pytest.fixture(autouse=True)
+def _clean() -> None:
+    RAN.clear()
+    GATE.clear()
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def store_factory(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Callable[[], LoopStore]:
+    """A new store object on the same data each call (one MemoryStore is the data)."""
+    if request.param == "memory":
+        memory = MemoryStore()
+        return lambda: memory
+    return lambda: SQLiteStore(tmp_path / "loops.db")
+
+
+def request_with(*tools: Any) -> InferenceInput:
+    return InferenceInput(model="scripted:m", context=ModelContext(), tools=list(tools))
+
+
+class Hold:
+    """A handler that holds the loop at `call_tools` until GATE["hold"] is set
+    (with `holds=False`, it decides at once: the same handler, by name, in the
+    runtime that takes the loop up). It counts what it was asked."""
+
+    def __init__(self, *, holds: bool = True) -> None:
+        self.holds = holds
+        self.asked: list[Trigger] = []
+
+    async def __call__(self, pending: PendingTransition) -> None:
+        self.asked.append(pending.trigger)
+        if self.holds and pending.trigger is Trigger.call_tools:
+            await GATE["hold"].wait()
+
+
+async def die_when(
+    store: LoopStore,
+    script: list[Any],
+    start: Callable[[Runtime], str],
+    until: Callable[[Runtime, str], bool],
+) -> str:
+    """Run a loop on `store` and kill its runtime once `until` holds (the task
+    running the runtime is cancelled, as a deployment stopping would)."""
+    loop_id = ""
+    with anyio.CancelScope() as scope:
+        async with Runtime(
+            providers={"scripted": ScriptedProvider(script)}, store=store
+        ) as runtime:
+            loop_id = start(runtime)
+            await wait_until(lambda: until(runtime, loop_id))
+            scope.cancel()
+            await anyio.sleep_forever()
+    return loop_id
+
+
+def running(name: str) -> Callable[[Runtime, str], bool]:
+    """Until a tool call `name ...` has started."""
+    return lambda runtime, loop_id: any(r.startswith(name) for r in RAN)
+
+
+class TestWhatIsStored:
+    async def test_the_record_the_context_and_the_ledger(
+        self, store_factory: Callable[[], LoopStore]
+    ) -> None:
+        store = store_factory()
+        provider = ScriptedProvider(
+            [calls(call("add", call_id="c1", a=1, b=2)), text("3")]
+        )
+        inference_input = request_with(add)
+        async with Runtime(providers={"scripted": provider}, store=store) as runtime:
+            loop_id = runtime.run_loop("agent", "1+2?", inference_input)
+            result = await runtime.wait(loop_id)
+            stored = await store.load(loop_id)
+            calls_of_1 = await store.calls(loop_id, 1)
+            first = await store.record_at(loop_id, 2)
+        assert result.outcome is Outcome.answered
+        assert stored is not None
+        assert stored.record.status is LoopStatus.done
+        assert stored.record.outcome is Outcome.answered
+        assert stored.items == inference_input.context.items
+        assert items_of(ModelContext(items=stored.items)) == [
+            "user:1+2?",
+            "call:c1",
+            "out:c1=3",
+            "model:3",
+        ]
+        assert first is not None
+        assert first.state is LoopState.context_update
+        (entry,) = calls_of_1
+        assert (entry.status, entry.tool, entry.call_id, entry.attempt) == (
+            "done",
+            "add",
+            "c1",
+            1,
+        )
+        assert entry.output is not None
+        assert entry.output.output == "3"
+        assert entry.key == idempotency_key(loop_id, 1, 0, "add", '{"b": 2, "a": 1}')
+
+    async def test_a_commit_writes_only_what_the_context_gained(
+        self, tmp_path: Path
+    ) -> None:
+        """A 2,000-item context costs its size once, not at every commit."""
+        store = SQLiteStore(tmp_path / "big.db")
+        context = ModelContext()
+        for n in range(2000):
+            context.append(UserMessage(content=f"message {n:04d} " + "x" * 40))
+        size = len(context.model_dump_json())
+        provider = ScriptedProvider([calls(call("add", a=1, b=2)), text("3")])
+        inference_input = InferenceInput(
+            model="scripted:m", context=context, tools=[add]
+        )
+        async with Runtime(providers={"scripted": provider}, store=store) as runtime:
+            result = await runtime.wait(
+                runtime.run_loop("agent", "go", inference_input)
+            )
+        written = store.statistics()
+        assert result.outcome is Outcome.answered
+        assert written.commits >= 8  # a commit per transition, ledger entries
+        assert size < written.bytes_written < 2 * size
+
+
+class TestPauses:
+    async def test_a_paused_loop_outlives_its_runtime(
+        self, store_factory: Callable[[], LoopStore]
+    ) -> None:
+        async with Runtime(
+            providers={"scripted": ScriptedProvider([calls(call("pay", amount=5))])},
+            store=store_factory(),
+        ) as first:
+            loop_id = first.run_loop("agent", "pay 5", request_with(pay))
+            await wait_until(lambda: first.get(loop_id).status is LoopStatus.paused)
+        # The runtime exited with the loop paused: it is not cancelled.
+        async with Runtime(
+            providers={"scripted": ScriptedProvider([text("paid")])},
+            store=store_factory(),
+            tools=TOOLS,
+        ) as second:
+            report = await second.recover()
+            assert report.paused == [loop_id]
+            view = second.get(loop_id)
+            assert view.status is LoopStatus.paused
+            assert view.pending is not None
+            assert view.pending.trigger is Trigger.call_tools
+            second.resume(loop_id, Proceed())
+            result = await second.wait(loop_id)
+        assert result.outcome is Outcome.answered
+        assert RAN == ["pay 5"]
+
+    async def test_a_decision_given_is_never_asked_for_again(
+        self, store_factory: Callable[[], LoopStore]
+    ) -> None:
+        """Resumed, the loop dies in the tool its decision let run; taken up
+        again, it does not pause for that decision a second time."""
+        GATE["block"] = anyio.Event()
+
+        def start(runtime: Runtime) -> str:
+            return runtime.run_loop("agent", "go", request_with(lookup, pay))
+
+        async def first_life() -> str:
+            loop_id = ""
+            with anyio.CancelScope() as scope:
+                async with Runtime(
+                    providers={
+                        "scripted": ScriptedProvider(
+                            [calls(call("pay", amount=1), call("lookup", key="k"))]
+                        )
+                    },
+                    store=store_factory(),
+                ) as runtime:
+                    loop_id = start(runtime)
+                    await wait_until(
+                        lambda: runtime.get(loop_id).status is LoopStatus.paused
+                    )
+                    runtime.resume(loop_id, Proceed())
+                    await wait_until(lambda: "lookup k" in RAN)
+                    scope.cancel()
+                    await anyio.sleep_forever()
+            return loop_id
+
+        loop_id = await first_life()
+        del GATE["block"]
+        async with Runtime(
+            providers={"scripted": ScriptedProvider([text("done")])},
+            store=store_factory(),
+            tools=TOOLS,
+        ) as second:
+            report = await second.recover()
+            assert report.running == [loop_id], report
+            result = await second.wait(loop_id)
+        assert result.outcome is Outcome.answered
+        assert RAN == ["pay 1", "lookup k", "lookup k"]  # pay ran once
+
+
+class TestRecovery:
+    async def test_a_done_call_is_never_run_again_and_a_retry_tool_runs_again(
+        self, store_factory: Callable[[], LoopStore]
+    ) -> None:
+        GATE["block"] = anyio.Event()
+        script = [
+            calls(
+                call("add", call_id="c1", a=1, b=2),
+                call("lookup", call_id="c2", key="k"),
+            )
+        ]
+        loop_id = await die_when(
+            store_factory(),
+            script,
+            lambda rt: rt.run_loop(
+                "agent", "go", request_with(add, lookup), tool_execution="sequential"
+            ),
+            running("lookup"),
+        )
+        del GATE["block"]
+        store = store_factory()
+        async with Runtime(
+            providers={"scripted": ScriptedProvider([text("done")])},
+            store=store,
+            tools=TOOLS,
+        ) as second:
+            recorder = EventRecorder(second.bus, "loop.recovered")
+            report = await second.recover()
+            result = await second.wait(loop_id)
+            stored = await store.load(loop_id)
+            ledger = await store.calls(loop_id, 1)
+        assert report.running == [loop_id]
+        assert result.outcome is Outcome.answered
+        assert RAN == ["add 1 2", "lookup k", "lookup k"]
+        assert [(c.call_id, c.status, c.attempt) for c in ledger] == [
+            ("c1", "done", 1),
+            ("c2", "done", 2),
+        ]
+        assert stored is not None
+        assert items_of(ModelContext(items=stored.items)) == [
+            "user:go",
+            "call:c1",
+            "call:c2",
+            "out:c1=3",
+            "out:c2=value of k",
+            "model:done",
+        ]
+        (event,) = recorder.events
+        assert isinstance(event, LoopRecovered)
+        assert (event.status, event.state) == ("running", LoopState.function_call)
+
+    @pytest.mark.parametrize("decision", ["answer", "proceed"])
+    async def test_a_call_in_flight_pauses_the_loop_naming_it(
+        self, store_factory: Callable[[], LoopStore], decision: str
+    ) -> None:
+        GATE["block"] = anyio.Event()
+        loop_id = await die_when(
+            store_factory(),
+            [calls(call("charge", call_id="c1", amount=5))],
+            lambda rt: rt.run_loop("agent", "charge 5", request_with(charge)),
+            running("charge"),
+        )
+        del GATE["block"]
+        async with Runtime(
+            providers={"scripted": ScriptedProvider([text("done")])},
+            store=store_factory(),
+            tools=TOOLS,
+        ) as second:
+            recorder = EventRecorder(second.bus, "loop.recovered")
+            report = await second.recover()
+            view = second.get(loop_id)
+            assert report.paused == [loop_id]
+            assert view.status is LoopStatus.paused
+            assert view.pause_reason is not None
+            assert "c1 (charge)" in view.pause_reason
+            assert view.pending is not None
+            batch = view.pending.payload
+            assert isinstance(batch, ToolBatch)
+            if decision == "answer":
+                answered = batch.answer("c1", "charged 5 (checked by hand)")
+                second.resume(loop_id, Rewrite(payload=answered))
+            else:
+                second.resume(loop_id, Proceed())
+            result = await second.wait(loop_id)
+        (event,) = recorder.events
+        assert isinstance(event, LoopRecovered)
+        assert (event.status, event.uncertain_calls) == ("paused", ("c1",))
+        assert result.outcome is Outcome.answered
+        if decision == "answer":
+            assert RAN == ["charge 5"]
+        else:
+            assert RAN == ["charge 5", "charge 5"]
+
+    async def test_a_recorded_model_output_is_not_sent_again(
+        self, store_factory: Callable[[], LoopStore]
+    ) -> None:
+        """The loop dies while a handler decides about the model's output: taken
+        up again, it uses the recorded output (a second request would have
+        been answered "3" at once, with no tool call)."""
+        GATE["hold"] = anyio.Event()
+        loop_id = await die_when(
+            store_factory(),
+            [calls(call("add", a=1, b=2))],
+            lambda rt: rt.run_loop("agent", "go", request_with(add), Hold()),
+            lambda rt, loop_id: rt.get(loop_id).model_requests == 1,
+        )
+        provider = ScriptedProvider([text("3")])
+        again = Hold(holds=False)
+        async with Runtime(
+            providers={"scripted": provider},
+            store=store_factory(),
+            tools=TOOLS,
+            handlers=[again],
+        ) as second:
+            await second.recover()
+            result = await second.wait(loop_id)
+        assert result.outcome is Outcome.answered
+        assert RAN == ["add 1 2"]
+        assert len(provider.requests) == 1
+        assert again.asked[0] is Trigger.call_tools
+
+    async def test_a_cancelled_loop_is_not_recovered(
+        self, store_factory: Callable[[], LoopStore]
+    ) -> None:
+        async with Runtime(
+            providers={"scripted": ScriptedProvider([calls(call("pay", amount=5))])},
+            store=store_factory(),
+        ) as first:
+            loop_id = first.run_loop("agent", "pay 5", request_with(pay))
+            await wait_until(lambda: first.get(loop_id).status is LoopStatus.paused)
+            first.cancel(loop_id)
+            assert (await first.wait(loop_id)).outcome is Outcome.cancelled
+        async with Runtime(store=store_factory(), tools=TOOLS) as second:
+            report = await second.recover()
+        assert report.recovered == []
+
+
+class TestRefusals:
+    async def test_a_missing_tool_fails_the_loop_naming_it(
+        self, store_factory: Callable[[], LoopStore]
+    ) -> None:
+        async with Runtime(
+            providers={"scripted": ScriptedProvider([calls(call("pay", amount=5))])},
+            store=store_factory(),
+        ) as first:
+            loop_id = first.run_loop("agent", "pay 5", request_with(pay))
+            await wait_until(lambda: first.get(loop_id).status is LoopStatus.paused)
+        store = store_factory()
+        async with Runtime(store=store, tools=[add]) as second:
+            report = await second.recover()
+            stored = await store.load(loop_id)
+        assert "'pay'" in report.failed[loop_id]
+        assert stored is not None
+        assert stored.record.outcome is Outcome.failed
+        assert stored.record.error is not None
+        assert "'pay'" in stored.record.error.message
+
+    async def test_a_tool_whose_schema_changed_fails_the_loop(
+        self, store_factory: Callable[[], LoopStore]
+    ) -> None:
+        async with Runtime(
+            providers={"scripted": ScriptedProvider([calls(call("pay", amount=5))])},
+            store=store_factory(),
+        ) as first:
+            loop_id = first.run_loop("agent", "pay 5", request_with(pay))
+            await wait_until(lambda: first.get(loop_id).status is LoopStatus.paused)
+
+        @tool(name="pay", needs_approval=True)
+        async def pay_in(amount: int, currency: str) -> str:
+            """Pay an amount in a currency."""
+            return f"paid {amount} {currency}"
+
+        async with Runtime(store=store_factory(), tools=[pay_in]) as second:
+            report = await second.recover()
+        assert "another schema of the tool 'pay'" in report.failed[loop_id]
+
+    async def test_a_store_written_by_newer_code_is_refused(
+        self, tmp_path: Path
+    ) -> None:
+        import sqlite3
+
+        path = tmp_path / "new.db"
+        with sqlite3.connect(path) as db:
+            db.execute("PRAGMA user_version=99")
+        with pytest.raises(StoreSchemaError, match="newer agentfsm"):
+            async with Runtime(store=SQLiteStore(path)):
+                pass
+
+    def test_bad_arguments_are_refused_by_name(self, tmp_path: Path) -> None:
+        with pytest.raises(ConfigurationError, match="store must be a LoopStore"):
+            Runtime(store="loops.db")  # type: ignore[arg-type]
+        with pytest.raises(ConfigurationError, match="give store= too"):
+            Runtime(tools=[add])
+        with pytest.raises(ConfigurationError, match="durability"):
+            SQLiteStore(tmp_path / "x.db", durability="always")  # type: ignore[arg-type]
+
+
+class TestLeases:
+    async def test_two_runtimes_never_run_one_loop(self, tmp_path: Path) -> None:
+        GATE["block"] = anyio.Event()
+        path = tmp_path / "shared.db"
+        async with Runtime(
+            providers={
+                "scripted": ScriptedProvider(
+                    [calls(call("charge", amount=5)), text("done")]
+                )
+            },
+            store=SQLiteStore(path),
+        ) as first:
+            loop_id = first.run_loop("agent", "charge", request_with(charge))
+            await wait_until(lambda: "charge 5" in RAN)
+            async with Runtime(store=SQLiteStore(path), tools=TOOLS) as second:
+                report = await second.recover()
+                assert second.loops() == []
+            assert list(report.locked) == [loop_id]
+            GATE["block"].set()
+            result = await first.wait(loop_id)
+        assert result.outcome is Outcome.answered
+        assert RAN == ["charge 5"]
+
+    async def test_a_commit_over_another_owners_lease_is_refused(
+        self, store_factory: Callable[[], LoopStore]
+    ) -> None:
+        from agentfsm.store import Commit, LoopLockedError
+
+        store = store_factory()
+        async with Runtime(
+            providers={"scripted": ScriptedProvider([text("hi")])}, store=store
+        ) as runtime:
+            loop_id = runtime.run_loop("agent", "hi", request_with())
+            await runtime.wait(loop_id)
+            # The runtime holds its loops' leases while it runs.
+            assert await store.acquire(loop_id, "someone-else") == runtime._keeper.owner  # type: ignore[union-attr]
+        async with store:  # the runtime exited: its leases are free
+            stored = await store.load(loop_id)
+            assert stored is not None
+            assert await store.acquire(loop_id, "someone-else") is None
+            with pytest.raises(LoopLockedError, match="someone-else"):
+                await store.commit(Commit(stored.record, 0), "me")
