@@ -71,7 +71,13 @@ from bench_loop import add, check, inference_input, scripted_provider
 from bench_scaling import context_items
 
 import agentfsm
-from agentfsm import InferenceInput, ModelContext
+from agentfsm import (
+    FunctionCallItem,
+    InferenceInput,
+    ModelContext,
+    ModelMessageItem,
+    UserMessage,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "peers"))
 from harness import (
@@ -85,10 +91,7 @@ from harness import (
     bare_model,
 )
 
-try:
-    from agentfsm.store import SQLiteStore
-except ImportError:  # this checkout has no store yet
-    SQLiteStore = None
+from agentfsm.store import SQLiteStore
 
 BENCH: Final = Path(__file__).resolve().parent
 LANGGRAPH_PYTHON: Final = BENCH / ".venvs" / "langgraph_sqlite" / "bin" / "python"
@@ -99,6 +102,10 @@ ROUNDS: Final = 9
 ROUND_SECONDS: Final = 0.5
 """Target wall seconds of one round (its run count is calibrated)."""
 CONTEXT_SIZES: Final = (10, 100, 1_000, 10_000)
+OPEN_CALL: Final = 10_000
+"""The context size of the table's last row, which ends on a function call with
+no output: the loop repairs it, and the request it then sends is no longer the
+loop's own context."""
 CONTEXT_ROUNDS: Final = 5
 COUNT_RUNS: Final = 50
 """Runs counted for commits and bytes per run."""
@@ -168,19 +175,26 @@ async def agentfsm_round(
     *,
     db: Path | None = None,
     base: list[Any] | None = None,
+    store_class: Callable[[Path], Any] | None = None,
 ) -> Writes | None:
-    """`runs` sequential loops in memory (`db` None) or with a SQLite store at `db`.
+    """`runs` sequential loops in memory (`db` None) or with a SQLite store at `db`
+    (`store_class`, SQLiteStore by default).
 
     Returns the store's commits and bytes per run over the timed runs.
     """
     make = requests(base)
-    store = None if db is None else SQLiteStore(db)
+    store = None if db is None else (store_class or SQLiteStore)(db)
     runtime = (
         agentfsm.Runtime(providers={"scripted": scripted_provider()})
         if store is None
         else agentfsm.Runtime(store=store, providers={"scripted": scripted_provider()})
     )
     async with runtime:
+        # One run first, untimed. `wait` returns when the loop has ended, and
+        # the loop's last write (its end) follows: this one's lands inside the
+        # timed region and the last timed run's after it, so that the region
+        # holds as many runs' writes as it has runs.
+        check(await runtime.wait(runtime.run_loop("agent", PROMPT, make())))
         before = store.statistics() if store is not None else None
         with stopwatch(runs, out):
             for _ in range(runs):
@@ -224,7 +238,11 @@ def commit_plan(writes: Writes) -> list[list[str]]:
     return slots
 
 
-async def floor_round(runs: int, out: list[Sample], db: Path, writes: Writes) -> None:
+async def floor_round(
+    runs: int, out: list[Sample], db: Path, writes: Writes, *, inline: bool = False
+) -> None:
+    """`runs` of the floor; `inline` makes the commits in the event loop's thread
+    (no hop: it blocks the event loop, for `--breakdown` only)."""
     conn = open_floor_db(db)
     limiter = anyio.CapacityLimiter(1)
     plan = commit_plan(writes)
@@ -233,9 +251,15 @@ async def floor_round(runs: int, out: list[Sample], db: Path, writes: Writes) ->
         conn.execute("INSERT INTO rows (data) VALUES (?)", (payload,))
         conn.commit()
 
+    async def commit(payload: str) -> None:
+        if inline:
+            write(payload)
+        else:
+            await anyio.to_thread.run_sync(write, payload, limiter=limiter)
+
     async def model(messages: list[Message], turn: int) -> Message:
         for payload in plan[turn]:
-            await anyio.to_thread.run_sync(write, payload, limiter=limiter)
+            await commit(payload)
         return BARE_SCRIPT[turn]
 
     loop = asyncio.get_running_loop()
@@ -246,7 +270,7 @@ async def floor_round(runs: int, out: list[Sample], db: Path, writes: Writes) ->
                 result = await loop.create_task(bare_loop(PROMPT, model))
                 assert result == (ANSWER, TOOL_CALLS), result
                 for payload in plan[-1]:
-                    await anyio.to_thread.run_sync(write, payload, limiter=limiter)
+                    await commit(payload)
         written = conn.execute(
             "SELECT count(*), sum(length(data)) FROM rows"
         ).fetchone()
@@ -304,6 +328,47 @@ class LangGraphWorker:
             self._proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
             self._proc.stdin.close()
             self._proc.wait(timeout=30)
+
+
+# ---------------------------------------------------------------------- breakdown
+# Where the store's time goes (`--breakdown`): the store run with parts of its
+# work taken out. The subclasses override two private methods of SQLiteStore as
+# it is written today (`_run`, the hop to its worker thread, and `_write`, one
+# transaction), so they are a measuring tool that follows the store's code, not
+# a supported way to run it.
+
+
+class _NoConnection:
+    """Stands in for the connection: no statement does anything, no row is found."""
+
+    def execute(self, *args: Any) -> _NoConnection:
+        return self
+
+    def executemany(self, *args: Any) -> _NoConnection:
+        return self
+
+    def fetchone(self) -> None:
+        return None
+
+
+class InlineStore(SQLiteStore):
+    """The SQL in the event loop's thread: no hop (it blocks the event loop)."""
+
+    async def _run(self, fn: Callable[[], Any], db: Any = None) -> Any:
+        return fn()
+
+
+class NoSQLStore(SQLiteStore):
+    """Everything but the SQL: the records built and serialized, the hop made,
+    and no statement run."""
+
+    def _write(self, fn: Callable[[Any], int]) -> None:
+        fn(_NoConnection())
+        self._commits += 1
+
+
+class NoSQLInlineStore(NoSQLStore, InlineStore):
+    """Only what the loop does for its store in the event loop's thread."""
 
 
 # ---------------------------------------------------------------------- rounds
@@ -463,14 +528,39 @@ async def workload(dbs: Databases, rounds: int, seconds: float) -> None:
 
 
 def json_bytes(items: list[Any]) -> int:
+    """The JSON of `items` as the store writes each (`model_dump_json`)."""
     return sum(len(item.model_dump_json()) for item in items)
+
+
+def closed_context(n: int) -> list[Any]:
+    """`n` items, bench_scaling.py's quads, the last one completed by a user and a
+    model message instead: no function call is left without its output, which
+    the loop would repair (see OPEN_CALL)."""
+    items = context_items(n - n % 4)
+    for i in range(n % 4):
+        items.append(
+            UserMessage(content=f"note {i}")
+            if i % 2 == 0
+            else ModelMessageItem(content=f"noted {i}")
+        )
+    return items
+
+
+def open_call_context(n: int) -> list[Any]:
+    """`n` closed items, then a user message and a function call with no output."""
+    return [
+        *closed_context(n),
+        UserMessage(content="one more"),
+        FunctionCallItem(call_id="open", name="add", arguments='{"a":1,"b":2}'),
+    ]
 
 
 async def context_table(dbs: Databases, rounds: int, seconds: float) -> None:
     print("\nthe durable cost as the context grows (items in the context at the start)")
+    cases = [(f"{n:,}", closed_context(n)) for n in CONTEXT_SIZES]
+    cases.append((f"{OPEN_CALL:,} + open call", open_call_context(OPEN_CALL)))
     rows = []
-    for size in CONTEXT_SIZES:
-        base = context_items(size)
+    for label, base in cases:
         counted: list[Sample] = []
         writes = await agentfsm_round(
             COUNT_RUNS // 5, counted, db=dbs.next(), base=base
@@ -488,18 +578,21 @@ async def context_table(dbs: Databases, rounds: int, seconds: float) -> None:
             await calibrate(s, seconds)
         await interleaved(pair, rounds)
         mem, dur = pair
-        rows.append((size, mem, dur, writes, json_bytes(base)))
-    first = rows[0][2].median("wall_us") - rows[0][1].median("wall_us")
+        rows.append((label, len(base), mem, dur, writes, json_bytes(base)))
+    _, n0, mem0, dur0, _, _ = rows[0]
+    first = dur0.median("wall_us") - mem0.median("wall_us")
     out = []
-    for size, mem, dur, writes, initial in rows:
+    for label, n, mem, dur, writes, initial in rows:
         cost = dur.median("wall_us") - mem.median("wall_us")
+        per_item = "-" if n == n0 else f"{(cost - first) / (n - n0):.2f}"
         out.append(
             [
-                f"{size:,}",
+                label,
                 f"{mem.median('wall_us'):,.0f}",
                 f"{dur.median('wall_us'):,.0f}",
                 f"{cost:,.0f}",
                 f"{cost / first:.2f}",
+                per_item,
                 f"{writes.commits:.1f}",
                 f"{writes.bytes:,.0f}",
                 f"{writes.bytes - initial:,.0f}",
@@ -507,14 +600,87 @@ async def context_table(dbs: Databases, rounds: int, seconds: float) -> None:
         )
     print(f"wall µs/run, median of {rounds} interleaved rounds")
     table(
-        ["items", "memory µs", "sqlite µs", "durable µs", "x at 10", "commits",
-         "bytes/run", "bytes beyond the items"],
+        ["items", "memory µs", "sqlite µs", "durable µs", "x first", "µs/item",
+         "commits", "bytes/run", "bytes beyond the items"],
         out,
     )  # fmt: skip
     print(
-        "  'bytes beyond the items': bytes/run minus the JSON of the items the "
-        "loop started with (each new loop writes them once); flat if no commit "
+        "  durable µs: sqlite - memory; µs/item: its growth per item over the first "
+        "row; 'bytes beyond the items': bytes/run minus the JSON of the items the "
+        "loop started with (a new loop writes them once), flat if no commit "
         "copies the context"
+    )
+
+
+async def breakdown(dbs: Databases, rounds: int, seconds: float) -> None:
+    """Where the durable run's time goes, and the floor's, in the same rounds."""
+    print("\nwhere the time goes: the store and the floor with parts taken out")
+    counted: list[Sample] = []
+    writes = await agentfsm_round(COUNT_RUNS, counted, db=dbs.next())
+    assert writes is not None
+
+    def fsm(store_class: Any) -> Callable[[int, list[Sample]], Awaitable[None]]:
+        async def run(runs: int, out: list[Sample]) -> None:
+            if store_class is None:
+                await agentfsm_round(runs, out)
+            else:
+                await agentfsm_round(runs, out, db=dbs.next(), store_class=store_class)
+
+        return run
+
+    def floor(inline: bool) -> Callable[[int, list[Sample]], Awaitable[None]]:
+        async def run(runs: int, out: list[Sample]) -> None:
+            await floor_round(runs, out, dbs.next(), writes, inline=inline)
+
+        return run
+
+    async def bare(runs: int, out: list[Sample]) -> None:
+        await bare_round(runs, out)
+
+    subjects = [
+        Subject("memory", "agentfsm in memory", fsm(None)),
+        Subject("nosql_inline", "store, no SQL, no hop", fsm(NoSQLInlineStore)),
+        Subject("nosql", "store, no SQL", fsm(NoSQLStore)),
+        Subject("inline", "store, no hop", fsm(InlineStore)),
+        Subject("sqlite", "store", fsm(SQLiteStore)),
+        Subject("bare", "bare loop", bare),
+        Subject("floor_inline", "floor, no hop", floor(True)),
+        Subject("floor", "floor", floor(False)),
+    ]
+    for s in subjects:
+        await calibrate(s, seconds)
+    await interleaved(subjects, rounds)
+    by = {s.name: s for s in subjects}
+    table(
+        ["subject", "wall µs/run", "cpu µs/run"],
+        [
+            [s.label, f"{s.median('wall_us'):,.1f}", f"{s.median('cpu_us'):,.1f}"]
+            for s in subjects
+        ],
+    )
+    parts = [
+        ("records, JSON, ledger keys (loop thread)", "nosql_inline", "memory"),
+        ("SQL: the store's transactions", "inline", "nosql_inline"),
+        ("SQL: the floor's one-row commits", "floor_inline", "bare"),
+        ("thread hops: the store", "sqlite", "inline"),
+        ("thread hops: the floor", "floor", "floor_inline"),
+    ]
+    rows = []
+    for label, a, b in parts:
+        wall = by[a].median("wall_us") - by[b].median("wall_us")
+        cpu = by[a].median("cpu_us") - by[b].median("cpu_us")
+        rows.append(
+            [
+                label,
+                f"{wall:,.0f}",
+                f"{cpu:,.0f}",
+                f"{wall / writes.commits:,.1f}",
+                f"{cpu / writes.commits:,.1f}",
+            ]
+        )
+    print(f"differences of medians ({writes.commits:.0f} commits a run)")
+    table(
+        ["part", "wall µs/run", "cpu µs/run", "wall µs/commit", "cpu µs/commit"], rows
     )
 
 
@@ -540,13 +706,17 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run")
     parser.add_argument("--profile", action="store_true", help="cProfile the store")
+    parser.add_argument(
+        "--breakdown", action="store_true", help="where the store's time goes"
+    )
     args = parser.parse_args()
-    if SQLiteStore is None:
-        sys.exit("agentfsm.store.SQLiteStore is missing: this checkout has no store")
     dbs = Databases()
     try:
         if args.profile:
             await profile_target(dbs)
+            return
+        if args.breakdown:
+            await breakdown(dbs, 1 if args.quick else ROUNDS, ROUND_SECONDS)
             return
         print(
             f"python {sys.version.split()[0]}, asyncio, agentfsm {agentfsm.__version__}, "
