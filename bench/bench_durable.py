@@ -10,7 +10,7 @@ bare loop for reference:
    and result for every call;
 3. `langgraph`: LangGraph's prebuilt ReAct agent with its SQLite checkpointer
    (`AsyncSqliteSaver`, also at `synchronous=NORMAL`), in its own venv,
-   driven as a worker process (bench/peers/peer_langgraph_sqlite.py);
+   driven as a worker process (bench/peers/worker_langgraph_sqlite.py);
 4. `floor`: the bare asyncio loop (bench/peers/harness.py's) plus one plain
    `sqlite3` transaction (an INSERT of one row, then COMMIT) through
    `anyio.to_thread.run_sync` with a one-thread `CapacityLimiter`, WAL and
@@ -32,17 +32,24 @@ model requests.
 
 Then the durable cost as the context grows: 10, 100, 1,000 and 10,000 items
 in the context when the loop starts (bench_scaling.py's quads of user message,
-function call, output and model message), agentfsm with the SQLite store
-against agentfsm in memory, interleaved the same way: µs per run, commits and
-bytes written per run, and the bytes beyond the JSON of the context's items,
-which stays flat if a snapshot never copies the context (the context is stored
-append-only: a new loop's first commit writes the items it starts with, and
-every later commit only the items added since).
+function call, output and model message, with no call left open), agentfsm
+with the SQLite store against agentfsm in memory, interleaved the same way:
+µs per run, commits and bytes written per run, and the bytes beyond the JSON of
+the context's items, which stays flat if a snapshot never copies the context
+(the context is stored append-only: a new loop's first commit writes the items
+it starts with, and every later commit only the items added since). A last row
+starts from 10,000 items that end on a function call with no output, which the
+loop repairs before its first request.
+
+`--breakdown` shows where the time goes: the store with its SQL taken out, its
+thread hop taken out, or both, beside the floor without its hop (subclasses of
+SQLiteStore that override its private `_run` and `_write`: a measuring tool).
+`--profile` runs only the `sqlite` subject for ~20 s under cProfile (the main
+thread only). `--quick` is a smoke run.
 
 The last line is `durable_vs_floor=<x> langgraph_sqlite_vs_agentfsm_sqlite=<y>`
 (wall time; the line before it has the same in CPU time). Run with `make
-bench-durable`; `--quick` is a smoke run; `--profile` runs only the `sqlite`
-subject for ~20 s, for a profiler. See bench/README.md.
+bench-durable`. See bench/README.md.
 """
 
 from __future__ import annotations
@@ -95,7 +102,7 @@ from agentfsm.store import SQLiteStore
 
 BENCH: Final = Path(__file__).resolve().parent
 LANGGRAPH_PYTHON: Final = BENCH / ".venvs" / "langgraph_sqlite" / "bin" / "python"
-LANGGRAPH_WORKER: Final = BENCH / "peers" / "peer_langgraph_sqlite.py"
+LANGGRAPH_WORKER: Final = BENCH / "peers" / "worker_langgraph_sqlite.py"
 
 ROUNDS: Final = 9
 """Sets of one round of every subject; the medians are over these."""
@@ -294,7 +301,7 @@ async def bare_round(runs: int, out: list[Sample]) -> None:
 
 
 class LangGraphWorker:
-    """peer_langgraph_sqlite.py in its venv, one request and one reply a line."""
+    """worker_langgraph_sqlite.py in its venv, one request and one reply a line."""
 
     def __init__(self) -> None:
         self._proc = subprocess.Popen(
@@ -580,35 +587,41 @@ async def context_table(dbs: Databases, rounds: int, seconds: float) -> None:
         mem, dur = pair
         rows.append((label, len(base), mem, dur, writes, json_bytes(base)))
     _, n0, mem0, dur0, _, _ = rows[0]
-    first = dur0.median("wall_us") - mem0.median("wall_us")
+
+    def cost(mem: Subject, dur: Subject, attr: str) -> float:
+        return dur.median(attr) - mem.median(attr)
+
+    first = cost(mem0, dur0, "cpu_us")
     out = []
     for label, n, mem, dur, writes, initial in rows:
-        cost = dur.median("wall_us") - mem.median("wall_us")
-        per_item = "-" if n == n0 else f"{(cost - first) / (n - n0):.2f}"
+        cpu = cost(mem, dur, "cpu_us")
+        per_item = "-" if n == n0 else f"{(cpu - first) / (n - n0):.2f}"
         out.append(
             [
                 label,
                 f"{mem.median('wall_us'):,.0f}",
                 f"{dur.median('wall_us'):,.0f}",
-                f"{cost:,.0f}",
-                f"{cost / first:.2f}",
+                f"{cost(mem, dur, 'wall_us'):,.0f}",
+                f"{cpu:,.0f}",
+                f"{cpu / first:.2f}",
                 per_item,
                 f"{writes.commits:.1f}",
                 f"{writes.bytes:,.0f}",
                 f"{writes.bytes - initial:,.0f}",
             ]
         )
-    print(f"wall µs/run, median of {rounds} interleaved rounds")
+    print(f"median of {rounds} interleaved rounds")
     table(
-        ["items", "memory µs", "sqlite µs", "durable µs", "x first", "µs/item",
-         "commits", "bytes/run", "bytes beyond the items"],
+        ["items", "memory µs", "sqlite µs", "durable µs", "durable cpu µs",
+         "x first", "cpu µs/item", "commits", "bytes/run", "bytes beyond the items"],
         out,
     )  # fmt: skip
     print(
-        "  durable µs: sqlite - memory; µs/item: its growth per item over the first "
-        "row; 'bytes beyond the items': bytes/run minus the JSON of the items the "
-        "loop started with (a new loop writes them once), flat if no commit "
-        "copies the context"
+        "  µs: wall; durable: sqlite - memory; x first and cpu µs/item: the durable "
+        "cpu µs against the first row's, and their growth per item over it;\n"
+        "  'bytes beyond the items': bytes/run minus the JSON of the items the loop "
+        "started with (a new loop writes them once), flat if no commit copies the "
+        "context"
     )
 
 

@@ -5,7 +5,8 @@ whose scripted chat model this reuses) with `AsyncSqliteSaver`
 (langgraph-checkpoint-sqlite, over aiosqlite) as its checkpointer: every run is
 a new thread, checkpointed at each super-step, with its pending writes.
 
-It runs in `bench/.venvs/langgraph_sqlite` (make bench-durable builds it from
+It is not a peer of `make bench-peers` (hence not `peer_*.py`): it runs in
+`bench/.venvs/langgraph_sqlite` (make bench-durable builds it from
 requirements-langgraph_sqlite.txt) as a worker that bench_durable.py drives
 over stdin and stdout, one JSON object a line each way, so that its rounds
 alternate with the agentfsm rounds in the other process:
