@@ -91,7 +91,7 @@ bench-peers: $(STAMP)
 	$(MAKE) --no-print-directory -j4 $(PEER_VENVS)
 	$(PY) bench/peers/run.py
 
-# What durability costs (bench/bench_durable.py, ~3 minutes): the workload in
+# What durability costs (bench/bench_durable.py, ~1.5 minutes): the workload in
 # memory, with the SQLite store, on LangGraph with its SQLite checkpointer (in
 # bench/.venvs/langgraph_sqlite, built by the pattern rule above from
 # bench/peers/requirements-langgraph_sqlite.txt) and on the bare loop plus as
