@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 LOCAL  := $(VENV)/.local-installed
 
-.PHONY: test demo bench bench-instructions bench-peers lint typecheck pytest quick clean docs docs-check
+.PHONY: test demo bench bench-instructions bench-peers bench-durable lint typecheck pytest quick clean docs docs-check
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -90,6 +90,14 @@ $(BENCH_VENVS)/%/.installed: bench/peers/requirements-%.txt
 bench-peers: $(STAMP)
 	$(MAKE) --no-print-directory -j4 $(PEER_VENVS)
 	$(PY) bench/peers/run.py
+
+# What durability costs (bench/bench_durable.py, ~1.5 minutes): the workload in
+# memory, with the SQLite store, on LangGraph with its SQLite checkpointer (in
+# bench/.venvs/langgraph_sqlite, built by the pattern rule above from
+# bench/peers/requirements-langgraph_sqlite.txt) and on the bare loop plus as
+# many plain sqlite3 commits; then the cost as the context grows.
+bench-durable: $(STAMP) $(BENCH_VENVS)/langgraph_sqlite/.installed
+	$(PY) bench/bench_durable.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache site .docs-check
