@@ -18,6 +18,7 @@ import anyio
 import pytest
 
 from agentfsm import (
+    FunctionCallItem,
     InferenceInput,
     LoopState,
     LoopStatus,
@@ -224,6 +225,42 @@ class TestWhatIsStored:
         assert result.outcome is Outcome.answered
         assert written.commits >= 8  # a commit per transition, ledger entries
         assert size < written.bytes_written < 2 * size
+
+    async def test_a_repaired_context_is_recorded_as_its_repairs(
+        self, store_factory: Callable[[], LoopStore]
+    ) -> None:
+        """A context holding a call without an output is sent repaired; its
+        records name the repair (they held a copy of the whole context at every
+        commit), and the loop taken up again sends the same repaired request."""
+        context = ModelContext()
+        for n in range(500):
+            context.append(UserMessage(content=f"message {n:04d} " + "x" * 40))
+        context.append(FunctionCallItem(call_id="old", name="add", arguments="{}"))
+        async with Runtime(
+            providers={"scripted": ScriptedProvider([calls(call("pay", amount=5))])},
+            store=store_factory(),
+        ) as first:
+            loop_id = first.run_loop(
+                "agent",
+                "pay 5",
+                InferenceInput(model="scripted:m", context=context, tools=[pay, add]),
+            )
+            await wait_until(lambda: first.get(loop_id).status is LoopStatus.paused)
+            record = first.snapshot(loop_id)
+        assert record.turn.request.repairs is not None
+        assert record.turn.request.items is None
+        provider = ScriptedProvider([text("paid")])
+        async with Runtime(
+            providers={"scripted": provider}, store=store_factory(), tools=TOOLS
+        ) as second:
+            await second.recover()
+            second.resume(loop_id, Proceed())
+            result = await second.wait(loop_id)
+        assert result.outcome is Outcome.answered
+        (again,) = provider.requests
+        sent = items_of(again.context)
+        assert sent[500:503] == ["call:old", "out:old=ERR", "user:pay 5"]
+        assert sent[-1].endswith("=paid 5")
 
 
 class TestPauses:

@@ -69,7 +69,8 @@ class Durable:
         """Write the loop's record and what its context gained since the last write."""
         items = loop.input.context.items
         first = self.written
-        if first > len(items):
+        truncate = first > len(items)
+        if truncate:
             first = 0  # the context shrank (someone edited it): write it whole
         replaced = None
         at = loop.answer_at

@@ -104,6 +104,9 @@ class Commit:
     """Earlier items that changed (an answer a handler rewrote), by position."""
     inference: tuple[int, InferenceOutput] | None = None
     """A model request's output not written yet: (request number, output)."""
+    truncate: bool = False
+    """Drop the stored items from `first` on before writing `items` (the
+    context shrank: someone edited it)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,7 +60,7 @@ class MemoryStore(LoopStore):
             entry = self._loops[record.loop_id] = _Entry()
         self._take(record.loop_id, entry, owner)
         items = entry.items
-        del items[commit.first :]  # a commit after a crash rewrites its tail
+        del items[commit.first :]  # (only `truncate` leaves anything to drop)
         items.extend(commit.items)
         for at, item in (commit.replaced or {}).items():
             items[at] = item

@@ -223,17 +223,16 @@ class SQLiteStore(LoopStore):
 
         def write(db: sqlite3.Connection) -> int:
             now = time.time()
-            row = db.execute(
-                "SELECT owner, lease_until FROM loops WHERE loop_id = ?", (loop_id,)
-            ).fetchone()
-            if row is not None and row[0] not in (None, owner) and row[1] > now:
-                raise LoopLockedError(loop_id, row[0])
-            db.execute(
+            # One statement takes or renews the lease and writes the loop's row;
+            # it changes nothing while another runtime holds a live lease.
+            taken = db.execute(
                 "INSERT INTO loops (loop_id, agent_id, status, state, seq, owner,"
                 " lease_until, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT (loop_id) DO UPDATE SET status = excluded.status,"
                 " state = excluded.state, seq = excluded.seq, owner = excluded.owner,"
-                " lease_until = excluded.lease_until, updated = excluded.updated",
+                " lease_until = excluded.lease_until, updated = excluded.updated"
+                " WHERE loops.owner IS NULL OR loops.owner = excluded.owner"
+                " OR loops.lease_until <= excluded.updated",
                 (
                     loop_id,
                     record.agent_id,
@@ -244,25 +243,33 @@ class SQLiteStore(LoopStore):
                     now + self.lease_ttl,
                     now,
                 ),
-            )
+            ).rowcount
+            if not taken:
+                (holder,) = db.execute(
+                    "SELECT owner FROM loops WHERE loop_id = ?", (loop_id,)
+                ).fetchone()
+                raise LoopLockedError(loop_id, holder)
             db.execute(
                 "INSERT OR REPLACE INTO records (loop_id, seq, record) VALUES (?, ?, ?)",
                 (loop_id, record.seq, text),
             )
             first = commit.first
-            # A loop recovered from an earlier commit writes its tail again.
-            db.execute(
-                "DELETE FROM items WHERE loop_id = ? AND position >= ?",
-                (loop_id, first),
-            )
-            db.executemany(
-                "INSERT INTO items (loop_id, position, item) VALUES (?, ?, ?)",
-                [(loop_id, first + n, item) for n, item in enumerate(items)],
-            )
-            db.executemany(
-                "UPDATE items SET item = ? WHERE loop_id = ? AND position = ?",
-                [(item, loop_id, at) for at, item in replaced],
-            )
+            if commit.truncate:
+                db.execute(
+                    "DELETE FROM items WHERE loop_id = ? AND position >= ?",
+                    (loop_id, first),
+                )
+            if items:
+                db.executemany(
+                    "INSERT OR REPLACE INTO items (loop_id, position, item)"
+                    " VALUES (?, ?, ?)",
+                    [(loop_id, first + n, item) for n, item in enumerate(items)],
+                )
+            if replaced:
+                db.executemany(
+                    "UPDATE items SET item = ? WHERE loop_id = ? AND position = ?",
+                    [(item, loop_id, at) for at, item in replaced],
+                )
             written = (
                 len(text) + sum(map(len, items)) + sum(len(i) for _, i in replaced)
             )
