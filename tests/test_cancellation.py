@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 import anyio
 import pytest
 
@@ -14,6 +17,7 @@ from agentfsm import (
     Pause,
     PendingTransition,
     Runtime,
+    Subscription,
     Trigger,
     tool,
 )
@@ -205,3 +209,102 @@ async def test_leaving_with_an_error_ends_paused_loops_too() -> None:
     )
     idles = [e for e in recorder.events if isinstance(e, LoopIdle)]
     assert [e.loop_id for e in idles] == [loop_id]
+
+
+def worker_tasks() -> list[anyio.TaskInfo]:
+    return [t for t in anyio.get_running_tasks() if t.name == "agentfsm-worker"]
+
+
+class TestACancelNeverWaitsOnASubscriber:
+    """A backpressure subscriber that never reads (a stalled disk under the
+    event log, say) holds neither a cancelled loop nor the runtime's exit; the
+    events it has not taken yet wait in its buffer, in order, none lost."""
+
+    async def test_a_cancelled_loops_worker_does_not_wait_for_room(self) -> None:
+        provider = ScriptedProvider([calls(call("add", a=1, b=2)), text("3")])
+        with anyio.fail_after(10):
+            async with Runtime(providers={"scripted": provider}) as runtime:
+                reader = EventRecorder(runtime.bus)
+                stalled = runtime.bus.subscribe(buffer=1, backpressure=True)
+                try:
+                    loop_id = runtime.run_loop("agent", "go", request())
+                    await anyio.wait_all_tasks_blocked()  # waits for room
+                    assert runtime.get(loop_id).state is not LoopState.idle
+                    runtime.cancel(loop_id, "stop")
+                    result = await runtime.wait(loop_id)
+                    await anyio.wait_all_tasks_blocked()
+                    assert worker_tasks() == []  # its worker ended, not waiting
+                finally:
+                    # (Only reached with the subscriber still stalled when an
+                    # assertion failed: closing it lets the runtime exit.)
+                    if worker_tasks():
+                        stalled.close()
+        assert (result.outcome, result.reason) == (Outcome.cancelled, "stop")
+        held = []
+        while stalled.statistics().buffered:
+            held.append(stalled.receive_nowait())
+        assert [e.seq for e in held] == list(range(1, len(held) + 1))
+        assert isinstance(held[-1], LoopIdle)
+        assert held[-1].outcome is Outcome.cancelled
+        assert [e.seq for e in reader.of_loop(loop_id)] == [e.seq for e in held]
+
+    @pytest.mark.parametrize(
+        "where",
+        [
+            pytest.param("running", id="running"),
+            pytest.param("pausing", id="paused-its-pause-held"),
+            pytest.param("paused", id="paused-its-pause-read"),
+        ],
+    )
+    async def test_the_runtime_left_with_an_error_exits(self, where: str) -> None:
+        """Leaving the runtime with an error cancels a loop held by the stalled
+        subscriber, or paused (its pause still held, or read just before the
+        subscriber stalled): the runtime exits, and the subscriber still has
+        every event, ending with `loop.idle`."""
+
+        def hold(pending: PendingTransition) -> Decision | None:
+            pause = where != "running" and pending.trigger is Trigger.infer
+            return Pause("hold") if pause else None
+
+        provider = ScriptedProvider([calls(call("add", a=1, b=2)), text("3")])
+        runtime = Runtime(providers={"scripted": provider})
+        stalled = runtime.bus.subscribe(buffer=1, backpressure=True)
+        received = []
+        async with unstalled_if_stuck(stalled) as stuck:
+            with pytest.raises(RuntimeError, match="caller failed"):  # noqa: PT012 - the block is the subject
+                async with runtime:
+                    loop_id = runtime.run_loop("agent", "go", request(), hold)
+                    if where == "paused":  # read up to the pause, then stall
+                        with anyio.fail_after(5):
+                            async for event in stalled:
+                                received.append(event)
+                                if event.type == "loop.paused":
+                                    break
+                    await anyio.wait_all_tasks_blocked()
+                    assert runtime.get(loop_id).path  # it ran, and holds events
+                    raise RuntimeError("caller failed")
+        assert not stuck, "the runtime's exit waited on the subscriber"
+        assert runtime.get(loop_id).outcome is Outcome.cancelled
+        while stalled.statistics().buffered:
+            received.append(stalled.receive_nowait())
+        assert [e.seq for e in received] == list(range(1, len(received) + 1))
+        assert isinstance(received[-1], LoopIdle)
+
+
+@asynccontextmanager
+async def unstalled_if_stuck(subscription: Subscription) -> AsyncIterator[list[bool]]:
+    """Close `subscription` if the block has not ended in 5 s (the runtime's exit
+    waits on it): a hang inside a cancel shield, which `fail_after` cannot
+    interrupt, then fails the test instead of stopping the run. The list
+    yielded says whether it had to."""
+    stuck: list[bool] = []
+
+    async def watch() -> None:
+        await anyio.sleep(5)
+        stuck.append(True)
+        subscription.close()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watch)
+        yield stuck
+        tg.cancel_scope.cancel()
