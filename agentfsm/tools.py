@@ -500,7 +500,9 @@ class ToolCallContext:
         "tool_name",
     )
 
-    def __init__(self, loop_id: str, agent_id: str, call_id: str, tool_name: str) -> None:
+    def __init__(
+        self, loop_id: str, agent_id: str, call_id: str, tool_name: str
+    ) -> None:
         self.loop_id = loop_id
         """The loop that made the call."""
         self.agent_id = agent_id

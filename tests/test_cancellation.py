@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -7,6 +9,7 @@ import anyio
 import pytest
 
 from agentfsm import (
+    ConfigurationError,
     FunctionCallItem,
     FunctionCallOutputItem,
     InferenceInput,
@@ -18,10 +21,14 @@ from agentfsm import (
     PendingTransition,
     Runtime,
     Subscription,
+    ToolCallContext,
     Trigger,
+    current_call,
+    report_progress,
     tool,
 )
 from agentfsm.events import FunctionCallCompleted, LoopIdle
+from agentfsm.exceptions import NoToolCallError, ToolCancelled
 from agentfsm.interception import Decision
 from agentfsm.providers.function import FunctionProvider
 from agentfsm.testing import (
@@ -308,3 +315,202 @@ async def unstalled_if_stuck(subscription: Subscription) -> AsyncIterator[list[b
         tg.start_soon(watch)
         yield stuck
         tg.cancel_scope.cancel()
+
+
+class TestSyncToolsSeeTheCancel:
+    """A sync tool's thread cannot be killed: the call is reported interrupted at
+    once, the thread runs on, and `current_call()` lets it see the cancel."""
+
+    async def test_a_tool_polling_cancelled_stops_before_its_late_side_effect(
+        self,
+    ) -> None:
+        effects: list[str] = []
+        seen: list[ToolCallContext] = []
+        started, stopped = threading.Event(), threading.Event()
+
+        @tool
+        def write_slowly() -> str:
+            """Write, unless interrupted first."""
+            running = current_call()
+            seen.append(running)
+            started.set()
+            for _ in range(5000):  # 5 s at most
+                if running.cancelled:
+                    stopped.set()
+                    return "stopped early"
+                time.sleep(0.001)
+            effects.append("late write")
+            return "written"
+
+        provider = ScriptedProvider(
+            [calls(call("write_slowly", call_id="w")), text("x")]
+        )
+        async with Runtime(providers={"scripted": provider}) as runtime:
+            inference_input = request(write_slowly)
+            loop_id = runtime.run_loop("agent-7", "go", inference_input)
+            assert await anyio.to_thread.run_sync(started.wait, 5)
+            assert not seen[0].cancelled
+            runtime.cancel(loop_id, "stop")
+            result = await runtime.wait(loop_id)
+            assert await anyio.to_thread.run_sync(stopped.wait, 5)
+        assert result.outcome is Outcome.cancelled
+        assert effects == []
+        (running,) = seen
+        assert (
+            running.loop_id,
+            running.agent_id,
+            running.call_id,
+            running.tool_name,
+        ) == (
+            loop_id,
+            "agent-7",
+            "w",
+            "write_slowly",
+        )
+        assert running.cancelled
+        (output,) = [
+            i
+            for i in inference_input.context.items
+            if isinstance(i, FunctionCallOutputItem)
+        ]
+        assert output.is_error
+        assert output.output == "the tool call was interrupted: the loop was cancelled"
+
+    async def test_a_tool_ignoring_the_cancel_runs_on_and_its_result_is_dropped(
+        self,
+    ) -> None:
+        """The call is reported interrupted while the thread still runs; its side
+        effect lands late, and what it returns and reports then is dropped."""
+        effects: list[str] = []
+        taken: list[bool] = []
+        started, release, finished = (
+            threading.Event(),
+            threading.Event(),
+            threading.Event(),
+        )
+
+        @tool
+        def stubborn() -> str:
+            """Wait to be released, whatever happens."""
+            started.set()
+            release.wait(5)
+            effects.append("late write")
+            taken.append(report_progress("done"))
+            finished.set()
+            return "late result"
+
+        provider = ScriptedProvider([calls(call("stubborn")), text("x")])
+        async with Runtime(providers={"scripted": provider}) as runtime:
+            recorder = EventRecorder(runtime.bus)
+            inference_input = request(stubborn)
+            loop_id = runtime.run_loop("agent", "go", inference_input)
+            assert await anyio.to_thread.run_sync(started.wait, 5)
+            runtime.cancel(loop_id)
+            result = await runtime.wait(loop_id)
+            assert effects == []  # reported interrupted while the thread runs on
+            release.set()
+            assert await anyio.to_thread.run_sync(finished.wait, 5)
+            await anyio.wait_all_tasks_blocked()
+        assert result.outcome is Outcome.cancelled
+        assert effects == ["late write"]
+        assert taken == [False]
+        outputs = [
+            i
+            for i in inference_input.context.items
+            if isinstance(i, FunctionCallOutputItem)
+        ]
+        assert [(o.is_error, "interrupted" in o.output) for o in outputs] == [
+            (True, True)
+        ]
+        assert recorder.types(loop_id)[-1] == "loop.idle"  # nothing after the end
+
+    async def test_wait_cancelled_and_raise_if_cancelled(self) -> None:
+        """A tool sleeping with `wait_cancelled` wakes at the cancel, and
+        `raise_if_cancelled` unwinds it with `ToolCancelled`."""
+        raised: list[BaseException] = []
+        started, done = threading.Event(), threading.Event()
+
+        @tool
+        def sleeper() -> str:
+            """Sleep until interrupted."""
+            running = current_call()
+            try:
+                running.raise_if_cancelled()  # not yet: nothing raised
+                started.set()
+                assert running.wait_cancelled(5)
+                running.raise_if_cancelled()
+            except ToolCancelled as exc:
+                raised.append(exc)
+                raise
+            finally:
+                done.set()
+            return "never"
+
+        provider = ScriptedProvider([calls(call("sleeper", call_id="s")), text("x")])
+        async with Runtime(providers={"scripted": provider}) as runtime:
+            loop_id = runtime.run_loop("agent", "go", request(sleeper))
+            assert await anyio.to_thread.run_sync(started.wait, 5)
+            runtime.cancel(loop_id)
+            assert (await runtime.wait(loop_id)).outcome is Outcome.cancelled
+            assert await anyio.to_thread.run_sync(done.wait, 5)
+        (exc,) = raised
+        assert isinstance(exc, ToolCancelled)
+        assert exc.tool == "sleeper"
+        assert "tool call s ('sleeper') was interrupted" in str(exc)
+
+    async def test_a_tool_past_its_timeout_sees_the_interruption(self) -> None:
+        """A timed-out call is interrupted too: the loop goes on without it."""
+        woke = threading.Event()
+
+        @tool(timeout=0.01)
+        def slow() -> str:
+            """Sleep until interrupted."""
+            if current_call().wait_cancelled(5):
+                woke.set()
+            return "too late"
+
+        provider = ScriptedProvider([calls(call("slow")), text("went on")])
+        async with Runtime(providers={"scripted": provider}) as runtime:
+            inference_input = request(slow)
+            result = await runtime.wait(
+                runtime.run_loop("agent", "go", inference_input)
+            )
+            assert await anyio.to_thread.run_sync(woke.wait, 5)
+        assert result.outcome is Outcome.answered
+        (output,) = [
+            i
+            for i in inference_input.context.items
+            if isinstance(i, FunctionCallOutputItem)
+        ]
+        assert output.is_error
+        assert "timed out" in output.output
+
+    async def test_current_call_outside_a_call_and_from_the_event_loop(self) -> None:
+        """Outside a tool call `current_call()` says so; an async tool sees its
+        call, and may not block the event loop in `wait_cancelled`."""
+        with pytest.raises(NoToolCallError, match="only available inside a tool call"):
+            current_call()
+        errors: list[str] = []
+
+        @tool
+        async def probe() -> str:
+            """Look at the current call."""
+            running = current_call()
+            try:
+                running.wait_cancelled(0)
+            except ConfigurationError as exc:
+                errors.append(str(exc))
+            return f"{running.tool_name} {running.cancelled}"
+
+        provider = ScriptedProvider([calls(call("probe")), text("x")])
+        async with Runtime(providers={"scripted": provider}) as runtime:
+            inference_input = request(probe)
+            await runtime.wait(runtime.run_loop("agent", "go", inference_input))
+        (output,) = [
+            i
+            for i in inference_input.context.items
+            if isinstance(i, FunctionCallOutputItem)
+        ]
+        assert output.output == "probe False"
+        (error,) = errors
+        assert error.startswith("wait_cancelled() blocks its thread")

@@ -302,7 +302,9 @@ def in_a_thread() -> str:
     return "ok"
 
 
-@pytest.mark.parametrize("offered", [checkpoint_once, in_a_thread], ids=["async", "sync"])
+@pytest.mark.parametrize(
+    "offered", [checkpoint_once, in_a_thread], ids=["async", "sync"]
+)
 async def test_a_finished_loop_is_freed_though_its_tool_timers_are_pending(
     offered: Tool,
 ) -> None:
