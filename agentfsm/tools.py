@@ -420,6 +420,13 @@ class _Resume:
                     value = coro.send(sent)
                 except StopIteration as done:
                     return done.value
+                except BaseException:
+                    # Trio sends an outcome: an error one holds the exception,
+                    # whose traceback holds this frame, which holds `sent`: a
+                    # cycle (keeping the loop of a cancelled call) that only
+                    # the cycle collector would free.
+                    del sent
+                    raise
 
 
 @overload

@@ -176,23 +176,6 @@ async def test_leaving_the_runtime_with_an_error_cancels_every_loop() -> None:
     assert sorted(e.loop_id for e in idles) == sorted(ids)
 
 
-async def test_runtime_cancelled_from_outside() -> None:
-    """Cancelling the scope around a runtime cancels its loops cleanly."""
-
-    async def never(req: InferenceInput) -> InferenceOutput:
-        await anyio.sleep_forever()
-        raise AssertionError("unreachable")
-
-    runtime = Runtime(providers={"fn": FunctionProvider(never)})
-    with anyio.CancelScope() as scope:
-        async with runtime:
-            loop_id = runtime.run_loop("agent", "hi", request(model="fn:x"))
-            await wait_for_state(runtime, loop_id, LoopState.inference)
-            scope.cancel()
-            await anyio.sleep_forever()
-    assert runtime.get(loop_id).outcome is Outcome.cancelled
-
-
 async def test_leaving_with_an_error_ends_paused_loops_too() -> None:
     """A loop paused when an error leaves the runtime ends cancelled, with loop.idle."""
 
