@@ -31,7 +31,7 @@ from agentfsm import (
     InferenceInput,
     InferenceOutput,
     LoopStatus,
-    LoopView,
+    ModelContext,
     ModelRequest,
     Outcome,
     Pause,
@@ -52,10 +52,11 @@ from agentfsm.events import AgentEvent, LoopIdle, LoopTransition
 from agentfsm.exceptions import ProviderError
 from agentfsm.inference import StreamEvent, TextDelta
 from agentfsm.interception import Decision
+from agentfsm.messages import ContextItem
 from agentfsm.providers import ModelNext, Provider
 from agentfsm.testing import EventRecorder, ScriptedProvider, call, calls, text
 from agentfsm.tools import ToolNext
-from tests.helpers import add, request
+from tests.helpers import add
 
 REASON = "cancelled at this point"
 
@@ -113,20 +114,26 @@ def finish_up() -> ToolResult:
 def reaching(trigger: Trigger) -> Setup:
     """A loop whose run takes `trigger`."""
     script: list[InferenceOutput] = [text("an answer")]
-    setup = Setup(ScriptedProvider(script))
+    setup = Setup(ScriptedProvider(script, record=False))
     if trigger is Trigger.infer_streaming:
         setup.streaming = True
     elif trigger is Trigger.call_tools:
-        setup.provider = ScriptedProvider([calls(call("add", a=1, b=2)), *script])
+        setup.provider = ScriptedProvider(
+            [calls(call("add", a=1, b=2)), *script], record=False
+        )
         setup.tools = (add,)
     elif trigger is Trigger.steer:
-        setup.provider = ScriptedProvider([calls(call("steer_me")), *script])
+        setup.provider = ScriptedProvider(
+            [calls(call("steer_me")), *script], record=False
+        )
         setup.tools = (steer_me,)
     elif trigger is Trigger.stop:
-        setup.provider = ScriptedProvider([calls(call("finish_up"))])
+        setup.provider = ScriptedProvider([calls(call("finish_up"))], record=False)
         setup.tools = (finish_up,)
     elif trigger is Trigger.follow_up:
-        setup.provider = ScriptedProvider([*script, text("another answer")])
+        setup.provider = ScriptedProvider(
+            [*script, text("another answer")], record=False
+        )
         setup.follow_up = True
     return setup
 
@@ -222,7 +229,8 @@ def model_wrapper_waiting(after_next: bool) -> Callable[[Blocker], Setup]:
             await blocker.block()
 
         return Setup(
-            ScriptedProvider([text("x")]), options={"model_wrappers": [wrapper]}
+            ScriptedProvider([text("x")], record=False),
+            options={"model_wrappers": [wrapper]},
         )
 
     return setup
@@ -245,7 +253,9 @@ def tools_waiting(mode: str, calls_done: int) -> Callable[[Blocker], Setup]:
 
         script = [calls(call("work", n=1), call("work", n=2)), text("x")]
         return Setup(
-            ScriptedProvider(script), tools=(work,), options={"tool_execution": mode}
+            ScriptedProvider(script, record=False),
+            tools=(work,),
+            options={"tool_execution": mode},
         )
 
     return setup
@@ -281,7 +291,7 @@ def sync_tool_waiting(mode: str) -> Callable[[Blocker], Setup]:
 
         script = [calls(call("export", n=1), call("export", n=2)), text("x")]
         return Setup(
-            ScriptedProvider(script),
+            ScriptedProvider(script, record=False),
             tools=(export,),
             options={"tool_execution": mode},
             thread=all_returned,
@@ -296,7 +306,9 @@ def tool_wrapper_waiting(blocker: Blocker) -> Setup:
 
     script = [calls(call("add", a=1, b=2)), text("x")]
     return Setup(
-        ScriptedProvider(script), tools=(add,), options={"tool_wrappers": [wrapper]}
+        ScriptedProvider(script, record=False),
+        tools=(add,),
+        options={"tool_wrappers": [wrapper]},
     )
 
 
@@ -306,7 +318,9 @@ def finish_turn_waiting(blocker: Blocker) -> Setup:
 
     script = [calls(call("add", a=1, b=2)), text("x")]
     return Setup(
-        ScriptedProvider(script), tools=(add,), options={"finish_turn": finish_turn}
+        ScriptedProvider(script, record=False),
+        tools=(add,),
+        options={"finish_turn": finish_turn},
     )
 
 
@@ -317,12 +331,12 @@ def awaiting_approval(blocker: Blocker) -> Setup:
         return "paid"
 
     script = [calls(call("pay", amount=3), call("add", a=1, b=2)), text("x")]
-    return Setup(ScriptedProvider(script), tools=(pay, add), paused=True)
+    return Setup(ScriptedProvider(script, record=False), tools=(pay, add), paused=True)
 
 
 def held_by_a_stalled_subscriber(blocker: Blocker) -> Setup:
     script = [calls(call("add", a=1, b=2)), text("x")]
-    return Setup(ScriptedProvider(script), tools=(add,), stalled=True)
+    return Setup(ScriptedProvider(script, record=False), tools=(add,), stalled=True)
 
 
 def paused_with_the_pause_held(blocker: Blocker) -> Setup:
@@ -364,31 +378,23 @@ POINTS: list[Any] = [
 # ---------------------------------------------------------------- the test
 
 
-class Watched:
-    """A stop condition that never stops: only the loop's options hold it, so
-    it is freed when the loop is."""
-
-    def __call__(self, view: LoopView) -> None:
-        return None
-
-
 def start(
-    runtime: Runtime, setup: Setup, inference_input: InferenceInput
-) -> tuple[str, weakref.ref[Watched]]:
-    """Start the loop; the watched object is made here, so no frame of the test
-    holds it."""
-    watched = Watched()
+    runtime: Runtime, setup: Setup
+) -> tuple[str, list[ContextItem], weakref.ref[ModelContext]]:
+    """Start the loop on a context only the loop holds (made here, not in the
+    test's frame); return its id, the context's items (the list, which does not
+    hold the context) and a weak reference to the context: alive while the
+    loop is."""
+    context = ModelContext()
+    inference_input = InferenceInput(
+        model="p:x", context=context, tools=setup.tools, streaming=setup.streaming
+    )
     loop_id = runtime.run_loop(
-        "agent",
-        "go",
-        inference_input,
-        setup.handlers,
-        stop_when=[watched],
-        **setup.options,
+        "agent", "go", inference_input, setup.handlers, **setup.options
     )
     if setup.follow_up:
         runtime.follow_up(loop_id, "and then?")
-    return loop_id, weakref.ref(watched)
+    return loop_id, context.items, weakref.ref(context)
 
 
 async def reach(
@@ -419,7 +425,7 @@ async def reach(
     return read
 
 
-def freed(watched: weakref.ref[Watched]) -> bool:
+def freed(watched: weakref.ref[ModelContext]) -> bool:
     """Whether the loop is gone, the cycle collector run first: a cancellation
     through a task group (parallel tools) leaves exception groups whose
     tracebacks hold the tasks' frames in cycles, in anyio and trio themselves.
@@ -441,12 +447,6 @@ async def test_a_cancel_here_ends_the_loop_cleanly(
 ) -> None:
     blocker = Blocker()
     setup = point(blocker)
-    inference_input = InferenceInput(
-        model="p:x",
-        context=request().context,
-        tools=setup.tools,
-        streaming=setup.streaming,
-    )
     runtime = Runtime(providers={"p": setup.provider})
     before_runtime = task_ids()
     with anyio.fail_after(10):
@@ -460,7 +460,7 @@ async def test_a_cancel_here_ends_the_loop_cleanly(
                 )
                 await anyio.wait_all_tasks_blocked()
                 before = task_ids()
-                loop_id, watched = start(runtime, setup, inference_input)
+                loop_id, items, watched = start(runtime, setup)
                 read = await reach(runtime, loop_id, setup, blocker, stalled)
                 if how == "outer":
                     outer.cancel()
@@ -489,7 +489,7 @@ async def test_a_cancel_here_ends_the_loop_cleanly(
     if result.path:  # (a loop cancelled before its first edge has none)
         last = result.path[-1]
         assert (last.trigger, last.dest.value) == (Trigger.cancel, "idle")
-    _assert_one_output_per_call(inference_input)
+    _assert_one_output_per_call(items)
     events = recorder.of_loop(loop_id)
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
     assert isinstance(events[-1], LoopIdle)
@@ -502,8 +502,7 @@ async def test_a_cancel_here_ends_the_loop_cleanly(
         assert [e.seq for e in read + held] == [e.seq for e in events]
 
 
-def _assert_one_output_per_call(inference_input: InferenceInput) -> None:
-    items = inference_input.context.items
+def _assert_one_output_per_call(items: list[ContextItem]) -> None:
     call_ids = [i.call_id for i in items if isinstance(i, FunctionCallItem)]
     output_ids = [i.call_id for i in items if isinstance(i, FunctionCallOutputItem)]
     assert sorted(output_ids) == sorted(call_ids), "a call without exactly one output"
