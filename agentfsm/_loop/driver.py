@@ -79,7 +79,13 @@ it carries a reason)."""
 
 async def run(loop: Loop) -> None:
     """The loop's run in its worker: drive until idle or paused; never raises
-    but cancellation."""
+    but cancellation.
+
+    A cancel never waits on a subscriber: a loop ending by a cancel delivers
+    the events it holds for a full backpressure subscriber past its capacity
+    (`deliver_held`) instead of waiting for room, so a subscriber that never
+    reads holds neither the loop's worker nor the runtime's exit.
+    """
     # Each run is in its own copy of the starter's context (see `_runtime.workers`),
     # so binding needs no reset.
     _current_loop.set(loop.loop_id)
@@ -100,17 +106,18 @@ async def run(loop: Loop) -> None:
             _cancelled(loop)  # cancelled as it paused, with no checkpoint between
     except anyio.get_cancelled_exc_class():
         # Cancelled (by `Runtime.cancel` or the runtime closing): end the loop
-        # as cancelled, then let the cancellation go on.
-        with anyio.CancelScope(shield=True):
-            end(loop, _T.cancel, reason=_cancel_reason(loop, "runtime closed"))
-            if durable is not None:
-                if loop.cancel_requested:
-                    # A cancel is the loop's end; the runtime closing is not:
-                    # the store keeps the loop's last transition, and
-                    # recovery goes on from it.
+        # as cancelled, then let the cancellation go on. A cancel never waits
+        # on a subscriber: what the loop holds is delivered past capacity.
+        end(loop, _T.cancel, reason=_cancel_reason(loop, "runtime closed"))
+        loop.deliver_held()
+        if durable is not None:
+            if loop.cancel_requested:
+                # A cancel is the loop's end; the runtime closing is not: the
+                # store keeps the loop's last transition, and recovery goes
+                # on from it.
+                with anyio.CancelScope(shield=True):
                     await _save_end(loop, durable)
-                wake(loop)
-            await loop.flush()
+            wake(loop)
         raise
     except LoopAborted as exc:
         end(loop, _T.abort, reason=exc.reason)
@@ -125,22 +132,41 @@ async def run(loop: Loop) -> None:
         # KeyboardInterrupt, SystemExit or another BaseException from user
         # code: not the loop's to absorb (it means "stop"), so it goes on into
         # the runtime, which cancels the other loops; this loop still ends,
-        # failed, naming it, so no loop is left without an outcome.
-        with anyio.CancelScope(shield=True):
-            end(loop, _T.fail, reason=error_text(exc), error=exc)
-            if durable is not None:
+        # failed, naming it, so no loop is left without an outcome (and, as
+        # for a cancel, without waiting on a subscriber).
+        end(loop, _T.fail, reason=error_text(exc), error=exc)
+        loop.deliver_held()
+        if durable is not None:
+            with anyio.CancelScope(shield=True):
                 await _save_end(loop, durable)
-                wake(loop)
-            await loop.flush()
+            wake(loop)
         raise
     if durable is not None:
         with anyio.CancelScope(shield=True):
             await _save_end(loop, durable)  # paused, or ended
         if loop.status is _DONE:
             wake(loop)
-    if loop.outbox is not None:
-        with anyio.CancelScope(shield=True):
-            await loop.flush()
+    if loop.outbox is None:
+        return
+    if loop.outcome is Outcome.cancelled:
+        loop.deliver_held()
+        return
+    # Ended otherwise, or paused: the held events wait for room (backpressure),
+    # unless a cancel comes meanwhile (`Runtime.cancel` of the paused loop, the
+    # runtime closing).
+    try:
+        await loop.flush()
+    except anyio.get_cancelled_exc_class():
+        if loop.status is not _DONE:  # paused, its pause still being published
+            reason = "the runtime closed while the loop was paused"
+            end(loop, _T.cancel, reason=_cancel_reason(loop, reason))
+            if durable is not None:
+                if loop.cancel_requested:
+                    with anyio.CancelScope(shield=True):
+                        await _save_end(loop, durable)
+                wake(loop)
+        loop.deliver_held()
+        raise
 
 
 async def _save_end(loop: Loop, durable: Durable) -> None:
@@ -329,7 +355,7 @@ async def end_paused(loop: Loop, reason: str) -> None:
     loop.cancel_requested = True
     loop.cancel_reason = reason
     end(loop, _T.cancel, reason=reason)
-    await loop.flush()
+    loop.deliver_held()  # a cancel never waits on a subscriber (see `run`)
 
 
 async def expire_paused(loop: Loop) -> None:
@@ -342,4 +368,8 @@ async def expire_paused(loop: Loop) -> None:
     if loop.durable is not None:
         await _save_end(loop, loop.durable)
         wake(loop)
-    await loop.flush()
+    try:
+        await loop.flush()
+    except anyio.get_cancelled_exc_class():
+        loop.deliver_held()  # the runtime closing: lose none, wait no more
+        raise
