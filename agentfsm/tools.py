@@ -497,18 +497,30 @@ class ToolCallContext:
     """
 
     __slots__ = (
+        "_arguments",
         "_cancelled",
+        "_key",
         "_publisher",
         "_thread",
         "_waiter",
         "agent_id",
         "call_id",
         "loop_id",
+        "position",
+        "request",
         "tool_name",
     )
 
     def __init__(
-        self, loop_id: str, agent_id: str, call_id: str, tool_name: str
+        self,
+        loop_id: str,
+        agent_id: str,
+        call_id: str,
+        tool_name: str,
+        request: int = 0,
+        position: int = 0,
+        arguments: str = "",
+        key: str | None = None,
     ) -> None:
         self.loop_id = loop_id
         """The loop that made the call."""
@@ -518,6 +530,12 @@ class ToolCallContext:
         """The call's id (its `FunctionCallItem.call_id`)."""
         self.tool_name = tool_name
         """The name of the tool called."""
+        self.request = request
+        """The number of the model request that asked for the call (1 is the first)."""
+        self.position = position
+        """The call's position in that request's batch of calls."""
+        self._arguments = arguments
+        self._key = key
         self._cancelled = False
         self._waiter: threading.Event | None = None
         self._publisher: _Publisher | None = None
@@ -531,6 +549,26 @@ class ToolCallContext:
             f"ToolCallContext(call_id={self.call_id!r}, tool_name={self.tool_name!r}, "
             f"loop_id={self.loop_id!r}, cancelled={self._cancelled})"
         )
+
+    @property
+    def idempotency_key(self) -> str:
+        """A key naming this call of this loop, the same if the call runs again
+        after a crash (`@tool(on_crash="retry")`, or a person's decision): pass
+        it to an API that deduplicates by key (an `Idempotency-Key` header),
+        so a call that ran before the crash does not take effect twice. Made
+        from the loop id, the request number, the position, the tool's name
+        and the canonical arguments; never from the model's call id."""
+        if self._key is None:
+            from agentfsm._keys import idempotency_key
+
+            self._key = idempotency_key(
+                self.loop_id,
+                self.request,
+                self.position,
+                self.tool_name,
+                self._arguments,
+            )
+        return self._key
 
     @property
     def cancelled(self) -> bool:

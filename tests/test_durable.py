@@ -31,9 +31,10 @@ from agentfsm import (
     ToolBatch,
     Trigger,
     UserMessage,
+    current_call,
     tool,
 )
-from agentfsm._durable.writer import idempotency_key
+from agentfsm._keys import idempotency_key
 from agentfsm.events import LoopRecovered
 from agentfsm.exceptions import ConfigurationError
 from agentfsm.store import LoopStore, MemoryStore, SQLiteStore, StoreSchemaError
@@ -71,10 +72,15 @@ async def charge(amount: int) -> str:
     return f"charged {amount}"
 
 
+KEYS: list[str] = []
+"""The idempotency key each run of `lookup` saw."""
+
+
 @tool(on_crash="retry")
 async def lookup(key: str) -> str:
     """Look a key up (idempotent: runs again after a crash)."""
     RAN.append(f"lookup {key}")
+    KEYS.append(current_call().idempotency_key)
     gate = GATE.get("block")
     if gate is not None:
         await gate.wait()
@@ -87,6 +93,7 @@ TOOLS = [add, pay, charge, lookup]
 @pytest.fixture(autouse=True)
 def _clean() -> None:
     RAN.clear()
+    KEYS.clear()
     GATE.clear()
 
 
@@ -369,6 +376,10 @@ class TestRecovery:
         assert report.running == [loop_id]
         assert result.outcome is Outcome.answered
         assert RAN == ["add 1 2", "lookup k", "lookup k"]
+        # The call run again has the key it had: an API deduplicating by it
+        # takes its effect once.
+        key = idempotency_key(loop_id, 1, 1, "lookup", '{"key":"k"}')
+        assert list(KEYS) == [key, key]
         assert [(c.call_id, c.status, c.attempt) for c in ledger] == [
             ("c1", "done", 1),
             ("c2", "done", 2),

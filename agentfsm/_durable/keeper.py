@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from agentfsm._errors import error_text
+from agentfsm._keys import idempotency_key
 from agentfsm._logging import get_logger
 from agentfsm._loop.intercept import park, pending_of
 from agentfsm._loop.turn import tool_index
@@ -40,7 +41,7 @@ from agentfsm.store._base import Commit, LoopStore, StoredLoop
 from agentfsm.tools import Tool
 
 from .restore import Bindings, RecoveryError, restore
-from .writer import Durable, idempotency_key
+from .writer import Durable
 
 if TYPE_CHECKING:
     from agentfsm._loop.loop import Loop

@@ -9,10 +9,9 @@ tool calls go through `begin_call` / `end_call` (the ledger).
 
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import TYPE_CHECKING
 
+from agentfsm._keys import idempotency_key
 from agentfsm.inference import InferenceOutput
 from agentfsm.messages import ContextItem, FunctionCallItem, FunctionCallOutputItem
 from agentfsm.store._base import CallRecord, Commit, LoopStore
@@ -20,32 +19,7 @@ from agentfsm.store._base import CallRecord, Commit, LoopStore
 if TYPE_CHECKING:
     from agentfsm._loop.loop import Loop
 
-__all__ = ("Durable", "canonical_arguments", "idempotency_key")
-
-
-def canonical_arguments(arguments: str) -> str:
-    """A call's arguments as canonical JSON (sorted keys, no spaces), or as
-    given when they are not JSON (the call will fail the same way again)."""
-    try:
-        value = json.loads(arguments)
-    except ValueError:
-        return arguments
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
-def idempotency_key(
-    loop_id: str, request: int, position: int, name: str, arguments: str
-) -> str:
-    """The key of one tool call: the same for the same call of the same loop
-    (the `request`-th model request's `position`-th call of `name` with these
-    arguments), across crashes and recoveries. The model's call id plays no
-    part: it may be empty, or repeat."""
-    text = json.dumps(
-        [loop_id, request, position, name, canonical_arguments(arguments)],
-        separators=(",", ":"),
-        ensure_ascii=False,
-    )
-    return hashlib.sha256(text.encode()).hexdigest()
+__all__ = ("Durable",)
 
 
 class Durable:

@@ -148,7 +148,16 @@ async def _run_call(
         loop.tool_calls += 1
         if tool is not None:
             loop.last_tools.append(tool.name)
-        running = ToolCallContext(loop.loop_id, loop.agent_id, call.call_id, call.name)
+        running = ToolCallContext(
+            loop.loop_id,
+            loop.agent_id,
+            call.call_id,
+            call.name,
+            loop.model_requests,
+            position,
+            call.arguments,
+            key,
+        )
         running._publisher = loop
         running._thread = threading.get_ident()
         token = _current_call.set(running)
