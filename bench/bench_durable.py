@@ -346,7 +346,10 @@ class LangGraphWorker:
 
 
 class _NoConnection:
-    """Stands in for the connection: no statement does anything, no row is found."""
+    """Stands in for the connection: no statement does anything, no row is found
+    (and every write reports one row changed, as a write the store owns does)."""
+
+    rowcount = 1
 
     def execute(self, *args: Any) -> _NoConnection:
         return self

@@ -237,7 +237,7 @@ async def drive(loop: Loop) -> None:
             end(loop, *step)
             return
         if durable is not None:
-            await durable.save(loop)  # before the state's side effects
+            await durable.committed(loop)  # before the state's side effects
         step = await STATES[dest](loop, step[1])
         if loop.outbox is not None:
             await loop.flush()

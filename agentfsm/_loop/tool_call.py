@@ -84,13 +84,7 @@ async def run_batch(
     which calls finished even when the batch was interrupted.
     """
     options = loop.options
-    parallel = options.tool_execution == "parallel" and len(batch.calls) > 1
-    if parallel:
-        parallel = all(
-            (t := tools.get(c.name)) is None or t.execution_mode == "parallel"
-            for c in batch.calls
-        )
-    if not parallel:
+    if not parallel(loop, batch, tools):
         for position, call in enumerate(batch.calls):
             results[position] = await _run_call(
                 loop, batch, position, call, tools, truncated
@@ -108,6 +102,17 @@ async def run_batch(
     async with anyio.create_task_group() as tg:
         for position, call in enumerate(batch.calls):
             tg.start_soon(run_one, position, call, name=f"agentfsm-tool-{call.name}")
+
+
+def parallel(loop: Loop, batch: ToolBatch, tools: Mapping[str, Tool]) -> bool:
+    """Whether the batch's calls run concurrently: the loop runs tools in
+    parallel, and no tool of the batch must run alone."""
+    if loop.options.tool_execution != "parallel" or len(batch.calls) < 2:
+        return False
+    return all(
+        (t := tools.get(c.name)) is None or t.execution_mode == "parallel"
+        for c in batch.calls
+    )
 
 
 async def _run_call(
@@ -142,6 +147,7 @@ async def _run_call(
                 loop.emit_call_completed(call, ran[0], time.perf_counter() - started)
                 return ran
             key = ran
+            durable.running += 1
         loop.emit_call_started(call)
         if loop.outbox is not None:
             await loop.flush()  # the call starts once its start was received
@@ -211,7 +217,8 @@ async def _run_call(
     if key is not None:
         assert durable is not None
         with anyio.CancelScope(shield=True):  # the output is known: record it
-            await durable.end_call(key, out, terminate)
+            await durable.end_call(loop, key, out, terminate)
+            durable.running -= 1
     if is_error:
         loop.log.info(
             "tool_call_error", call_id=call.call_id, tool=call.name, error=output

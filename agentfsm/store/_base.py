@@ -107,6 +107,13 @@ class Commit:
     truncate: bool = False
     """Drop the stored items from `first` on before writing `items` (the
     context shrank: someone edited it)."""
+    earlier: Sequence[LoopRecord] = ()
+    """Records of earlier transitions not written yet (into states with no
+    side effects: `context_update`, `model_message`), oldest first."""
+    intents: Sequence[CallRecord] = ()
+    """Ledger intents of the calls the transition into `function_call` starts."""
+    ended: Sequence[tuple[str, FunctionCallOutputItem, bool]] = ()
+    """Calls ended since the last write: (key, output, terminate)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,8 +64,14 @@ class MemoryStore(LoopStore):
         items.extend(commit.items)
         for at, item in (commit.replaced or {}).items():
             items[at] = item
+        for earlier in commit.earlier:
+            entry.records[earlier.seq] = earlier
         entry.records[record.seq] = record
         self._latest[record.loop_id] = record
+        for intent in commit.intents:
+            self._calls.setdefault(intent.key, intent)
+        for key, out, terminate in commit.ended:
+            self._end(key, out, terminate)
         if commit.inference is not None:
             number, output = commit.inference
             self._inferences[record.loop_id, number] = output
@@ -124,11 +130,14 @@ class MemoryStore(LoopStore):
     async def end_call(
         self, key: str, output: FunctionCallOutputItem, terminate: bool
     ) -> None:
+        self._end(key, output, terminate)
+        self._commits += 1
+
+    def _end(self, key: str, output: FunctionCallOutputItem, terminate: bool) -> None:
         known = self._calls[key]
         self._calls[key] = known.model_copy(
             update={"status": "done", "output": output, "terminate": terminate}
         )
-        self._commits += 1
 
     async def mark_uncertain(self, keys: Sequence[str]) -> None:
         for key in keys:

@@ -66,7 +66,7 @@ CREATE TABLE IF NOT EXISTS records (
     seq INTEGER NOT NULL,
     record TEXT NOT NULL,
     PRIMARY KEY (loop_id, seq)
-) WITHOUT ROWID;
+);
 CREATE TABLE IF NOT EXISTS items (
     loop_id TEXT NOT NULL,
     position INTEGER NOT NULL,
@@ -210,6 +210,12 @@ class SQLiteStore(LoopStore):
     async def commit(self, commit: Commit, owner: str) -> None:
         record = commit.record
         text = record.model_dump_json()
+        earlier = [(r.seq, r.model_dump_json()) for r in commit.earlier]
+        ended = [
+            (output.model_dump_json(), int(terminate), key)
+            for key, output, terminate in commit.ended
+        ]
+        intents = commit.intents
         items = [(i.model_dump_json()) for i in commit.items]
         replaced = [
             (at, item.model_dump_json()) for at, item in (commit.replaced or {}).items()
@@ -249,10 +255,33 @@ class SQLiteStore(LoopStore):
                     "SELECT owner FROM loops WHERE loop_id = ?", (loop_id,)
                 ).fetchone()
                 raise LoopLockedError(loop_id, holder)
-            db.execute(
+            db.executemany(
                 "INSERT OR REPLACE INTO records (loop_id, seq, record) VALUES (?, ?, ?)",
-                (loop_id, record.seq, text),
+                [(loop_id, seq, body) for seq, body in (*earlier, (record.seq, text))],
             )
+            if intents:
+                db.executemany(
+                    f"INSERT OR IGNORE INTO calls ({self._CALL_COLUMNS})"
+                    " VALUES (?, ?, ?, ?, ?, ?, 'started', ?, NULL, 0)",
+                    [
+                        (
+                            c.key,
+                            c.loop_id,
+                            c.request,
+                            c.position,
+                            c.tool,
+                            c.call_id,
+                            c.attempt,
+                        )
+                        for c in intents
+                    ],
+                )
+            if ended:
+                db.executemany(
+                    "UPDATE calls SET status = 'done', output = ?, terminate = ?"
+                    " WHERE key = ?",
+                    ended,
+                )
             first = commit.first
             if commit.truncate:
                 db.execute(
@@ -271,7 +300,12 @@ class SQLiteStore(LoopStore):
                     [(item, loop_id, at) for at, item in replaced],
                 )
             written = (
-                len(text) + sum(map(len, items)) + sum(len(i) for _, i in replaced)
+                len(text)
+                + sum(len(body) for _, body in earlier)
+                + sum(map(len, items))
+                + sum(len(i) for _, i in replaced)
+                + sum(len(out) for out, _, _ in ended)
+                + sum(len(c.key) + len(c.tool) + len(c.call_id) for c in intents)
             )
             if inference is not None:
                 db.execute(
