@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 LOCAL  := $(VENV)/.local-installed
 
-.PHONY: test demo bench bench-instructions bench-peers bench-durable lint typecheck pytest quick clean docs docs-check
+.PHONY: test demo bench bench-instructions bench-peers bench-durable bench-load lint typecheck pytest quick clean docs docs-check
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -96,6 +96,11 @@ bench-peers: $(STAMP)
 # bench/.venvs/langgraph_sqlite, built by the pattern rule above from
 # bench/peers/requirements-langgraph_sqlite.txt) and on the bare loop plus as
 # many plain sqlite3 commits; then the cost as the context grows.
+# Load (issue 12): 10,000 loops at once, 1,000 pauses, 100,000 loops in a row
+# with the memory growth per loop (bench/bench_load.py, ~1-2 minutes).
+bench-load: $(STAMP)
+	$(PY) bench/bench_load.py
+
 bench-durable: $(STAMP) $(BENCH_VENVS)/langgraph_sqlite/.installed
 	$(PY) bench/bench_durable.py
 
