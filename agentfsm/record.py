@@ -94,7 +94,9 @@ class RequestRecord(BaseModel):
     items: tuple[ContextItem, ...] | None = None
     """The items of a context that is neither the loop's own nor its repair (a
     copy a handler made), so the request can be rebuilt; None otherwise (the
-    loop's own context is referenced by position only)."""
+    loop's own context is referenced by position only; the turn's last
+    request, of which the loop uses the tools and settings, is rebuilt on
+    it)."""
 
 
 class MessagesRecord(BaseModel):

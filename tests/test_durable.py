@@ -211,14 +211,19 @@ class TestWhatIsStored:
                 ).fetchone()
         assert row == ("done", "idle")
 
+    @pytest.mark.parametrize("open_call", [False, True])
     async def test_a_commit_writes_only_what_the_context_gained(
-        self, tmp_path: Path
+        self, tmp_path: Path, open_call: bool
     ) -> None:
-        """A 2,000-item context costs its size once, not at every commit."""
+        """A 2,000-item context costs its size once, not at every commit; one
+        holding a call without an output too (each request is then a repaired
+        copy of it, which the records held in full)."""
         store = SQLiteStore(tmp_path / "big.db")
         context = ModelContext()
         for n in range(2000):
             context.append(UserMessage(content=f"message {n:04d} " + "x" * 40))
+        if open_call:
+            context.append(FunctionCallItem(call_id="old", name="add", arguments="{}"))
         size = len(context.model_dump_json())
         provider = ScriptedProvider([calls(call("add", a=1, b=2)), text("3")])
         inference_input = InferenceInput(

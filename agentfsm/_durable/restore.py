@@ -142,8 +142,8 @@ class _Rebuild:
             self.bindings.tool(loop_id, name, digest)
             for name, digest in zip(data.tools, digests, strict=True)
         ]
-        if data.own_context:
-            context = self.context
+        if data.own_context or (data.repairs is None and data.items is None):
+            context = self.context  # (the turn's request: see RequestRecord.items)
         elif data.repairs is not None:
             items = list(self.context.items[: data.context_items - len(data.repairs)])
             for position, _, call_id in data.repairs:

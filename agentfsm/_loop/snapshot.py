@@ -124,7 +124,7 @@ def record_of(loop: Loop) -> LoopRecord:
         follow_ups=tuple(loop.follow_ups or ()),
         turn=_made(
             TurnRecord,
-            request=request_record(loop.request, own, repair),
+            request=request_record(loop.request, own, repair, copy=False),
             output=loop.output,
             message=loop.message,
             answer_at=loop.answer_at,
@@ -156,10 +156,19 @@ _STATIC_KEPT: Final = 4096
 
 
 def request_record(
-    request: InferenceInput, own: Any, repair: RequestMetadata | None
+    request: InferenceInput,
+    own: Any,
+    repair: RequestMetadata | None,
+    *,
+    copy: bool = True,
 ) -> RequestRecord:
     """An `InferenceInput` as data (`own` is the loop's context; `repair`, the
-    metadata of the loop's last request, says how a repaired copy was made)."""
+    metadata of the loop's last request, says how a repaired copy was made).
+
+    `copy=False` (the turn's last request, whose tools and settings are what
+    the loop uses of it) never copies a context that is not the loop's own:
+    restored, the request has the loop's own context.
+    """
     static = _STATIC.get(id(request))
     if static is None or static[0] is not request:
         static = _static(request)
@@ -178,7 +187,7 @@ def request_record(
             # The loop's own context with synthetic outputs: recorded as the
             # repairs, not a copy of the whole context at every commit.
             repairs = repair.repairs
-        else:
+        elif copy:
             copied = tuple(items)  # a copy a handler made
     return _made(
         RequestRecord,
