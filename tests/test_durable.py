@@ -11,6 +11,7 @@ matrix (SIGKILL at every commit) is in tests/test_durable_crash.py.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
@@ -594,3 +595,43 @@ class TestLeases:
             assert await store.acquire(loop_id, "someone-else") is None
             with pytest.raises(LoopLockedError, match="someone-else"):
                 await store.commit(Commit(stored.record, 0), "me")
+
+
+class TestEventStreams:
+    async def test_a_watcher_that_reconnects_misses_nothing(
+        self, tmp_path: Path
+    ) -> None:
+        """A watcher reads a loop's events up to its pause and goes; the loop is
+        resumed; reconnecting from the last seq it saw, it gets the rest, once
+        each, up to `loop.idle`. A watcher coming after the end gets them all
+        from the store."""
+        store = SQLiteStore(tmp_path / "loops.db", events=True)
+        provider = ScriptedProvider([calls(call("pay", amount=5)), text("paid")])
+        async with Runtime(providers={"scripted": provider}, store=store) as runtime:
+            recorder = EventRecorder(runtime.bus)
+            loop_id = runtime.run_loop("agent", "pay 5", request_with(pay))
+            first: list[int] = []
+            async with aclosing(runtime.watch(loop_id)) as events:
+                async for event in events:
+                    first.append(event.seq)
+                    if event.type == "loop.paused":
+                        break  # the watcher goes away
+            runtime.resume(loop_id, Proceed())
+            await runtime.wait(loop_id)
+            rest = [e.seq async for e in runtime.watch(loop_id, after_seq=first[-1])]
+            everything = [e async for e in runtime.watch(loop_id)]
+        published = recorder.of_loop(loop_id)
+        assert first + rest == [e.seq for e in published]
+        assert first + rest == list(range(1, len(published) + 1))
+        assert everything == published
+        async with store:
+            assert await store.events(loop_id, after_seq=len(published) - 1) == [
+                published[-1]
+            ]
+
+    async def test_watch_needs_a_store_that_keeps_events(self, tmp_path: Path) -> None:
+        from agentfsm.exceptions import LoopStateError
+
+        async with Runtime(store=SQLiteStore(tmp_path / "loops.db")) as runtime:
+            with pytest.raises(LoopStateError, match="events=True"):
+                runtime.watch("any")

@@ -40,6 +40,7 @@ from agentfsm.states import LoopState, Outcome, Trigger
 from agentfsm.store._base import Commit, LoopStore, StoredLoop
 from agentfsm.tools import Tool
 
+from .events import EventKeeper
 from .restore import Bindings, RecoveryError, restore
 from .writer import Durable
 
@@ -109,6 +110,9 @@ class Keeper:
             raise TypeError("store must be a LoopStore")
         self.store = store
         self.bindings = Bindings(tools, handlers)
+        self.events: EventKeeper | None = None
+        """The writer of the loops' events, when the store keeps them (set when
+        the runtime is entered: it subscribes to the runtime's bus)."""
         self.owner = owner_name()
         self.log = get_logger().bind(owner=self.owner)
 

@@ -58,8 +58,11 @@ from .services import Services
 from .workers import WorkerPool
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncGenerator
+
     from agentfsm._durable.keeper import Keeper, Recovery
     from agentfsm.eventlog import EventLogWriter
+    from agentfsm.events import AgentEvent
     from agentfsm.record import LoopRecord
     from agentfsm.store import LoopStore
     from agentfsm.tools import Tool
@@ -206,6 +209,13 @@ class Runtime:
         await self._services.open()  # left after the loops' task group, too
         if self._keeper is not None:
             await self._services.enter(self._keeper.leases(), "store leases")
+            if self._keeper.store.keeps_events:
+                from agentfsm._durable.events import EventKeeper
+
+                self._keeper.events = EventKeeper(self.bus, self._keeper.store)
+                await self._services.enter(
+                    self._keeper.events.running(), "store events"
+                )
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
@@ -469,6 +479,33 @@ class Runtime:
             )
 
         return await keeper.recover(self._loops, make, self._take_recovered)
+
+    def watch(self, loop_id: str, after_seq: int = 0) -> AsyncGenerator[AgentEvent]:
+        """A loop's events with a seq above `after_seq`, until its `loop.idle`:
+        those its store kept, then the live ones, without a gap or a repeat. A
+        watcher that reconnects passes the last seq it saw. While it is open,
+        the loop's live events wait for it to read them (a backpressure
+        subscription): close it when it stops reading.
+
+        ```python
+        async with contextlib.aclosing(runtime.watch(loop_id, last_seen)) as events:
+            async for event in events:
+                send(event)  # a watcher that may stop early closes it (aclosing)
+        ```
+
+        Raises:
+            LoopStateError: the runtime's store keeps no events (make it with
+                `events=True`).
+        """
+        keeper = self._keeper
+        if keeper is None or keeper.events is None:
+            raise LoopStateError(
+                "watch() reads the events a store keeps: "
+                "Runtime(store=SQLiteStore(path, events=True))"
+            )
+        from agentfsm._durable.events import watch
+
+        return watch(self.bus, keeper.store, keeper.events, loop_id, after_seq)
 
     def _take_recovered(self, loop: Loop) -> None:
         self._loops[loop.loop_id] = loop

@@ -27,6 +27,7 @@ from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict
 
+from agentfsm.events import AgentEvent
 from agentfsm.exceptions import AgentFSMError
 from agentfsm.inference import InferenceOutput
 from agentfsm.messages import ContextItem, FunctionCallOutputItem
@@ -166,6 +167,10 @@ class LoopStore(ABC):
 
     # ---------------------------------------------------------------- loops
 
+    keeps_events: bool = False
+    """Whether the store keeps the events its runtime's loops publish (then
+    `events` reads them and `Runtime.watch` resumes a stream from a seq)."""
+
     lease_ttl: float = 30.0
     """Seconds a lease lasts unless renewed (a runtime renews its leases every
     third of it, and gives them up when it exits)."""
@@ -203,6 +208,16 @@ class LoopStore(ABC):
     @abstractmethod
     async def inference(self, loop_id: str, request: int) -> InferenceOutput | None:
         """The recorded output of the loop's `request`-th model request."""
+
+    # ---------------------------------------------------------------- events
+
+    async def append_events(self, events: Sequence[AgentEvent]) -> None:
+        """Keep published events (a store with `keeps_events`)."""
+        raise StoreError(f"{type(self).__name__} keeps no events")
+
+    async def events(self, loop_id: str, after_seq: int = 0) -> list[AgentEvent]:
+        """The loop's kept events with a seq above `after_seq`, in order."""
+        raise StoreError(f"{type(self).__name__} keeps no events")
 
     # ---------------------------------------------------------------- ledger
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+from agentfsm.events import AgentEvent
 from agentfsm.inference import InferenceOutput
 from agentfsm.messages import ContextItem, FunctionCallOutputItem
 from agentfsm.record import LoopRecord
@@ -42,8 +43,10 @@ class MemoryStore(LoopStore):
     """A store in this process's memory (tests, and loops that must outlive one
     runtime but not the process)."""
 
-    def __init__(self, *, lease_ttl: float = 30.0) -> None:
+    def __init__(self, *, events: bool = False, lease_ttl: float = 30.0) -> None:
+        self.keeps_events = events
         self.lease_ttl = lease_ttl
+        self._events: dict[str, list[AgentEvent]] = {}
         self._loops: dict[str, _Entry] = {}
         self._latest: dict[str, LoopRecord] = {}
         self._inferences: dict[tuple[str, int], InferenceOutput] = {}
@@ -103,6 +106,14 @@ class MemoryStore(LoopStore):
     ) -> None:
         self._inferences[loop_id, request] = output
         self._commits += 1
+
+    async def append_events(self, events: Sequence[AgentEvent]) -> None:
+        for event in events:
+            self._events.setdefault(event.loop_id, []).append(event)
+        self._commits += 1
+
+    async def events(self, loop_id: str, after_seq: int = 0) -> list[AgentEvent]:
+        return [e for e in self._events.get(loop_id, ()) if e.seq > after_seq]
 
     async def inference(self, loop_id: str, request: int) -> InferenceOutput | None:
         return self._inferences.get((loop_id, request))

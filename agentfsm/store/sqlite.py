@@ -27,6 +27,7 @@ from typing import Literal, TypeVar
 import anyio
 import anyio.to_thread
 
+from agentfsm.events import AgentEvent, AgentEventAdapter
 from agentfsm.exceptions import ConfigurationError
 from agentfsm.inference import InferenceOutput
 from agentfsm.messages import ContextItemAdapter, FunctionCallOutputItem
@@ -92,6 +93,12 @@ CREATE TABLE IF NOT EXISTS calls (
     terminate INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS calls_request ON calls (loop_id, request);
+CREATE TABLE IF NOT EXISTS events (
+    loop_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    event TEXT NOT NULL,
+    PRIMARY KEY (loop_id, seq)
+);
 """
 
 
@@ -101,6 +108,10 @@ class SQLiteStore(LoopStore):
     Args:
         path: the database file (created if missing).
         durability: `"normal"` (the default) or `"strict"` (fsync every commit).
+        events: keep the events the runtime's loops publish, for
+            `Runtime.watch` to resume a stream from a seq (written in batches
+            by a task of the runtime; it costs what a subscriber to every
+            event costs, and the writes).
         lease_ttl: seconds a runtime's lease on a loop lasts unless renewed.
         busy_timeout: seconds to wait for another process's write lock.
 
@@ -113,6 +124,7 @@ class SQLiteStore(LoopStore):
         path: str | os.PathLike[str],
         *,
         durability: Literal["normal", "strict"] = "normal",
+        events: bool = False,
         lease_ttl: float = 30.0,
         busy_timeout: float = 10.0,
     ) -> None:
@@ -126,6 +138,7 @@ class SQLiteStore(LoopStore):
             )
         self.path = os.fspath(path)
         self.durability = durability
+        self.keeps_events = events
         self.lease_ttl = lease_ttl
         self._busy_timeout = busy_timeout
         self._db: sqlite3.Connection | None = None
@@ -162,9 +175,10 @@ class SQLiteStore(LoopStore):
             db.execute("PRAGMA journal_mode=WAL")
             sync = "FULL" if self.durability == "strict" else "NORMAL"
             db.execute(f"PRAGMA synchronous={sync}")
+            # IF NOT EXISTS throughout: two processes may create it at once,
+            # and a file of this layout gains the tables it lacks.
+            db.executescript(_SCHEMA)
             if version < SCHEMA_VERSION:
-                # (IF NOT EXISTS: two processes may create it at once.)
-                db.executescript(_SCHEMA)
                 db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         except BaseException:
             db.close()
@@ -382,6 +396,28 @@ class SQLiteStore(LoopStore):
             return len(text)
 
         await self._run(lambda: self._write(write))
+
+    async def append_events(self, events: Sequence[AgentEvent]) -> None:
+        rows = [(e.loop_id, e.seq, e.model_dump_json()) for e in events]
+
+        def write(db: sqlite3.Connection) -> int:
+            db.executemany(
+                "INSERT OR REPLACE INTO events (loop_id, seq, event) VALUES (?, ?, ?)",
+                rows,
+            )
+            return sum(len(text) for _, _, text in rows)
+
+        await self._run(lambda: self._write(write))
+
+    async def events(self, loop_id: str, after_seq: int = 0) -> list[AgentEvent]:
+        def read() -> list[AgentEvent]:
+            rows = self._conn.execute(
+                "SELECT event FROM events WHERE loop_id = ? AND seq > ? ORDER BY seq",
+                (loop_id, after_seq),
+            )
+            return [AgentEventAdapter.validate_json(text) for (text,) in rows]
+
+        return await self._run(read)
 
     async def inference(self, loop_id: str, request: int) -> InferenceOutput | None:
         def read() -> InferenceOutput | None:
