@@ -148,6 +148,17 @@ async def die_when(
     return loop_id
 
 
+async def paused_for_approval(store: LoopStore) -> str:
+    """A loop that pays 5, paused for approval by a runtime that then exits."""
+    async with Runtime(
+        providers={"scripted": ScriptedProvider([calls(call("pay", amount=5))])},
+        store=store,
+    ) as first:
+        loop_id = first.run_loop("agent", "pay 5", request_with(pay))
+        await wait_until(lambda: first.get(loop_id).status is LoopStatus.paused)
+    return loop_id
+
+
 def running(name: str) -> Callable[[Runtime, str], bool]:
     """Until a tool call `name ...` has started."""
     return lambda runtime, loop_id: any(r.startswith(name) for r in RAN)
@@ -284,12 +295,7 @@ class TestPauses:
     async def test_a_paused_loop_outlives_its_runtime(
         self, store_factory: Callable[[], LoopStore]
     ) -> None:
-        async with Runtime(
-            providers={"scripted": ScriptedProvider([calls(call("pay", amount=5))])},
-            store=store_factory(),
-        ) as first:
-            loop_id = first.run_loop("agent", "pay 5", request_with(pay))
-            await wait_until(lambda: first.get(loop_id).status is LoopStatus.paused)
+        loop_id = await paused_for_approval(store_factory())
         # The runtime exited with the loop paused: it is not cancelled.
         async with Runtime(
             providers={"scripted": ScriptedProvider([text("paid")])},
@@ -497,12 +503,7 @@ class TestRefusals:
     async def test_a_missing_tool_fails_the_loop_naming_it(
         self, store_factory: Callable[[], LoopStore]
     ) -> None:
-        async with Runtime(
-            providers={"scripted": ScriptedProvider([calls(call("pay", amount=5))])},
-            store=store_factory(),
-        ) as first:
-            loop_id = first.run_loop("agent", "pay 5", request_with(pay))
-            await wait_until(lambda: first.get(loop_id).status is LoopStatus.paused)
+        loop_id = await paused_for_approval(store_factory())
         store = store_factory()
         async with Runtime(store=store, tools=[add]) as second:
             report = await second.recover()
@@ -516,12 +517,7 @@ class TestRefusals:
     async def test_a_tool_whose_schema_changed_fails_the_loop(
         self, store_factory: Callable[[], LoopStore]
     ) -> None:
-        async with Runtime(
-            providers={"scripted": ScriptedProvider([calls(call("pay", amount=5))])},
-            store=store_factory(),
-        ) as first:
-            loop_id = first.run_loop("agent", "pay 5", request_with(pay))
-            await wait_until(lambda: first.get(loop_id).status is LoopStatus.paused)
+        loop_id = await paused_for_approval(store_factory())
 
         @tool(name="pay", needs_approval=True)
         async def pay_in(amount: int, currency: str) -> str:
