@@ -20,12 +20,17 @@ asked to).
 
 Two runtimes never run one loop. A lease is a row's `owner` and `lease_until`,
 dated by the server's clock (runtimes on hosts whose clocks differ agree on
-when it expires). A commit takes or renews it in the same statement that
-writes the loop's row (`INSERT ... ON CONFLICT DO UPDATE ... WHERE` the lease
-is free, expired or ours), which holds the row's lock until the transaction
-ends; `acquire` takes it under `SELECT ... FOR UPDATE`. So of two runtimes
-racing for one loop, one waits for the other's transaction and then sees its
-lease.
+when it expires). A commit is one statement, a call of the store's
+`commit_loop` function (one round trip, one transaction): it takes or renews
+the lease in the upsert of the loop's row (`INSERT ... ON CONFLICT DO UPDATE
+... WHERE` the lease is free, expired or ours), which holds the row's lock
+until the transaction ends, and writes nothing else when the lease is
+another's. `acquire` takes it under `SELECT ... FOR UPDATE`. So of two
+runtimes racing for one loop, one waits for the other's transaction and then
+sees its lease. The other writes are single statements too (autocommit, no
+BEGIN/COMMIT round trips), but `acquire`'s transaction. Measured here (a ~4 KB
+record, a local server): ~0.25 ms per commit with `synchronous_commit=off`,
+~0.4 ms with the server's defaults (fsync on); the SQLite store's is ~0.12 ms.
 
 The tables live in one PostgreSQL schema (`schema="agentfsm"` by default;
 another name keeps several stores in one database apart), created at open if
@@ -133,6 +138,51 @@ CREATE TABLE IF NOT EXISTS {s}.calls (
     terminate boolean NOT NULL DEFAULT false
 );
 CREATE INDEX IF NOT EXISTS calls_request ON {s}.calls (loop_id, request);
+-- A commit in one statement (one round trip; a statement is one transaction):
+-- the lease check, the loop's row, its record, the context's new items, a
+-- recorded model output. Returns NULL when written, else the lease's holder
+-- (and writes nothing).
+CREATE OR REPLACE FUNCTION {s}.commit_loop(
+    p_loop_id text, p_agent_id text, p_status text, p_state text, p_seq bigint,
+    p_owner text, p_ttl float8, p_record text, p_first integer, p_items text[],
+    p_replaced_at integer[], p_replaced text[], p_request integer, p_output text
+) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    holder text;
+BEGIN
+    -- The upsert takes the row's lock (until the transaction ends): every
+    -- writer of this loop waits here, then sees this one's lease.
+    INSERT INTO {s}.loops AS l (loop_id, agent_id, status, state, seq, owner,
+        lease_until, updated)
+    VALUES (p_loop_id, p_agent_id, p_status, p_state, p_seq, p_owner,
+        clock_timestamp() + p_ttl * interval '1 second', clock_timestamp())
+    ON CONFLICT (loop_id) DO UPDATE SET status = EXCLUDED.status,
+        state = EXCLUDED.state, seq = EXCLUDED.seq, owner = EXCLUDED.owner,
+        lease_until = EXCLUDED.lease_until, updated = EXCLUDED.updated
+    WHERE l.owner IS NULL OR l.owner = EXCLUDED.owner
+        OR l.lease_until <= clock_timestamp();
+    IF NOT FOUND THEN
+        SELECT owner INTO holder FROM {s}.loops WHERE loop_id = p_loop_id;
+        RETURN coalesce(holder, '?');
+    END IF;
+    INSERT INTO {s}.records (loop_id, seq, record) VALUES (p_loop_id, p_seq, p_record)
+    ON CONFLICT (loop_id, seq) DO UPDATE SET record = EXCLUDED.record;
+    -- A loop recovered from an earlier commit writes its tail again.
+    DELETE FROM {s}.items WHERE loop_id = p_loop_id AND position >= p_first;
+    INSERT INTO {s}.items (loop_id, position, item)
+    SELECT p_loop_id, p_first + n - 1, item
+    FROM unnest(p_items) WITH ORDINALITY AS t(item, n);
+    UPDATE {s}.items AS i SET item = r.item
+    FROM unnest(p_replaced_at, p_replaced) AS r(at, item)
+    WHERE i.loop_id = p_loop_id AND i.position = r.at;
+    IF p_request IS NOT NULL THEN
+        INSERT INTO {s}.inferences (loop_id, request, output)
+        VALUES (p_loop_id, p_request, p_output)
+        ON CONFLICT (loop_id, request) DO UPDATE SET output = EXCLUDED.output;
+    END IF;
+    RETURN NULL;
+END
+$$;
 CREATE TABLE IF NOT EXISTS {s}.schema_version (
     only_row boolean PRIMARY KEY DEFAULT true CHECK (only_row),
     version integer NOT NULL
@@ -325,16 +375,17 @@ class PostgresStore(LoopStore):
         conn: _Conn,
         fn: Callable[[_Conn], tuple[_T, int]],
         *,
-        pipeline: bool = False,
+        atomic: bool = False,
         retries: int = 3,
     ) -> _T:
-        """Run `fn` in one transaction (in the worker thread); it returns its
-        result and the bytes it wrote. With `pipeline`, the transaction runs in
-        pipeline mode (its BEGIN goes with the first statements). A deadlock or
-        serialization failure rolled the transaction back whole: it runs again."""
+        """Run `fn`, a write (in the worker thread); it returns its result and
+        the bytes it wrote. A write of one statement is one transaction as it
+        is (the connection is in autocommit: no BEGIN and COMMIT round trips);
+        one of several runs in a transaction (`atomic`). A deadlock or a
+        serialization failure rolled it back whole: it runs again."""
         for attempt in range(retries + 1):
             try:
-                with conn.pipeline() if pipeline else nullcontext(), conn.transaction():
+                with conn.transaction() if atomic else nullcontext():
                     result, written = fn(conn)
             except _RETRIED:
                 if attempt == retries:
@@ -364,12 +415,8 @@ class PostgresStore(LoopStore):
         sql = self._sql
 
         def write(conn: _Conn) -> tuple[None, int]:
-            # Pipelined: the statements go in one round trip, and the lease
-            # is checked before the COMMIT (a second one). The upsert of the
-            # loop's row comes first and holds its lock: every writer of this
-            # loop waits for this transaction, then sees its lease.
-            lease = conn.execute(
-                sql.upsert_loop,
+            row = conn.execute(
+                sql.commit_loop,
                 (
                     loop_id,
                     record.agent_id,
@@ -378,23 +425,16 @@ class PostgresStore(LoopStore):
                     record.seq,
                     owner,
                     self.lease_ttl,
+                    text,
+                    commit.first,
+                    items,
+                    [at for _, at in replaced],
+                    [item for item, _ in replaced],
+                    *(inference or (None, None)),
                 ),
-            )
-            conn.execute(sql.put_record, (loop_id, record.seq, text))
-            # A loop recovered from an earlier commit writes its tail again.
-            conn.execute(sql.cut_items, (loop_id, commit.first))
-            if items:
-                conn.execute(sql.add_items, (loop_id, commit.first, items))
-            if replaced:
-                with conn.cursor() as cur:
-                    cur.executemany(
-                        sql.replace_item, [(i, loop_id, at) for i, at in replaced]
-                    )
-            if inference is not None:
-                conn.execute(sql.put_inference, (loop_id, *inference))
-            if lease.fetchone() is None:
-                holder = conn.execute(sql.owner_of, (loop_id,)).fetchone()
-                raise LoopLockedError(loop_id, "?" if holder is None else holder[0])
+            ).fetchone()
+            if row is not None and row[0] is not None:
+                raise LoopLockedError(loop_id, row[0])
             written = (
                 len(text) + sum(map(len, items)) + sum(len(i) for i, _ in replaced)
             )
@@ -402,7 +442,7 @@ class PostgresStore(LoopStore):
                 written += len(inference[1])
             return None, written
 
-        await self._run(lambda conn: self._write(conn, write, pipeline=True))
+        await self._run(lambda conn: self._write(conn, write))
 
     async def load(self, loop_id: str) -> StoredLoop | None:
         def read(conn: _Conn) -> StoredLoop | None:
@@ -538,7 +578,7 @@ class PostgresStore(LoopStore):
             conn.execute(sql.take_lease, (owner, self.lease_ttl, loop_id))
             return None, 0
 
-        return await self._run(lambda conn: self._write(conn, write))
+        return await self._run(lambda conn: self._write(conn, write, atomic=True))
 
     async def renew(self, owner: str) -> None:
         def write(conn: _Conn) -> tuple[None, int]:
@@ -566,29 +606,9 @@ class _Statements:
         self.s = s
         now = "clock_timestamp()"
         lease = f"{now} + %s * interval '1 second'"
-        self.upsert_loop = (
-            f"INSERT INTO {s}.loops AS l (loop_id, agent_id, status, state, seq,"
-            f" owner, lease_until, updated) VALUES (%s, %s, %s, %s, %s, %s, {lease},"
-            f" {now}) ON CONFLICT (loop_id) DO UPDATE SET status = EXCLUDED.status,"
-            " state = EXCLUDED.state, seq = EXCLUDED.seq, owner = EXCLUDED.owner,"
-            " lease_until = EXCLUDED.lease_until, updated = EXCLUDED.updated"
-            # The lease check: free, ours, or expired; else nothing is returned.
-            f" WHERE l.owner IS NULL OR l.owner = EXCLUDED.owner OR l.lease_until <= {now}"
-            " RETURNING l.loop_id"
-        )
-        self.owner_of = f"SELECT owner FROM {s}.loops WHERE loop_id = %s"
-        self.put_record = (
-            f"INSERT INTO {s}.records (loop_id, seq, record) VALUES (%s, %s, %s)"
-            " ON CONFLICT (loop_id, seq) DO UPDATE SET record = EXCLUDED.record"
-        )
-        self.cut_items = f"DELETE FROM {s}.items WHERE loop_id = %s AND position >= %s"
-        self.add_items = (
-            f"INSERT INTO {s}.items (loop_id, position, item)"
-            " SELECT %s, %s + n - 1, item"
-            " FROM unnest(%s::text[]) WITH ORDINALITY AS t(item, n)"
-        )
-        self.replace_item = (
-            f"UPDATE {s}.items SET item = %s WHERE loop_id = %s AND position = %s"
+        self.commit_loop = (
+            f"SELECT {s}.commit_loop(%s, %s, %s, %s, %s, %s, %s, %s, %s,"
+            " %s::text[], %s::integer[], %s::text[], %s, %s)"
         )
         self.put_inference = (
             f"INSERT INTO {s}.inferences (loop_id, request, output) VALUES (%s, %s, %s)"
