@@ -49,6 +49,10 @@ FAST = {
 }
 
 
+PREFIX = "agentfsm-pg-"
+"""Of the temporary directories (each holds `owner.pid`: the test process's)."""
+
+
 class ServerUnavailable(Exception):
     """No PostgreSQL server can be started here (the message says why)."""
 
@@ -107,7 +111,9 @@ class PostgresServer:
         """initdb, start, create the test database; raises ServerUnavailable."""
         bin_dir = find_bin()
         run_as = _server_user()
-        root = Path(tempfile.mkdtemp(prefix="agentfsm-pg-"))
+        _stop_stale(bin_dir, run_as)
+        root = Path(tempfile.mkdtemp(prefix=PREFIX))
+        (root / "owner.pid").write_text(str(os.getpid()))
         if run_as is not None:
             entry = pwd.getpwnam(run_as)
             os.chown(root, entry.pw_uid, entry.pw_gid)
@@ -192,6 +198,20 @@ class PostgresServer:
                 f"{program} failed ({done.returncode}): "
                 f"{(done.stderr or done.stdout).strip()}\n{log[-2000:]}"
             )
+
+
+def _stop_stale(bin_dir: Path, run_as: str | None) -> None:
+    """Stop the servers of test runs that were killed before their teardown
+    (their `owner.pid` is not running), and remove their directories."""
+    for root in Path(tempfile.gettempdir()).glob(f"{PREFIX}*"):
+        try:
+            owner = int((root / "owner.pid").read_text())
+            os.kill(owner, 0)
+        except ProcessLookupError:
+            stale = PostgresServer(bin_dir, root, 0, run_as)
+            stale.stop()
+        except (OSError, ValueError):
+            continue  # another user's, or not written yet: not ours to stop
 
 
 def _server_user() -> str | None:
