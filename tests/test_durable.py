@@ -10,6 +10,7 @@ matrix (SIGKILL at every commit) is in tests/test_durable_crash.py.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from contextlib import aclosing
 from pathlib import Path
@@ -98,14 +99,21 @@ def _clean() -> None:
     GATE.clear()
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 def store_factory(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> Callable[[], LoopStore]:
-    """A new store object on the same data each call (one MemoryStore is the data)."""
+    """A new store object on the same data each call (one MemoryStore is the data;
+    a PostgreSQL schema of its own per test, on the session's server)."""
     if request.param == "memory":
         memory = MemoryStore()
         return lambda: memory
+    if request.param == "postgres":
+        from agentfsm.store.postgres import PostgresStore
+
+        server = request.getfixturevalue("postgres_server")
+        schema = f"t_{uuid.uuid4().hex}"
+        return lambda: PostgresStore(server.conninfo(), schema=schema)
     return lambda: SQLiteStore(tmp_path / "loops.db")
 
 

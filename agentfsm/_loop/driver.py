@@ -144,6 +144,11 @@ async def run(loop: Loop) -> None:
     if durable is not None:
         with anyio.CancelScope(shield=True):
             await _save_end(loop, durable)  # paused, or ended
+            if loop.status is not _DONE and _cancelled(loop):
+                # Cancelled while its pause was being saved (the cancel only
+                # cancelled this worker, and nothing here checkpoints): it ends
+                # now, or it would stay paused with nobody to end it.
+                await _save_end(loop, durable)
         if loop.status is _DONE:
             wake(loop)
     if loop.outbox is None:

@@ -268,10 +268,14 @@ class Runtime:
                     else:  # it stays paused in the store, for any runtime
                         self._loops.pop(loop.loop_id, None)
             # No loop is left to use what the services hold.
-            await self._services.close()
-            if self._keeper is not None:
-                with anyio.CancelScope(shield=True):
-                    await self._keeper.store.__aexit__(None, None, None)
+            try:
+                await self._services.close()
+            finally:
+                # (Leaving a cancelled scope on trio, the close above raises
+                # Cancelled: the store is closed all the same.)
+                if self._keeper is not None:
+                    with anyio.CancelScope(shield=True):
+                        await self._keeper.store.__aexit__(None, None, None)
             self.bus.close()
             if self._token is not None:
                 _current.reset(self._token)

@@ -184,8 +184,11 @@ class MemoryStore(LoopStore):
 
     async def renew(self, owner: str) -> None:
         until = time.time() + self.lease_ttl
-        for entry in self._loops.values():
-            if entry.owner == owner:
+        for loop_id, entry in self._loops.items():
+            latest = self._latest.get(loop_id)
+            if entry.owner == owner and (
+                latest is None or latest.status is not LoopStatus.done
+            ):
                 entry.lease_until = until
 
     async def release(self, owner: str, loop_ids: Sequence[str] | None = None) -> None:

@@ -558,7 +558,8 @@ class SQLiteStore(LoopStore):
     async def renew(self, owner: str) -> None:
         def write(db: sqlite3.Connection) -> int:
             db.execute(
-                "UPDATE loops SET lease_until = ? WHERE owner = ?",
+                # Unfinished loops only: a finished one needs no lease.
+                "UPDATE loops SET lease_until = ? WHERE owner = ? AND status != 'done'",
                 (time.time() + self.lease_ttl, owner),
             )
             return 0
