@@ -639,3 +639,32 @@ class TestEventStreams:
         async with Runtime(store=SQLiteStore(tmp_path / "loops.db")) as runtime:
             with pytest.raises(LoopStateError, match="events=True"):
                 runtime.watch("any")
+
+
+async def test_a_durable_runtime_cancelled_from_outside_closes_everything(
+    tmp_path: Path,
+) -> None:
+    """Its services (the leases) close, and so do its store, its bus and its
+    event log (on trio, the services' close raised and the rest was skipped)."""
+    from agentfsm import current_runtime
+    from agentfsm.eventlog import read_events
+    from agentfsm.exceptions import BusClosed, NoRuntimeError
+
+    GATE["block"] = anyio.Event()
+    log = tmp_path / "events.jsonl"
+    with anyio.CancelScope() as scope:
+        async with Runtime(
+            providers={"scripted": ScriptedProvider([calls(call("charge", amount=5))])},
+            store=SQLiteStore(tmp_path / "loops.db"),
+            event_log=log,
+        ) as runtime:
+            recorder = EventRecorder(runtime.bus)
+            runtime.run_loop("agent", "charge", request_with(charge))
+            await wait_until(lambda: "charge 5" in RAN)
+            scope.cancel()
+            await anyio.sleep_forever()
+    with pytest.raises(BusClosed):
+        runtime.bus.subscribe("*")
+    with pytest.raises(NoRuntimeError):
+        current_runtime()
+    assert list(read_events(log)) == recorder.events

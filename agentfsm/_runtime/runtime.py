@@ -255,27 +255,40 @@ class Runtime:
             leaving = exc or sys.exception()  # what leaves the block, if anything
             self._closed = True
             self._tg = None
-            # Leaving with an error cancels the running loops through the task
-            # group; paused ones have no task, so they are ended here.
-            with anyio.CancelScope(shield=True):
-                for loop in list(self._loops.values()):
-                    if loop.status is not LoopStatus.paused:
-                        continue
-                    if self._keeper is None:
-                        await end_paused(
-                            loop, "the runtime closed while the loop was paused"
-                        )
-                    else:  # it stays paused in the store, for any runtime
-                        self._loops.pop(loop.loop_id, None)
-            # No loop is left to use what the services hold.
+            await self._leave_paused_loops()
             try:
+                # No loop is left to use what the services hold.
                 await self._services.close()
             finally:
                 # (Leaving a cancelled scope on trio, the close above raises
-                # Cancelled: the store is closed all the same.)
-                if self._keeper is not None:
-                    with anyio.CancelScope(shield=True):
-                        await self._keeper.store.__aexit__(None, None, None)
+                # Cancelled: the rest is closed all the same.)
+                await self._close_the_rest(leaving)
+
+    async def _leave_paused_loops(self) -> None:
+        """Leaving with an error cancels the running loops through the task
+        group; paused ones have no task, so they are ended here (or, durable,
+        left paused in the store, for any runtime). A method of its own: a
+        loop variable in `__aexit__`'s frame, held by a traceback, kept the
+        last loop alive until the cycle collector ran."""
+        with anyio.CancelScope(shield=True):
+            for loop in list(self._loops.values()):
+                if loop.status is not LoopStatus.paused:
+                    continue
+                if self._keeper is None:
+                    await end_paused(
+                        loop, "the runtime closed while the loop was paused"
+                    )
+                else:
+                    self._loops.pop(loop.loop_id, None)
+
+    async def _close_the_rest(self, leaving: BaseException | None) -> None:
+        """The store, the bus, the event log and the providers, once the loops
+        and the services are done."""
+        try:
+            if self._keeper is not None:
+                with anyio.CancelScope(shield=True):
+                    await self._keeper.store.__aexit__(None, None, None)
+        finally:
             self.bus.close()
             if self._token is not None:
                 _current.reset(self._token)
