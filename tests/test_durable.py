@@ -668,3 +668,30 @@ async def test_a_durable_runtime_cancelled_from_outside_closes_everything(
     with pytest.raises(NoRuntimeError):
         current_runtime()
     assert list(read_events(log)) == recorder.events
+
+
+async def test_a_store_that_keeps_events_is_a_replay_source(tmp_path: Path) -> None:
+    """Replayed from the store, a recorded run reports no divergence; with a
+    handler that denies the call, the first divergent transition."""
+    from agentfsm.replay import replay
+
+    path = tmp_path / "loops.db"
+    provider = ScriptedProvider([calls(call("add", a=1, b=2)), text("3")])
+    async with Runtime(
+        providers={"scripted": provider}, store=SQLiteStore(path, events=True)
+    ) as runtime:
+        loop_id = runtime.run_loop("agent", "1+2?", request_with(add))
+        await runtime.wait(loop_id)
+
+    def deny(pending: PendingTransition) -> Rewrite | None:
+        batch = pending.payload
+        if isinstance(batch, ToolBatch):
+            return Rewrite(payload=batch.deny(batch.calls[0].call_id, "no"))
+        return None
+
+    async with SQLiteStore(path, events=True) as store:
+        same = await replay(store, loop_id=loop_id, tools=[add])
+        changed = await replay(store, loop_id=loop_id, tools=[add], handlers=[deny])
+    assert not same.diverged
+    assert changed.diverged
+    assert RAN == ["add 1 2"]  # the recording: the replays ran no tool

@@ -28,7 +28,7 @@ from typing import Literal, Self
 from pydantic import BaseModel, ConfigDict
 
 from agentfsm.events import AgentEvent
-from agentfsm.exceptions import AgentFSMError
+from agentfsm.exceptions import AgentFSMError, ConfigurationError
 from agentfsm.inference import InferenceOutput
 from agentfsm.messages import ContextItem, FunctionCallOutputItem
 from agentfsm.record import LoopRecord
@@ -218,6 +218,20 @@ class LoopStore(ABC):
     async def events(self, loop_id: str, after_seq: int = 0) -> list[AgentEvent]:
         """The loop's kept events with a seq above `after_seq`, in order."""
         raise StoreError(f"{type(self).__name__} keeps no events")
+
+    async def loop_events(self, loop_id: str | None) -> list[AgentEvent]:
+        """The loop's events, for `agentfsm.replay.replay` and `fork` (a store
+        is a `ReplaySource` when it keeps events).
+
+        Raises:
+            ConfigurationError: no loop named, or none of its events kept.
+        """
+        if loop_id is None:
+            raise ConfigurationError("a store holds many loops: name one (loop_id=...)")
+        events = await self.events(loop_id)
+        if not events:
+            raise ConfigurationError(f"the store keeps no events of loop {loop_id}")
+        return events
 
     # ---------------------------------------------------------------- ledger
 
