@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 LOCAL  := $(VENV)/.local-installed
 
-.PHONY: test demo bench bench-instructions bench-peers bench-temporal lint typecheck pytest quick clean docs docs-check
+.PHONY: test demo bench bench-instructions bench-peers bench-durable bench-load bench-temporal lint typecheck pytest quick clean docs docs-check
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -90,6 +90,19 @@ $(BENCH_VENVS)/%/.installed: bench/peers/requirements-%.txt
 bench-peers: $(STAMP)
 	$(MAKE) --no-print-directory -j4 $(PEER_VENVS)
 	$(PY) bench/peers/run.py
+
+# What durability costs (bench/bench_durable.py, ~1.5 minutes): the workload in
+# memory, with the SQLite store, on LangGraph with its SQLite checkpointer (in
+# bench/.venvs/langgraph_sqlite, built by the pattern rule above from
+# bench/peers/requirements-langgraph_sqlite.txt) and on the bare loop plus as
+# many plain sqlite3 commits; then the cost as the context grows.
+# Load (issue 12): 10,000 loops at once, 1,000 pauses, 100,000 loops in a row
+# with the memory growth per loop (bench/bench_load.py, ~1-2 minutes).
+bench-load: $(STAMP)
+	$(PY) bench/bench_load.py
+
+bench-durable: $(STAMP) $(BENCH_VENVS)/langgraph_sqlite/.installed
+	$(PY) bench/bench_durable.py
 
 # The benchmark workload as a Temporal workflow on a local dev server
 # (bench/bench_temporal.py, ~1 minute): agentfsm, then pydantic-ai's Temporal

@@ -21,6 +21,7 @@ from .exceptions import LoopAborted as LoopAborted
 from .exceptions import LoopFailedError as LoopFailedError
 from .exceptions import NoRuntimeError as NoRuntimeError
 from .exceptions import ProviderError as ProviderError
+from .exceptions import ToolCancelled as ToolCancelled
 from .exceptions import ToolError as ToolError
 from .exceptions import TransitionRejected as TransitionRejected
 from .inference import InferenceInput as InferenceInput
@@ -61,7 +62,9 @@ from .states import Outcome as Outcome
 from .states import Trigger as Trigger
 from .tools import Tool as Tool
 from .tools import ToolCall as ToolCall
+from .tools import ToolCallContext as ToolCallContext
 from .tools import ToolResult as ToolResult
+from .tools import current_call as current_call
 from .tools import report_progress as report_progress
 from .tools import tool as tool
 
@@ -143,7 +146,9 @@ __all__ = (
     "Tool",
     "tool",
     "ToolCall",
+    "ToolCallContext",
     "ToolResult",
+    "current_call",
     "report_progress",
     "ModelRequest",
     "RequestMetadata",
@@ -162,5 +167,6 @@ __all__ = (
     "LoopAborted",
     "LoopFailedError",
     "ToolError",
+    "ToolCancelled",
     "ProviderError",
 )

@@ -4,6 +4,7 @@
 AgentFSMError                  base for everything raised by agentfsm
 ├── ConfigurationError         the developer's mistake: bad table, duplicate tool, bad option
 ├── NoRuntimeError             agentfsm.run_loop() outside `async with Runtime()`
+├── NoToolCallError            agentfsm.current_call() outside a tool call
 ├── UnknownLoopError           no loop with that id (never started, or forgotten)
 ├── LoopStateError             the call does not fit the loop's status (resume a running loop)
 ├── TransitionError            carries loop_id, source, trigger
@@ -16,7 +17,8 @@ AgentFSMError                  base for everything raised by agentfsm
 ├── ToolError                  carries the tool name
 │   ├── UnknownTool            the model asked for a tool the request does not offer
 │   ├── ToolArgumentsError     the arguments did not validate
-│   └── ToolTimeout            the tool ran past its timeout
+│   ├── ToolTimeout            the tool ran past its timeout
+│   └── ToolCancelled          the call was interrupted: ToolCallContext.raise_if_cancelled()
 ├── ProviderError              the model provider failed
 │   ├── UnknownProvider        no provider registered for a `provider:model` prefix
 │   └── ProviderTimeout
@@ -52,10 +54,12 @@ __all__ = (
     "LoopTimeout",
     "TurnLimitExceeded",
     "NoRuntimeError",
+    "NoToolCallError",
     "ProviderError",
     "ProviderTimeout",
     "StructuredOutputError",
     "ToolArgumentsError",
+    "ToolCancelled",
     "ToolError",
     "ToolTimeout",
     "TransitionError",
@@ -76,6 +80,10 @@ class ConfigurationError(AgentFSMError):
 
 class NoRuntimeError(AgentFSMError):
     """`agentfsm.run_loop()` was called outside `async with Runtime()`."""
+
+
+class NoToolCallError(AgentFSMError, LookupError):
+    """`agentfsm.current_call()` was called outside a tool call."""
 
 
 class UnknownLoopError(AgentFSMError, KeyError):
@@ -161,6 +169,12 @@ class ToolArgumentsError(ToolError):
 
 class ToolTimeout(ToolError):
     """A tool call ran past its timeout."""
+
+
+class ToolCancelled(ToolError):
+    """The tool call was interrupted (its loop was cancelled, or it ran past its
+    timeout): raised by `ToolCallContext.raise_if_cancelled()`, so that a sync
+    tool's thread, which runs on after the interruption, can stop."""
 
 
 class ProviderError(AgentFSMError):

@@ -87,10 +87,16 @@ class RequestRecord(BaseModel):
     own_context: bool
     """Whether the request's context is the loop's own (or a copy a repair or a
     handler made)."""
+    repairs: tuple[tuple[int, int, str], ...] | None = None
+    """A repaired copy of the loop's own context (calls without outputs given
+    synthetic ones): its first `context_items - len(repairs)` items with an
+    error output inserted for each `(position, call position, call id)`."""
     items: tuple[ContextItem, ...] | None = None
-    """The items of a context that is not the loop's own (a copy a repair or a
-    handler made), so the request can be rebuilt; None for the loop's own,
-    which is referenced by position only."""
+    """The items of a context that is neither the loop's own nor its repair (a
+    copy a handler made), so the request can be rebuilt; None otherwise (the
+    loop's own context is referenced by position only; the turn's last
+    request, of which the loop uses the tools and settings, is rebuilt on
+    it)."""
 
 
 class MessagesRecord(BaseModel):

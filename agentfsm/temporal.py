@@ -41,7 +41,6 @@ from agentfsm._temporal.activities import (
     ContextStore,
     MemoryContextStore,
     activities_for,
-    current_call,
 )
 from agentfsm._temporal.agent import (
     LocalActivityHandler,
@@ -67,7 +66,6 @@ __all__ = (
     "MemoryContextStore",
     "TemporalAgent",
     "ToolArgs",
-    "current_call",
     "drop_replayed_logs",
     "local_activity",
     "worker",

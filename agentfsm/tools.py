@@ -4,6 +4,8 @@ pydantic reads the function's signature: it gives the JSON schema the model
 sees and validates the arguments the model wrote. Sync functions run in a
 worker thread so they never block the event loop; async functions are awaited.
 Every call has a timeout (`DEFAULT_TOOL_TIMEOUT` unless the tool sets its own).
+Inside a call, `current_call()` says which call it is and whether it was
+interrupted (see `ToolCallContext` for what happens to a sync tool then).
 
 Example:
     ```python
@@ -17,6 +19,7 @@ Example:
 """
 
 import inspect
+import threading
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
 from contextvars import ContextVar
 from functools import partial
@@ -24,10 +27,12 @@ from typing import (
     Any,
     Final,
     Literal,
+    Protocol,
     TypeAlias,
     TypedDict,
     Unpack,
     cast,
+    final,
     overload,
 )
 
@@ -44,19 +49,28 @@ from pydantic_core import to_json
 
 from . import _models
 from ._tool_schema import arguments_model, awaits, docstring
-from .exceptions import ConfigurationError, ToolArgumentsError, ToolError, ToolTimeout
+from .exceptions import (
+    ConfigurationError,
+    NoToolCallError,
+    ToolArgumentsError,
+    ToolCancelled,
+    ToolError,
+    ToolTimeout,
+)
 from .messages import FunctionCallItem
 
 __all__ = (
     "DEFAULT_TOOL_TIMEOUT",
     "Tool",
     "ToolCall",
+    "ToolCallContext",
     "ToolDefinition",
     "ToolFunction",
     "ToolNext",
     "ToolOptions",
     "ToolResult",
     "ToolWrapper",
+    "current_call",
     "format_validation_error",
     "report_progress",
     "tool",
@@ -406,6 +420,13 @@ class _Resume:
                     value = coro.send(sent)
                 except StopIteration as done:
                     return done.value
+                except BaseException:
+                    # Trio sends an outcome: an error one holds the exception,
+                    # whose traceback holds this frame, which holds `sent`: a
+                    # cycle (keeping the loop of a cancelled call) that only
+                    # the cycle collector would free.
+                    del sent
+                    raise
 
 
 @overload
@@ -427,11 +448,214 @@ def tool(
     return wrap if function is None else wrap(function)
 
 
-# --------------------------------------------------------------------- progress
+# ------------------------------------------------------------ the running call
 
-_progress: ContextVar[Callable[[JsonValue], None] | None] = ContextVar(
-    "agentfsm_tool_progress", default=None
+
+class _Publisher(Protocol):
+    """What publishes a call's progress (the loop; `tools` does not import it)."""
+
+    def emit(self, event_type: Any, /, **fields: Any) -> None: ...
+
+
+_cancel_lock: Final = threading.Lock()
+"""Orders a call's interruption and a thread starting to wait for it (rare
+paths both: the lock is never taken by a call that ends normally)."""
+
+
+@final
+class ToolCallContext:
+    """The tool call running in this context: `current_call()` returns it.
+
+    A tool function (sync or async; a sync one in its worker thread too) and
+    whatever it calls can ask which call it is, report progress, and see
+    whether the call was interrupted. The loop makes one per call.
+
+    **When a call is interrupted** (its loop is cancelled, the runtime closes,
+    or the call runs past its timeout), the loop does not wait for the tool:
+
+    1. the call is reported at once, as an error output in the context
+       (`function_call.completed` is published), and the loop goes on (to its
+       end, for a cancel);
+    2. an async tool is cancelled at its next `await`, as anything in anyio is;
+    3. a sync tool's thread cannot be killed: it runs on until the function
+       returns. What it returns or raises then is dropped (the reported output
+       stays), and so are its progress reports; but its side effects happen,
+       late, unless it cooperates: it checks `cancelled` (or calls
+       `raise_if_cancelled()`) between steps, and sleeps with
+       `wait_cancelled(seconds)` rather than `time.sleep`.
+
+    ```python
+    @tool
+    def copy_files(paths: list[str]) -> str:
+        "Copy the files, one by one."
+        call = current_call()
+        for path in paths:
+            call.raise_if_cancelled()  # stop between files once interrupted
+            copy(path)
+        return "copied"
+    ```
+    """
+
+    __slots__ = (
+        "_arguments",
+        "_cancelled",
+        "_key",
+        "_publisher",
+        "_thread",
+        "_waiter",
+        "agent_id",
+        "call_id",
+        "loop_id",
+        "position",
+        "request",
+        "tool_name",
+    )
+
+    def __init__(
+        self,
+        loop_id: str,
+        agent_id: str,
+        call_id: str,
+        tool_name: str,
+        request: int = 0,
+        position: int = 0,
+        arguments: str = "",
+        key: str | None = None,
+    ) -> None:
+        self.loop_id = loop_id
+        """The loop that made the call."""
+        self.agent_id = agent_id
+        """The agent the loop runs for."""
+        self.call_id = call_id
+        """The call's id (its `FunctionCallItem.call_id`)."""
+        self.tool_name = tool_name
+        """The name of the tool called."""
+        self.request = request
+        """The number of the model request that asked for the call (1 is the first)."""
+        self.position = position
+        """The call's position in that request's batch of calls."""
+        self._arguments = arguments
+        self._key = key
+        self._cancelled = False
+        self._waiter: threading.Event | None = None
+        self._publisher: _Publisher | None = None
+        """The loop, while the call runs (then None: a context copy outliving
+        the call, a pending timer's or a thread's, keeps no loop alive)."""
+        self._thread = 0
+        """The event loop's thread (progress from another one hops to it)."""
+
+    def __repr__(self) -> str:
+        return (
+            f"ToolCallContext(call_id={self.call_id!r}, tool_name={self.tool_name!r}, "
+            f"loop_id={self.loop_id!r}, cancelled={self._cancelled})"
+        )
+
+    @property
+    def idempotency_key(self) -> str:
+        """A key naming this call of this loop, the same if the call runs again
+        after a crash (`@tool(on_crash="retry")`, or a person's decision): pass
+        it to an API that deduplicates by key (an `Idempotency-Key` header),
+        so a call that ran before the crash does not take effect twice. Made
+        from the loop id, the request number, the position, the tool's name
+        and the canonical arguments; never from the model's call id."""
+        if self._key is None:
+            from agentfsm._keys import idempotency_key
+
+            self._key = idempotency_key(
+                self.loop_id,
+                self.request,
+                self.position,
+                self.tool_name,
+                self._arguments,
+            )
+        return self._key
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether the loop stopped waiting for the call before it returned (the
+        loop was cancelled, the call ran past its timeout, or a wrapper gave up
+        on it): from then on, whatever the function does is too late. Safe to
+        read from any thread."""
+        return self._cancelled
+
+    def raise_if_cancelled(self) -> None:
+        """Raise `ToolCancelled` if the call was interrupted (see `cancelled`).
+
+        Raises:
+            ToolCancelled: the call was interrupted.
+        """
+        if self._cancelled:
+            raise ToolCancelled(
+                f"tool call {self.call_id} ({self.tool_name!r}) was interrupted: "
+                "its output was already reported, and what it does now is dropped",
+                tool=self.tool_name,
+            )
+
+    def wait_cancelled(self, timeout: float | None = None) -> bool:
+        """Block the calling thread until the call is interrupted, or for
+        `timeout` seconds; return whether it was interrupted.
+
+        For sync tools in their worker thread: sleep with it instead of
+        `time.sleep`, so that an interruption ends the sleep at once.
+
+        Raises:
+            ConfigurationError: called from the event loop's thread (it would
+                block every loop, and the interruption could never come; an
+                async tool awaits instead, and is cancelled there).
+        """
+        if threading.get_ident() == self._thread:
+            raise ConfigurationError(
+                "wait_cancelled() blocks its thread: call it from a sync tool "
+                "run in a worker thread, not from the event loop's thread"
+            )
+        with _cancel_lock:
+            if self._cancelled:
+                return True
+            waiter = self._waiter
+            if waiter is None:
+                waiter = self._waiter = threading.Event()
+        return waiter.wait(timeout)
+
+    def _interrupt(self) -> None:
+        """The loop stopped waiting for the call (see `cancelled`)."""
+        with _cancel_lock:
+            self._cancelled = True
+            waiter = self._waiter
+        if waiter is not None:
+            waiter.set()
+
+    def _report(self, progress: JsonValue) -> bool:
+        """Publish progress while the call runs; return whether it was taken."""
+        if self._publisher is None:
+            return False  # the call has ended (checked before a thread hop, too)
+        if threading.get_ident() != self._thread:
+            import anyio.from_thread  # only tools in worker threads need it
+
+            return anyio.from_thread.run_sync(self._report, progress)
+        self._publisher.emit(
+            "function_call.progress", call_id=self.call_id, progress=progress
+        )
+        return True
+
+
+_current_call: ContextVar[ToolCallContext | None] = ContextVar(
+    "agentfsm_tool_call", default=None
 )
+
+
+def current_call() -> ToolCallContext:
+    """The tool call running in this context (sync or async tool, any thread).
+
+    Raises:
+        NoToolCallError: not inside a tool call a loop made.
+    """
+    call = _current_call.get()
+    if call is None:
+        raise NoToolCallError(
+            "current_call() is only available inside a tool call a loop made "
+            "(in the tool function, or what it calls)"
+        )
+    return call
 
 
 def report_progress(progress: JsonValue) -> bool:
@@ -440,11 +664,8 @@ def report_progress(progress: JsonValue) -> bool:
     The loop publishes it as `function_call.progress`. Returns whether it was
     taken: outside a tool call, or after the call finished, it is dropped.
     """
-    reporter = _progress.get()
-    if reporter is None:
-        return False
-    reporter(progress)
-    return True
+    call = _current_call.get()
+    return call is not None and call._report(progress)
 
 
 # --------------------------------------------------------------------- wrappers

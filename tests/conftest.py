@@ -6,6 +6,9 @@ import pytest
 import structlog
 from structlog.typing import EventDict
 
+# The `postgres_server` fixture (a PostgreSQL server started once per session).
+pytest_plugins = ("tests.postgres_server",)
+
 
 @pytest.fixture(
     params=[pytest.param("asyncio", id="asyncio"), pytest.param("trio", id="trio")]

@@ -25,10 +25,11 @@ from agentfsm import (
     Rewrite,
     TokenUsage,
     UserMessage,
+    current_call,
     tool,
 )
 from agentfsm.providers.function import FunctionProvider
-from agentfsm.temporal import TemporalAgent, current_call, local_activity
+from agentfsm.temporal import TemporalAgent, local_activity
 from agentfsm.testing import call, calls, text
 
 
@@ -52,8 +53,7 @@ CRASH_LOG = "AGENTFSM_TEMPORAL_CRASH_LOG"
 async def slow_step(n: int) -> str:
     """A slow idempotent step: logs its start and end (with the attempt's
     process and its idempotency key), sleeping in between."""
-    info = current_call()
-    key = info.idempotency_key if info is not None else "-"
+    key = current_call().idempotency_key
     _log(n, "start", key)
     await anyio.sleep(1.5)
     _log(n, "done", key)

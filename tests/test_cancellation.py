@@ -1,9 +1,15 @@
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 import anyio
 import pytest
 
 from agentfsm import (
+    ConfigurationError,
     FunctionCallItem,
     FunctionCallOutputItem,
     InferenceInput,
@@ -14,10 +20,15 @@ from agentfsm import (
     Pause,
     PendingTransition,
     Runtime,
+    Subscription,
+    ToolCallContext,
     Trigger,
+    current_call,
+    report_progress,
     tool,
 )
 from agentfsm.events import FunctionCallCompleted, LoopIdle
+from agentfsm.exceptions import NoToolCallError, ToolCancelled
 from agentfsm.interception import Decision
 from agentfsm.providers.function import FunctionProvider
 from agentfsm.testing import (
@@ -165,23 +176,6 @@ async def test_leaving_the_runtime_with_an_error_cancels_every_loop() -> None:
     assert sorted(e.loop_id for e in idles) == sorted(ids)
 
 
-async def test_runtime_cancelled_from_outside() -> None:
-    """Cancelling the scope around a runtime cancels its loops cleanly."""
-
-    async def never(req: InferenceInput) -> InferenceOutput:
-        await anyio.sleep_forever()
-        raise AssertionError("unreachable")
-
-    runtime = Runtime(providers={"fn": FunctionProvider(never)})
-    with anyio.CancelScope() as scope:
-        async with runtime:
-            loop_id = runtime.run_loop("agent", "hi", request(model="fn:x"))
-            await wait_for_state(runtime, loop_id, LoopState.inference)
-            scope.cancel()
-            await anyio.sleep_forever()
-    assert runtime.get(loop_id).outcome is Outcome.cancelled
-
-
 async def test_leaving_with_an_error_ends_paused_loops_too() -> None:
     """A loop paused when an error leaves the runtime ends cancelled, with loop.idle."""
 
@@ -205,3 +199,301 @@ async def test_leaving_with_an_error_ends_paused_loops_too() -> None:
     )
     idles = [e for e in recorder.events if isinstance(e, LoopIdle)]
     assert [e.loop_id for e in idles] == [loop_id]
+
+
+def worker_tasks() -> list[anyio.TaskInfo]:
+    return [t for t in anyio.get_running_tasks() if t.name == "agentfsm-worker"]
+
+
+class TestACancelNeverWaitsOnASubscriber:
+    """A backpressure subscriber that never reads (a stalled disk under the
+    event log, say) holds neither a cancelled loop nor the runtime's exit; the
+    events it has not taken yet wait in its buffer, in order, none lost."""
+
+    async def test_a_cancelled_loops_worker_does_not_wait_for_room(self) -> None:
+        provider = ScriptedProvider([calls(call("add", a=1, b=2)), text("3")])
+        with anyio.fail_after(10):
+            async with Runtime(providers={"scripted": provider}) as runtime:
+                reader = EventRecorder(runtime.bus)
+                stalled = runtime.bus.subscribe(buffer=1, backpressure=True)
+                try:
+                    loop_id = runtime.run_loop("agent", "go", request())
+                    await anyio.wait_all_tasks_blocked()  # waits for room
+                    assert runtime.get(loop_id).state is not LoopState.idle
+                    runtime.cancel(loop_id, "stop")
+                    result = await runtime.wait(loop_id)
+                    await anyio.wait_all_tasks_blocked()
+                    assert worker_tasks() == []  # its worker ended, not waiting
+                finally:
+                    # (Only reached with the subscriber still stalled when an
+                    # assertion failed: closing it lets the runtime exit.)
+                    if worker_tasks():
+                        stalled.close()
+        assert (result.outcome, result.reason) == (Outcome.cancelled, "stop")
+        held = []
+        while stalled.statistics().buffered:
+            held.append(stalled.receive_nowait())
+        assert [e.seq for e in held] == list(range(1, len(held) + 1))
+        assert isinstance(held[-1], LoopIdle)
+        assert held[-1].outcome is Outcome.cancelled
+        assert [e.seq for e in reader.of_loop(loop_id)] == [e.seq for e in held]
+
+    @pytest.mark.parametrize(
+        "where",
+        [
+            pytest.param("running", id="running"),
+            pytest.param("pausing", id="paused-its-pause-held"),
+            pytest.param("paused", id="paused-its-pause-read"),
+        ],
+    )
+    async def test_the_runtime_left_with_an_error_exits(self, where: str) -> None:
+        """Leaving the runtime with an error cancels a loop held by the stalled
+        subscriber, or paused (its pause still held, or read just before the
+        subscriber stalled): the runtime exits, and the subscriber still has
+        every event, ending with `loop.idle`."""
+
+        def hold(pending: PendingTransition) -> Decision | None:
+            pause = where != "running" and pending.trigger is Trigger.infer
+            return Pause("hold") if pause else None
+
+        provider = ScriptedProvider([calls(call("add", a=1, b=2)), text("3")])
+        runtime = Runtime(providers={"scripted": provider})
+        stalled = runtime.bus.subscribe(buffer=1, backpressure=True)
+        received = []
+        async with unstalled_if_stuck(stalled) as stuck:
+            with pytest.raises(RuntimeError, match="caller failed"):  # noqa: PT012 - the block is the subject
+                async with runtime:
+                    loop_id = runtime.run_loop("agent", "go", request(), hold)
+                    if where == "paused":  # read up to the pause, then stall
+                        with anyio.fail_after(5):
+                            async for event in stalled:
+                                received.append(event)
+                                if event.type == "loop.paused":
+                                    break
+                    await anyio.wait_all_tasks_blocked()
+                    assert runtime.get(loop_id).path  # it ran, and holds events
+                    raise RuntimeError("caller failed")
+        assert not stuck, "the runtime's exit waited on the subscriber"
+        assert runtime.get(loop_id).outcome is Outcome.cancelled
+        while stalled.statistics().buffered:
+            received.append(stalled.receive_nowait())
+        assert [e.seq for e in received] == list(range(1, len(received) + 1))
+        assert isinstance(received[-1], LoopIdle)
+
+
+@asynccontextmanager
+async def unstalled_if_stuck(subscription: Subscription) -> AsyncIterator[list[bool]]:
+    """Close `subscription` if the block has not ended in 5 s (the runtime's exit
+    waits on it): a hang inside a cancel shield, which `fail_after` cannot
+    interrupt, then fails the test instead of stopping the run. The list
+    yielded says whether it had to."""
+    stuck: list[bool] = []
+
+    async def watch() -> None:
+        await anyio.sleep(5)
+        stuck.append(True)
+        subscription.close()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watch)
+        yield stuck
+        tg.cancel_scope.cancel()
+
+
+class TestSyncToolsSeeTheCancel:
+    """A sync tool's thread cannot be killed: the call is reported interrupted at
+    once, the thread runs on, and `current_call()` lets it see the cancel."""
+
+    async def test_a_tool_polling_cancelled_stops_before_its_late_side_effect(
+        self,
+    ) -> None:
+        effects: list[str] = []
+        seen: list[ToolCallContext] = []
+        started, stopped = threading.Event(), threading.Event()
+
+        @tool
+        def write_slowly() -> str:
+            """Write, unless interrupted first."""
+            running = current_call()
+            seen.append(running)
+            started.set()
+            for _ in range(5000):  # 5 s at most
+                if running.cancelled:
+                    stopped.set()
+                    return "stopped early"
+                time.sleep(0.001)
+            effects.append("late write")
+            return "written"
+
+        provider = ScriptedProvider(
+            [calls(call("write_slowly", call_id="w")), text("x")]
+        )
+        async with Runtime(providers={"scripted": provider}) as runtime:
+            inference_input = request(write_slowly)
+            loop_id = runtime.run_loop("agent-7", "go", inference_input)
+            assert await anyio.to_thread.run_sync(started.wait, 5)
+            assert not seen[0].cancelled
+            runtime.cancel(loop_id, "stop")
+            result = await runtime.wait(loop_id)
+            assert await anyio.to_thread.run_sync(stopped.wait, 5)
+        assert result.outcome is Outcome.cancelled
+        assert effects == []
+        (running,) = seen
+        assert (
+            running.loop_id,
+            running.agent_id,
+            running.call_id,
+            running.tool_name,
+        ) == (
+            loop_id,
+            "agent-7",
+            "w",
+            "write_slowly",
+        )
+        assert running.cancelled
+        (output,) = [
+            i
+            for i in inference_input.context.items
+            if isinstance(i, FunctionCallOutputItem)
+        ]
+        assert output.is_error
+        assert output.output == "the tool call was interrupted: the loop was cancelled"
+
+    async def test_a_tool_ignoring_the_cancel_runs_on_and_its_result_is_dropped(
+        self,
+    ) -> None:
+        """The call is reported interrupted while the thread still runs; its side
+        effect lands late, and what it returns and reports then is dropped."""
+        effects: list[str] = []
+        taken: list[bool] = []
+        started, release, finished = (
+            threading.Event(),
+            threading.Event(),
+            threading.Event(),
+        )
+
+        @tool
+        def stubborn() -> str:
+            """Wait to be released, whatever happens."""
+            started.set()
+            release.wait(5)
+            effects.append("late write")
+            taken.append(report_progress("done"))
+            finished.set()
+            return "late result"
+
+        provider = ScriptedProvider([calls(call("stubborn")), text("x")])
+        async with Runtime(providers={"scripted": provider}) as runtime:
+            recorder = EventRecorder(runtime.bus)
+            inference_input = request(stubborn)
+            loop_id = runtime.run_loop("agent", "go", inference_input)
+            assert await anyio.to_thread.run_sync(started.wait, 5)
+            runtime.cancel(loop_id)
+            result = await runtime.wait(loop_id)
+            assert effects == []  # reported interrupted while the thread runs on
+            release.set()
+            assert await anyio.to_thread.run_sync(finished.wait, 5)
+            await anyio.wait_all_tasks_blocked()
+        assert result.outcome is Outcome.cancelled
+        assert effects == ["late write"]
+        assert taken == [False]
+        outputs = [
+            i
+            for i in inference_input.context.items
+            if isinstance(i, FunctionCallOutputItem)
+        ]
+        assert [(o.is_error, "interrupted" in o.output) for o in outputs] == [
+            (True, True)
+        ]
+        assert recorder.types(loop_id)[-1] == "loop.idle"  # nothing after the end
+
+    async def test_wait_cancelled_and_raise_if_cancelled(self) -> None:
+        """A tool sleeping with `wait_cancelled` wakes at the cancel, and
+        `raise_if_cancelled` unwinds it with `ToolCancelled`."""
+        raised: list[BaseException] = []
+        started, done = threading.Event(), threading.Event()
+
+        @tool
+        def sleeper() -> str:
+            """Sleep until interrupted."""
+            running = current_call()
+            try:
+                running.raise_if_cancelled()  # not yet: nothing raised
+                started.set()
+                assert running.wait_cancelled(5)
+                running.raise_if_cancelled()
+            except ToolCancelled as exc:
+                raised.append(exc)
+                raise
+            finally:
+                done.set()
+            return "never"
+
+        provider = ScriptedProvider([calls(call("sleeper", call_id="s")), text("x")])
+        async with Runtime(providers={"scripted": provider}) as runtime:
+            loop_id = runtime.run_loop("agent", "go", request(sleeper))
+            assert await anyio.to_thread.run_sync(started.wait, 5)
+            runtime.cancel(loop_id)
+            assert (await runtime.wait(loop_id)).outcome is Outcome.cancelled
+            assert await anyio.to_thread.run_sync(done.wait, 5)
+        (exc,) = raised
+        assert isinstance(exc, ToolCancelled)
+        assert exc.tool == "sleeper"
+        assert "tool call s ('sleeper') was interrupted" in str(exc)
+
+    async def test_a_tool_past_its_timeout_sees_the_interruption(self) -> None:
+        """A timed-out call is interrupted too: the loop goes on without it."""
+        woke = threading.Event()
+
+        @tool(timeout=0.01)
+        def slow() -> str:
+            """Sleep until interrupted."""
+            if current_call().wait_cancelled(5):
+                woke.set()
+            return "too late"
+
+        provider = ScriptedProvider([calls(call("slow")), text("went on")])
+        async with Runtime(providers={"scripted": provider}) as runtime:
+            inference_input = request(slow)
+            result = await runtime.wait(
+                runtime.run_loop("agent", "go", inference_input)
+            )
+            assert await anyio.to_thread.run_sync(woke.wait, 5)
+        assert result.outcome is Outcome.answered
+        (output,) = [
+            i
+            for i in inference_input.context.items
+            if isinstance(i, FunctionCallOutputItem)
+        ]
+        assert output.is_error
+        assert "timed out" in output.output
+
+    async def test_current_call_outside_a_call_and_from_the_event_loop(self) -> None:
+        """Outside a tool call `current_call()` says so; an async tool sees its
+        call, and may not block the event loop in `wait_cancelled`."""
+        with pytest.raises(NoToolCallError, match="only available inside a tool call"):
+            current_call()
+        errors: list[str] = []
+
+        @tool
+        async def probe() -> str:
+            """Look at the current call."""
+            running = current_call()
+            try:
+                running.wait_cancelled(0)
+            except ConfigurationError as exc:
+                errors.append(str(exc))
+            return f"{running.tool_name} {running.cancelled}"
+
+        provider = ScriptedProvider([calls(call("probe")), text("x")])
+        async with Runtime(providers={"scripted": provider}) as runtime:
+            inference_input = request(probe)
+            await runtime.wait(runtime.run_loop("agent", "go", inference_input))
+        (output,) = [
+            i
+            for i in inference_input.context.items
+            if isinstance(i, FunctionCallOutputItem)
+        ]
+        assert output.output == "probe False"
+        (error,) = errors
+        assert error.startswith("wait_cancelled() blocks its thread")

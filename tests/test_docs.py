@@ -38,6 +38,7 @@ def test_the_docs_have_runnable_examples() -> None:
         "how-to/approval.md",
         "how-to/budgets.md",
         "how-to/streaming.md",
+        "durability.md",
     } <= pages
 
 

@@ -10,7 +10,9 @@ matrix (SIGKILL at every commit) is in tests/test_durable_crash.py.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ import anyio
 import pytest
 
 from agentfsm import (
+    FunctionCallItem,
     InferenceInput,
     LoopState,
     LoopStatus,
@@ -30,9 +33,10 @@ from agentfsm import (
     ToolBatch,
     Trigger,
     UserMessage,
+    current_call,
     tool,
 )
-from agentfsm._durable.writer import idempotency_key
+from agentfsm._keys import idempotency_key
 from agentfsm.events import LoopRecovered
 from agentfsm.exceptions import ConfigurationError
 from agentfsm.store import LoopStore, MemoryStore, SQLiteStore, StoreSchemaError
@@ -70,10 +74,15 @@ async def charge(amount: int) -> str:
     return f"charged {amount}"
 
 
+KEYS: list[str] = []
+"""The idempotency key each run of `lookup` saw."""
+
+
 @tool(on_crash="retry")
 async def lookup(key: str) -> str:
     """Look a key up (idempotent: runs again after a crash)."""
     RAN.append(f"lookup {key}")
+    KEYS.append(current_call().idempotency_key)
     gate = GATE.get("block")
     if gate is not None:
         await gate.wait()
@@ -86,17 +95,25 @@ TOOLS = [add, pay, charge, lookup]
 @pytest.fixture(autouse=True)
 def _clean() -> None:
     RAN.clear()
+    KEYS.clear()
     GATE.clear()
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 def store_factory(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> Callable[[], LoopStore]:
-    """A new store object on the same data each call (one MemoryStore is the data)."""
+    """A new store object on the same data each call (one MemoryStore is the data;
+    a PostgreSQL schema of its own per test, on the session's server)."""
     if request.param == "memory":
         memory = MemoryStore()
         return lambda: memory
+    if request.param == "postgres":
+        from agentfsm.store.postgres import PostgresStore
+
+        server = request.getfixturevalue("postgres_server")
+        schema = f"t_{uuid.uuid4().hex}"
+        return lambda: PostgresStore(server.conninfo(), schema=schema)
     return lambda: SQLiteStore(tmp_path / "loops.db")
 
 
@@ -136,6 +153,17 @@ async def die_when(
             await wait_until(lambda: until(runtime, loop_id))
             scope.cancel()
             await anyio.sleep_forever()
+    return loop_id
+
+
+async def paused_for_approval(store: LoopStore) -> str:
+    """A loop that pays 5, paused for approval by a runtime that then exits."""
+    async with Runtime(
+        providers={"scripted": ScriptedProvider([calls(call("pay", amount=5))])},
+        store=store,
+    ) as first:
+        loop_id = first.run_loop("agent", "pay 5", request_with(pay))
+        await wait_until(lambda: first.get(loop_id).status is LoopStatus.paused)
     return loop_id
 
 
@@ -183,14 +211,39 @@ class TestWhatIsStored:
         assert entry.output.output == "3"
         assert entry.key == idempotency_key(loop_id, 1, 0, "add", '{"b": 2, "a": 1}')
 
-    async def test_a_commit_writes_only_what_the_context_gained(
+    async def test_a_loop_waited_for_has_its_end_in_the_store(
         self, tmp_path: Path
     ) -> None:
-        """A 2,000-item context costs its size once, not at every commit."""
+        """`wait` returns once the end is stored (it returned before the last
+        write: a crash then left a finished loop looking unfinished)."""
+        import sqlite3
+
+        path = tmp_path / "loops.db"
+        provider = ScriptedProvider([text("hi")])
+        async with Runtime(
+            providers={"scripted": provider}, store=SQLiteStore(path)
+        ) as runtime:
+            loop_id = runtime.run_loop("agent", "hi", request_with())
+            await runtime.wait(loop_id)
+            with sqlite3.connect(path) as db:  # no await in between
+                row = db.execute(
+                    "SELECT status, state FROM loops WHERE loop_id = ?", (loop_id,)
+                ).fetchone()
+        assert row == ("done", "idle")
+
+    @pytest.mark.parametrize("open_call", [False, True])
+    async def test_a_commit_writes_only_what_the_context_gained(
+        self, tmp_path: Path, open_call: bool
+    ) -> None:
+        """A 2,000-item context costs its size once, not at every commit; one
+        holding a call without an output too (each request is then a repaired
+        copy of it, which the records held in full)."""
         store = SQLiteStore(tmp_path / "big.db")
         context = ModelContext()
         for n in range(2000):
             context.append(UserMessage(content=f"message {n:04d} " + "x" * 40))
+        if open_call:
+            context.append(FunctionCallItem(call_id="old", name="add", arguments="{}"))
         size = len(context.model_dump_json())
         provider = ScriptedProvider([calls(call("add", a=1, b=2)), text("3")])
         inference_input = InferenceInput(
@@ -202,20 +255,55 @@ class TestWhatIsStored:
             )
         written = store.statistics()
         assert result.outcome is Outcome.answered
-        assert written.commits >= 8  # a commit per transition, ledger entries
+        # Four writes for the loop: into `inference` twice and `function_call`
+        # once (with the call's intent), and the end (with the records of the
+        # transitions into `context_update` and `model_message`, and the
+        # call's output); and the runtime's lease given up at its exit.
+        assert written.commits == 5
         assert size < written.bytes_written < 2 * size
+
+    async def test_a_repaired_context_is_recorded_as_its_repairs(
+        self, store_factory: Callable[[], LoopStore]
+    ) -> None:
+        """A context holding a call without an output is sent repaired; its
+        records name the repair (they held a copy of the whole context at every
+        commit), and the loop taken up again sends the same repaired request."""
+        context = ModelContext()
+        for n in range(500):
+            context.append(UserMessage(content=f"message {n:04d} " + "x" * 40))
+        context.append(FunctionCallItem(call_id="old", name="add", arguments="{}"))
+        async with Runtime(
+            providers={"scripted": ScriptedProvider([calls(call("pay", amount=5))])},
+            store=store_factory(),
+        ) as first:
+            loop_id = first.run_loop(
+                "agent",
+                "pay 5",
+                InferenceInput(model="scripted:m", context=context, tools=[pay, add]),
+            )
+            await wait_until(lambda: first.get(loop_id).status is LoopStatus.paused)
+            record = first.snapshot(loop_id)
+        assert record.turn.request.repairs is not None
+        assert record.turn.request.items is None
+        provider = ScriptedProvider([text("paid")])
+        async with Runtime(
+            providers={"scripted": provider}, store=store_factory(), tools=TOOLS
+        ) as second:
+            await second.recover()
+            second.resume(loop_id, Proceed())
+            result = await second.wait(loop_id)
+        assert result.outcome is Outcome.answered
+        (again,) = provider.requests
+        sent = items_of(again.context)
+        assert sent[500:503] == ["call:old", "out:old=ERR", "user:pay 5"]
+        assert sent[-1].endswith("=paid 5")
 
 
 class TestPauses:
     async def test_a_paused_loop_outlives_its_runtime(
         self, store_factory: Callable[[], LoopStore]
     ) -> None:
-        async with Runtime(
-            providers={"scripted": ScriptedProvider([calls(call("pay", amount=5))])},
-            store=store_factory(),
-        ) as first:
-            loop_id = first.run_loop("agent", "pay 5", request_with(pay))
-            await wait_until(lambda: first.get(loop_id).status is LoopStatus.paused)
+        loop_id = await paused_for_approval(store_factory())
         # The runtime exited with the loop paused: it is not cancelled.
         async with Runtime(
             providers={"scripted": ScriptedProvider([text("paid")])},
@@ -312,6 +400,10 @@ class TestRecovery:
         assert report.running == [loop_id]
         assert result.outcome is Outcome.answered
         assert RAN == ["add 1 2", "lookup k", "lookup k"]
+        # The call run again has the key it had: an API deduplicating by it
+        # takes its effect once.
+        key = idempotency_key(loop_id, 1, 1, "lookup", '{"key":"k"}')
+        assert list(KEYS) == [key, key]
         assert [(c.call_id, c.status, c.attempt) for c in ledger] == [
             ("c1", "done", 1),
             ("c2", "done", 2),
@@ -419,12 +511,7 @@ class TestRefusals:
     async def test_a_missing_tool_fails_the_loop_naming_it(
         self, store_factory: Callable[[], LoopStore]
     ) -> None:
-        async with Runtime(
-            providers={"scripted": ScriptedProvider([calls(call("pay", amount=5))])},
-            store=store_factory(),
-        ) as first:
-            loop_id = first.run_loop("agent", "pay 5", request_with(pay))
-            await wait_until(lambda: first.get(loop_id).status is LoopStatus.paused)
+        loop_id = await paused_for_approval(store_factory())
         store = store_factory()
         async with Runtime(store=store, tools=[add]) as second:
             report = await second.recover()
@@ -438,12 +525,7 @@ class TestRefusals:
     async def test_a_tool_whose_schema_changed_fails_the_loop(
         self, store_factory: Callable[[], LoopStore]
     ) -> None:
-        async with Runtime(
-            providers={"scripted": ScriptedProvider([calls(call("pay", amount=5))])},
-            store=store_factory(),
-        ) as first:
-            loop_id = first.run_loop("agent", "pay 5", request_with(pay))
-            await wait_until(lambda: first.get(loop_id).status is LoopStatus.paused)
+        loop_id = await paused_for_approval(store_factory())
 
         @tool(name="pay", needs_approval=True)
         async def pay_in(amount: int, currency: str) -> str:
@@ -517,3 +599,99 @@ class TestLeases:
             assert await store.acquire(loop_id, "someone-else") is None
             with pytest.raises(LoopLockedError, match="someone-else"):
                 await store.commit(Commit(stored.record, 0), "me")
+
+
+class TestEventStreams:
+    async def test_a_watcher_that_reconnects_misses_nothing(
+        self, tmp_path: Path
+    ) -> None:
+        """A watcher reads a loop's events up to its pause and goes; the loop is
+        resumed; reconnecting from the last seq it saw, it gets the rest, once
+        each, up to `loop.idle`. A watcher coming after the end gets them all
+        from the store."""
+        store = SQLiteStore(tmp_path / "loops.db", events=True)
+        provider = ScriptedProvider([calls(call("pay", amount=5)), text("paid")])
+        async with Runtime(providers={"scripted": provider}, store=store) as runtime:
+            recorder = EventRecorder(runtime.bus)
+            loop_id = runtime.run_loop("agent", "pay 5", request_with(pay))
+            first: list[int] = []
+            async with aclosing(runtime.watch(loop_id)) as events:
+                async for event in events:
+                    first.append(event.seq)
+                    if event.type == "loop.paused":
+                        break  # the watcher goes away
+            runtime.resume(loop_id, Proceed())
+            await runtime.wait(loop_id)
+            rest = [e.seq async for e in runtime.watch(loop_id, after_seq=first[-1])]
+            everything = [e async for e in runtime.watch(loop_id)]
+        published = recorder.of_loop(loop_id)
+        assert first + rest == [e.seq for e in published]
+        assert first + rest == list(range(1, len(published) + 1))
+        assert everything == published
+        async with store:
+            assert await store.events(loop_id, after_seq=len(published) - 1) == [
+                published[-1]
+            ]
+
+    async def test_watch_needs_a_store_that_keeps_events(self, tmp_path: Path) -> None:
+        from agentfsm.exceptions import LoopStateError
+
+        async with Runtime(store=SQLiteStore(tmp_path / "loops.db")) as runtime:
+            with pytest.raises(LoopStateError, match="events=True"):
+                runtime.watch("any")
+
+
+async def test_a_durable_runtime_cancelled_from_outside_closes_everything(
+    tmp_path: Path,
+) -> None:
+    """Its services (the leases) close, and so do its store, its bus and its
+    event log (on trio, the services' close raised and the rest was skipped)."""
+    from agentfsm import current_runtime
+    from agentfsm.eventlog import read_events
+    from agentfsm.exceptions import BusClosed, NoRuntimeError
+
+    GATE["block"] = anyio.Event()
+    log = tmp_path / "events.jsonl"
+    with anyio.CancelScope() as scope:
+        async with Runtime(
+            providers={"scripted": ScriptedProvider([calls(call("charge", amount=5))])},
+            store=SQLiteStore(tmp_path / "loops.db"),
+            event_log=log,
+        ) as runtime:
+            recorder = EventRecorder(runtime.bus)
+            runtime.run_loop("agent", "charge", request_with(charge))
+            await wait_until(lambda: "charge 5" in RAN)
+            scope.cancel()
+            await anyio.sleep_forever()
+    with pytest.raises(BusClosed):
+        runtime.bus.subscribe("*")
+    with pytest.raises(NoRuntimeError):
+        current_runtime()
+    assert list(read_events(log)) == recorder.events
+
+
+async def test_a_store_that_keeps_events_is_a_replay_source(tmp_path: Path) -> None:
+    """Replayed from the store, a recorded run reports no divergence; with a
+    handler that denies the call, the first divergent transition."""
+    from agentfsm.replay import replay
+
+    path = tmp_path / "loops.db"
+    provider = ScriptedProvider([calls(call("add", a=1, b=2)), text("3")])
+    async with Runtime(
+        providers={"scripted": provider}, store=SQLiteStore(path, events=True)
+    ) as runtime:
+        loop_id = runtime.run_loop("agent", "1+2?", request_with(add))
+        await runtime.wait(loop_id)
+
+    def deny(pending: PendingTransition) -> Rewrite | None:
+        batch = pending.payload
+        if isinstance(batch, ToolBatch):
+            return Rewrite(payload=batch.deny(batch.calls[0].call_id, "no"))
+        return None
+
+    async with SQLiteStore(path, events=True) as store:
+        same = await replay(store, loop_id=loop_id, tools=[add])
+        changed = await replay(store, loop_id=loop_id, tools=[add], handlers=[deny])
+    assert not same.diverged
+    assert changed.diverged
+    assert RAN == ["add 1 2"]  # the recording: the replays ran no tool

@@ -440,8 +440,14 @@ CASES = {
     "stop_when returns what has no truth": Case(
         lambda s: stop_when(returning(Falsy())),
         Outcome.failed,
-        "no truth value",
-        "ValueError",
+        "returned Falsy",
+        "ConfigurationError",
+    ),
+    "stop_when returns a dict": Case(
+        lambda s: stop_when(returning({"stop": True})),
+        Outcome.failed,
+        "returned dict",
+        "ConfigurationError",
     ),
     # finish_turn
     "finish_turn raises": Case(

@@ -38,6 +38,7 @@ from agentfsm import (
     TokenUsage,
     Trigger,
 )
+from agentfsm._keys import idempotency_key
 from agentfsm.events import AgentEvent
 from agentfsm.exceptions import LoopStateError
 from agentfsm.temporal import (
@@ -178,7 +179,10 @@ async def test_seed_flow_through_the_workflow(
     # The tool call carries its idempotency key; its timeout is the activity's.
     tool_arg = acts[1][1]
     assert tool_arg["name"] == "add"
-    assert len(tool_arg["idempotency_key"]) == 64
+    # The loop's own key (as `agentfsm.current_call()` gives it in a process).
+    assert tool_arg["idempotency_key"] == idempotency_key(
+        loop_id, 1, 0, "add", '{"a":2,"b":3}'
+    )
     tool_event = next(
         e
         for e in history.events

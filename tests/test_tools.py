@@ -845,3 +845,41 @@ class TestUnserializable:
         assert output.output.startswith(
             "tool 'opaque' returned a value that cannot be serialized to JSON (_Opaque)"
         )
+
+
+async def test_a_call_knows_its_idempotency_key() -> None:
+    """Made from the loop, the request, the position, the tool and the canonical
+    arguments: two equal calls of one batch have two keys; the model's call
+    ids (here equal) play no part."""
+    from agentfsm import InferenceInput, ModelContext, Runtime, current_call
+    from agentfsm._keys import idempotency_key
+    from agentfsm.testing import ScriptedProvider, call, calls, text
+
+    keys: list[str] = []
+
+    @tool
+    async def charge(amount: int) -> str:
+        """Charge."""
+        keys.append(current_call().idempotency_key)
+        return "ok"
+
+    provider = ScriptedProvider(
+        [
+            calls(
+                call("charge", call_id="same", amount=5),
+                call("charge", call_id="same", amount=5),
+            ),
+            text("done"),
+        ]
+    )
+    async with Runtime(providers={"scripted": provider}) as runtime:
+        loop_id = runtime.run_loop(
+            "agent",
+            "charge twice",
+            InferenceInput(model="scripted:m", context=ModelContext(), tools=[charge]),
+        )
+        await runtime.wait(loop_id)
+    assert sorted(keys) == sorted(
+        idempotency_key(loop_id, 1, n, "charge", '{ "amount" : 5 }') for n in (0, 1)
+    )
+    assert len(set(keys)) == 2

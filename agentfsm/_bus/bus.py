@@ -4,7 +4,9 @@ Each subscriber has its own bounded buffer, so a slow, stuck or failing
 subscriber never stalls a loop or another subscriber: when its buffer is full,
 further events for it are dropped and counted, and it sees the hole as a gap in
 `seq`. A subscriber that asks for `backpressure=True` is never dropped from;
-instead a loop publishing to its full buffer waits for room.
+instead a loop publishing to its full buffer waits for room, unless the loop
+is cancelled: a cancel never waits on a subscriber, and the events the
+cancelled loop still holds go into the buffer past its capacity.
 
 Publishing with no subscribers costs one attribute check: a loop's emitter
 (`agentfsm._bus.emitter`) looks at `EventBus.listening` before it even builds
@@ -237,7 +239,10 @@ class EventBus:
             types: one glob pattern or several.
             loop_id: only events of this loop.
             buffer: how many events may wait in the buffer.
-            backpressure: make publishers wait for room instead of dropping events.
+            backpressure: make publishers wait for room instead of dropping
+                events. A cancel never waits: the events a cancelled loop still
+                holds for a full subscriber go into its buffer past `buffer`
+                (none is dropped; the loop does not wait for the subscriber).
         """
         if self._closed:
             raise BusClosed("the bus is closed")
@@ -346,6 +351,31 @@ class EventBus:
             if sub._closed:
                 continue  # closed while a publisher waited for room in it
             if len(buffer) < sub.capacity:
+                buffer.append(event)
+                sub.delivered += 1
+                self.delivered += 1
+                waiter = sub._waiter
+                if waiter is not None:
+                    sub._waiter = None
+                    waiter.set()
+            else:
+                sub.dropped += 1
+                self.dropped += 1
+
+    def deliver_past_capacity(
+        self, event: AgentEvent, targets: Iterable[Subscription]
+    ) -> None:
+        """Deliver an event without waiting: a full backpressure subscriber takes
+        it past its capacity (it is never dropped from); others drop it when full.
+
+        For the events a cancelled loop still holds (`Emitter.deliver_held`):
+        a cancel never waits on a subscriber."""
+        self.published += 1
+        for sub in targets:
+            buffer = sub._buffer
+            if sub._closed:
+                continue
+            if sub.backpressure or len(buffer) < sub.capacity:
                 buffer.append(event)
                 sub.delivered += 1
                 self.delivered += 1

@@ -13,7 +13,8 @@ that event and every later one of the loop (in order), releasing them as room
 appears, and the loop awaits `flush` (which waits for room) at its next
 checkpoint: after each state, each streamed chunk, and before a tool runs
 (whenever `outbox` is not None). A loop publishing to a full subscriber waits
-there.
+there. A cancel never waits: a loop ending by a cancel delivers what it holds
+past the subscriber's capacity (`deliver_held`).
 """
 
 from __future__ import annotations
@@ -296,6 +297,24 @@ class Emitter:
             self.outbox = None
         finally:
             self.flushing = False
+
+    def deliver_held(self) -> None:
+        """Deliver the held events now, in order, without waiting for room: a
+        full backpressure subscriber takes them past its buffer's capacity.
+
+        What a loop that ended by a cancel does instead of `flush`: a cancel
+        never waits on a subscriber (one that never reads would hold the
+        loop's worker, and the runtime's exit, for ever), and no event is
+        lost. The events were held in `outbox` already, so the memory is the
+        same; they only move to the subscribers' buffers, where whoever reads
+        finds them (after the bus closed, too)."""
+        outbox = self.outbox
+        if outbox is None:
+            return
+        self.outbox = None
+        bus = self.bus
+        for event in outbox:
+            bus.deliver_past_capacity(event, bus.targets(event.type, event.loop_id))
 
     def event_payload(self, payload: TransitionPayload) -> EventPayload | None:
         """A transition's payload as events record it (a request as its summary),

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from agentfsm._errors import error_text
+from agentfsm._keys import idempotency_key
 from agentfsm._logging import get_logger
 from agentfsm._loop.intercept import park, pending_of
 from agentfsm._loop.turn import tool_index
@@ -39,8 +40,9 @@ from agentfsm.states import LoopState, Outcome, Trigger
 from agentfsm.store._base import Commit, LoopStore, StoredLoop
 from agentfsm.tools import Tool
 
+from .events import EventKeeper
 from .restore import Bindings, RecoveryError, restore
-from .writer import Durable, idempotency_key
+from .writer import Durable
 
 if TYPE_CHECKING:
     from agentfsm._loop.loop import Loop
@@ -108,6 +110,9 @@ class Keeper:
             raise TypeError("store must be a LoopStore")
         self.store = store
         self.bindings = Bindings(tools, handlers)
+        self.events: EventKeeper | None = None
+        """The writer of the loops' events, when the store keeps them (set when
+        the runtime is entered: it subscribes to the runtime's bus)."""
         self.owner = owner_name()
         self.log = get_logger().bind(owner=self.owner)
 

@@ -17,6 +17,7 @@ import anyio
 
 from agentfsm._loop.intercept import Paused, Resumed, approval_gate
 from agentfsm._loop.loop import Loop
+from agentfsm._loop.repair import REPAIRED
 from agentfsm._loop.snapshot import schema_digest
 from agentfsm.exceptions import ConfigurationError
 from agentfsm.inference import InferenceInput
@@ -29,7 +30,7 @@ from agentfsm.interception import (
     Rewrite,
     TransitionPayload,
 )
-from agentfsm.messages import ModelContext
+from agentfsm.messages import FunctionCallOutputItem, ModelContext
 from agentfsm.options import LoopOptions
 from agentfsm.record import (
     DecisionRecord,
@@ -141,8 +142,13 @@ class _Rebuild:
             self.bindings.tool(loop_id, name, digest)
             for name, digest in zip(data.tools, digests, strict=True)
         ]
-        if data.own_context:
-            context = self.context
+        if data.own_context or (data.repairs is None and data.items is None):
+            context = self.context  # (the turn's request: see RequestRecord.items)
+        elif data.repairs is not None:
+            items = list(self.context.items[: data.context_items - len(data.repairs)])
+            for position, _, call_id in data.repairs:
+                items.insert(position, FunctionCallOutputItem.error(call_id, REPAIRED))
+            context = ModelContext(instructions=data.instructions, items=items)
         else:
             context = ModelContext(
                 instructions=data.instructions, items=list(data.items or ())

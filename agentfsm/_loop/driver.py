@@ -79,7 +79,13 @@ it carries a reason)."""
 
 async def run(loop: Loop) -> None:
     """The loop's run in its worker: drive until idle or paused; never raises
-    but cancellation."""
+    but cancellation.
+
+    A cancel never waits on a subscriber: a loop ending by a cancel delivers
+    the events it holds for a full backpressure subscriber past its capacity
+    (`deliver_held`) instead of waiting for room, so a subscriber that never
+    reads holds neither the loop's worker nor the runtime's exit.
+    """
     # Each run is in its own copy of the starter's context (see `_runtime.workers`),
     # so binding needs no reset.
     _current_loop.set(loop.loop_id)
@@ -100,14 +106,18 @@ async def run(loop: Loop) -> None:
             _cancelled(loop)  # cancelled as it paused, with no checkpoint between
     except anyio.get_cancelled_exc_class():
         # Cancelled (by `Runtime.cancel` or the runtime closing): end the loop
-        # as cancelled, then let the cancellation go on.
-        with anyio.CancelScope(shield=True):
-            end(loop, _T.cancel, reason=_cancel_reason(loop, "runtime closed"))
-            if durable is not None and loop.cancel_requested:
+        # as cancelled, then let the cancellation go on. A cancel never waits
+        # on a subscriber: what the loop holds is delivered past capacity.
+        end(loop, _T.cancel, reason=_cancel_reason(loop, "runtime closed"))
+        loop.deliver_held()
+        if durable is not None:
+            if loop.cancel_requested:
                 # A cancel is the loop's end; the runtime closing is not: the
-                # store keeps the loop's last transition, and recovery goes on.
-                await _save_end(loop, durable)
-            await loop.flush()
+                # store keeps the loop's last transition, and recovery goes
+                # on from it.
+                with anyio.CancelScope(shield=True):
+                    await _save_end(loop, durable)
+            wake(loop)
         raise
     except LoopAborted as exc:
         end(loop, _T.abort, reason=exc.reason)
@@ -122,19 +132,46 @@ async def run(loop: Loop) -> None:
         # KeyboardInterrupt, SystemExit or another BaseException from user
         # code: not the loop's to absorb (it means "stop"), so it goes on into
         # the runtime, which cancels the other loops; this loop still ends,
-        # failed, naming it, so no loop is left without an outcome.
-        with anyio.CancelScope(shield=True):
-            end(loop, _T.fail, reason=error_text(exc), error=exc)
-            if durable is not None:
+        # failed, naming it, so no loop is left without an outcome (and, as
+        # for a cancel, without waiting on a subscriber).
+        end(loop, _T.fail, reason=error_text(exc), error=exc)
+        loop.deliver_held()
+        if durable is not None:
+            with anyio.CancelScope(shield=True):
                 await _save_end(loop, durable)
-            await loop.flush()
+            wake(loop)
         raise
     if durable is not None:
         with anyio.CancelScope(shield=True):
             await _save_end(loop, durable)  # paused, or ended
-    if loop.outbox is not None:
-        with anyio.CancelScope(shield=True):
-            await loop.flush()
+            if loop.status is not _DONE and _cancelled(loop):
+                # Cancelled while its pause was being saved (the cancel only
+                # cancelled this worker, and nothing here checkpoints): it ends
+                # now, or it would stay paused with nobody to end it.
+                await _save_end(loop, durable)
+        if loop.status is _DONE:
+            wake(loop)
+    if loop.outbox is None:
+        return
+    if loop.outcome is Outcome.cancelled:
+        loop.deliver_held()
+        return
+    # Ended otherwise, or paused: the held events wait for room (backpressure),
+    # unless a cancel comes meanwhile (`Runtime.cancel` of the paused loop, the
+    # runtime closing).
+    try:
+        await loop.flush()
+    except anyio.get_cancelled_exc_class():
+        if loop.status is not _DONE:  # paused, its pause still being published
+            reason = "the runtime closed while the loop was paused"
+            end(loop, _T.cancel, reason=_cancel_reason(loop, reason))
+            if durable is not None:
+                if loop.cancel_requested:
+                    with anyio.CancelScope(shield=True):
+                        await _save_end(loop, durable)
+                wake(loop)
+        loop.deliver_held()
+        raise
 
 
 async def _save_end(loop: Loop, durable: Durable) -> None:
@@ -205,7 +242,7 @@ async def drive(loop: Loop) -> None:
             end(loop, *step)
             return
         if durable is not None:
-            await durable.save(loop)  # before the state's side effects
+            await durable.committed(loop)  # before the state's side effects
         step = await STATES[dest](loop, step[1])
         if loop.outbox is not None:
             await loop.flush()
@@ -284,8 +321,16 @@ def end(
         outcome, reason, loop.answer, loop.usage, loop.model_requests, loop.tool_calls
     )
     loop.log.info("loop_idle", outcome=outcome, reason=reason)
+    if loop.durable is None:
+        wake(loop)
+    # A durable loop wakes its waiters once its end is stored (`run`): whoever
+    # `wait`s then finds it ended in the store too.
+
+
+def wake(loop: Loop) -> None:
+    """The loop has ended: wake whoever waits, hand its result to the runtime."""
     if loop.done is not None:
-        loop.done.set()  # wake whoever waits
+        loop.done.set()
     loop.on_end(loop)
 
 
@@ -315,7 +360,7 @@ async def end_paused(loop: Loop, reason: str) -> None:
     loop.cancel_requested = True
     loop.cancel_reason = reason
     end(loop, _T.cancel, reason=reason)
-    await loop.flush()
+    loop.deliver_held()  # a cancel never waits on a subscriber (see `run`)
 
 
 async def expire_paused(loop: Loop) -> None:
@@ -327,4 +372,9 @@ async def expire_paused(loop: Loop) -> None:
     end(loop, _T.fail, reason=error_text(error), error=error)
     if loop.durable is not None:
         await _save_end(loop, loop.durable)
-    await loop.flush()
+        wake(loop)
+    try:
+        await loop.flush()
+    except anyio.get_cancelled_exc_class():
+        loop.deliver_held()  # the runtime closing: lose none, wait no more
+        raise

@@ -73,14 +73,17 @@ async def request_model(
                 attempt=attempt,
                 error=error_text(exc),
             )
-            await anyio.sleep(delay)
-            continue
-        if not isinstance(output, InferenceOutput):
-            raise ProviderError(
-                f"provider for {request.model!r} returned {type(output).__name__}, "
-                "not an InferenceOutput"
-            )
-        return output
+        else:
+            if not isinstance(output, InferenceOutput):
+                raise ProviderError(
+                    f"provider for {request.model!r} returned {type(output).__name__}, "
+                    "not an InferenceOutput"
+                )
+            return output
+        # The backoff sleeps outside the `except`: a cancellation during it
+        # would carry the error (and, through its traceback, the loop) as its
+        # context, which anyio's asyncio task keeps until the collector runs.
+        await anyio.sleep(delay)
 
 
 async def _stream(

@@ -3,7 +3,8 @@
 Outputs enter the context in the model's order, whatever order the calls finish
 in; `function_call.completed` is published as each call finishes (completion
 order). A failing call becomes an error output inside its own task, so it never
-cancels its siblings.
+cancels its siblings. Each call runs with its `tools.ToolCallContext` as the
+context's current call (`current_call()`, `report_progress`).
 """
 
 from __future__ import annotations
@@ -14,14 +15,20 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Final, TypeAlias
 
 import anyio
-from pydantic import JsonValue
 
 from agentfsm import _models
 from agentfsm._errors import error_text
 from agentfsm.exceptions import ToolError, UnknownTool
 from agentfsm.interception import ToolBatch
 from agentfsm.messages import FunctionCallItem, FunctionCallOutputItem
-from agentfsm.tools import Tool, ToolCall, ToolResult, ToolWrapper, _progress
+from agentfsm.tools import (
+    Tool,
+    ToolCall,
+    ToolCallContext,
+    ToolResult,
+    ToolWrapper,
+    _current_call,
+)
 
 from .wrappers import chain_wrappers
 
@@ -36,7 +43,9 @@ TRUNCATED: Final = (
     "the call was not run: the response hit the output token limit, "
     "so its arguments may be truncated"
 )
-INTERRUPTED: Final = "the tool call did not run: the loop was interrupted"
+INTERRUPTED: Final = "the tool call was interrupted: the loop was cancelled"
+"""The output of a call the loop stopped waiting for (or never started): a sync
+tool's thread may still have run on (see `tools.ToolCallContext`)."""
 _OUTPUT_FIELDS: Final = {"type", "call_id", "output", "is_error"}
 
 ToolChain = Callable[[ToolCall], Awaitable[ToolResult]]
@@ -61,28 +70,6 @@ async def _innermost(tool_call: ToolCall) -> ToolResult:
     return await tool_call.tool.invoke(tool_call.arguments)
 
 
-class _Progress:
-    """Publishes a running call's progress; drops it once the call has finished."""
-
-    __slots__ = ("_call_id", "_loop", "_thread", "done")
-
-    def __init__(self, loop: Loop, call_id: str) -> None:
-        self._loop = loop
-        self._call_id = call_id
-        self._thread = threading.get_ident()
-        self.done = False
-
-    def __call__(self, progress: JsonValue) -> None:
-        if threading.get_ident() != self._thread:
-            import anyio.from_thread  # only tools in worker threads need it
-
-            anyio.from_thread.run_sync(self, progress)
-        elif not self.done:
-            self._loop.emit(
-                "function_call.progress", call_id=self._call_id, progress=progress
-            )
-
-
 async def run_batch(
     loop: Loop,
     batch: ToolBatch,
@@ -97,13 +84,7 @@ async def run_batch(
     which calls finished even when the batch was interrupted.
     """
     options = loop.options
-    parallel = options.tool_execution == "parallel" and len(batch.calls) > 1
-    if parallel:
-        parallel = all(
-            (t := tools.get(c.name)) is None or t.execution_mode == "parallel"
-            for c in batch.calls
-        )
-    if not parallel:
+    if not parallel(loop, batch, tools):
         for position, call in enumerate(batch.calls):
             results[position] = await _run_call(
                 loop, batch, position, call, tools, truncated
@@ -121,6 +102,17 @@ async def run_batch(
     async with anyio.create_task_group() as tg:
         for position, call in enumerate(batch.calls):
             tg.start_soon(run_one, position, call, name=f"agentfsm-tool-{call.name}")
+
+
+def parallel(loop: Loop, batch: ToolBatch, tools: Mapping[str, Tool]) -> bool:
+    """Whether the batch's calls run concurrently: the loop runs tools in
+    parallel, and no tool of the batch must run alone."""
+    if loop.options.tool_execution != "parallel" or len(batch.calls) < 2:
+        return False
+    return all(
+        (t := tools.get(c.name)) is None or t.execution_mode == "parallel"
+        for c in batch.calls
+    )
 
 
 async def _run_call(
@@ -155,14 +147,27 @@ async def _run_call(
                 loop.emit_call_completed(call, ran[0], time.perf_counter() - started)
                 return ran
             key = ran
+            durable.running += 1
         loop.emit_call_started(call)
         if loop.outbox is not None:
             await loop.flush()  # the call starts once its start was received
         loop.tool_calls += 1
         if tool is not None:
             loop.last_tools.append(tool.name)
-        progress = _Progress(loop, call.call_id)
-        token = _progress.set(progress)
+        running = ToolCallContext(
+            loop.loop_id,
+            loop.agent_id,
+            call.call_id,
+            call.name,
+            loop.model_requests,
+            position,
+            call.arguments,
+            key,
+        )
+        running._publisher = loop
+        running._thread = threading.get_ident()
+        token = _current_call.set(running)
+        returned = False
         try:
             if chain is None:
                 assert tool is not None
@@ -176,6 +181,7 @@ async def _run_call(
                     agent_id=loop.agent_id,
                 )
                 value = await chain(tool_call)
+            returned = True
             if isinstance(value, ToolResult):
                 output, is_error = value.output, value.is_error
                 terminate = value.terminate
@@ -191,8 +197,16 @@ async def _run_call(
             )
             is_error = True
         finally:
-            progress.done = True
-            _progress.reset(token)
+            # The call has ended. Without its result (cancelled, timed out, a
+            # wrapper gave up), the function may still run (a sync tool's
+            # thread cannot be killed): tell it so. And the call lets go of
+            # the loop: copies of this context outlive the call (the cancelled
+            # deadline timer asyncio keeps until it would have fired, a thread
+            # running on), and must not keep the loop alive.
+            running._publisher = None
+            if not returned:
+                running._interrupt()
+            _current_call.reset(token)
     values = {
         "type": "function_call_output",
         "call_id": call.call_id,
@@ -203,7 +217,8 @@ async def _run_call(
     if key is not None:
         assert durable is not None
         with anyio.CancelScope(shield=True):  # the output is known: record it
-            await durable.end_call(key, out, terminate)
+            await durable.end_call(loop, key, out, terminate)
+            durable.running -= 1
     if is_error:
         loop.log.info(
             "tool_call_error", call_id=call.call_id, tool=call.name, error=output

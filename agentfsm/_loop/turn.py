@@ -8,9 +8,11 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from agentfsm.exceptions import ConfigurationError
 from agentfsm.inference import InferenceInput, InferenceOutput, RequestMetadata
 from agentfsm.messages import ContextItem, FunctionCallOutputItem, UserMessage
 from agentfsm.options import QueueMode, TurnSnapshot
+from agentfsm.record import callable_name
 from agentfsm.tools import Tool
 
 from .repair import normalized
@@ -104,8 +106,17 @@ def stop_check(loop: Loop) -> str | None:
         view = loop.view()
         for condition in loop.options.stop_when:
             verdict = condition(view)
-            if verdict:
-                return verdict if isinstance(verdict, str) else "stop_condition"
+            if verdict is None or verdict is False or verdict == "":
+                continue
+            if verdict is True:
+                return "stop_condition"
+            if isinstance(verdict, str):
+                return verdict
+            raise ConfigurationError(
+                f"stop condition {callable_name(condition)} returned "
+                f"{type(verdict).__name__}: it returns a bool, a str (the reason) "
+                "or None"
+            )
     return None
 
 

@@ -58,8 +58,11 @@ from .services import Services
 from .workers import WorkerPool
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncGenerator
+
     from agentfsm._durable.keeper import Keeper, Recovery
     from agentfsm.eventlog import EventLogWriter
+    from agentfsm.events import AgentEvent
     from agentfsm.record import LoopRecord
     from agentfsm.store import LoopStore
     from agentfsm.tools import Tool
@@ -206,6 +209,13 @@ class Runtime:
         await self._services.open()  # left after the loops' task group, too
         if self._keeper is not None:
             await self._services.enter(self._keeper.leases(), "store leases")
+            if self._keeper.store.keeps_events:
+                from agentfsm._durable.events import EventKeeper
+
+                self._keeper.events = EventKeeper(self.bus, self._keeper.store)
+                await self._services.enter(
+                    self._keeper.events.running(), "store events"
+                )
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
@@ -245,23 +255,40 @@ class Runtime:
             leaving = exc or sys.exception()  # what leaves the block, if anything
             self._closed = True
             self._tg = None
-            # Leaving with an error cancels the running loops through the task
-            # group; paused ones have no task, so they are ended here.
-            with anyio.CancelScope(shield=True):
-                for loop in list(self._loops.values()):
-                    if loop.status is not LoopStatus.paused:
-                        continue
-                    if self._keeper is None:
-                        await end_paused(
-                            loop, "the runtime closed while the loop was paused"
-                        )
-                    else:  # it stays paused in the store, for any runtime
-                        self._loops.pop(loop.loop_id, None)
-            # No loop is left to use what the services hold.
-            await self._services.close()
+            await self._leave_paused_loops()
+            try:
+                # No loop is left to use what the services hold.
+                await self._services.close()
+            finally:
+                # (Leaving a cancelled scope on trio, the close above raises
+                # Cancelled: the rest is closed all the same.)
+                await self._close_the_rest(leaving)
+
+    async def _leave_paused_loops(self) -> None:
+        """Leaving with an error cancels the running loops through the task
+        group; paused ones have no task, so they are ended here (or, durable,
+        left paused in the store, for any runtime). A method of its own: a
+        loop variable in `__aexit__`'s frame, held by a traceback, kept the
+        last loop alive until the cycle collector ran."""
+        with anyio.CancelScope(shield=True):
+            for loop in list(self._loops.values()):
+                if loop.status is not LoopStatus.paused:
+                    continue
+                if self._keeper is None:
+                    await end_paused(
+                        loop, "the runtime closed while the loop was paused"
+                    )
+                else:
+                    self._loops.pop(loop.loop_id, None)
+
+    async def _close_the_rest(self, leaving: BaseException | None) -> None:
+        """The store, the bus, the event log and the providers, once the loops
+        and the services are done."""
+        try:
             if self._keeper is not None:
                 with anyio.CancelScope(shield=True):
                     await self._keeper.store.__aexit__(None, None, None)
+        finally:
             self.bus.close()
             if self._token is not None:
                 _current.reset(self._token)
@@ -469,6 +496,33 @@ class Runtime:
             )
 
         return await keeper.recover(self._loops, make, self._take_recovered)
+
+    def watch(self, loop_id: str, after_seq: int = 0) -> AsyncGenerator[AgentEvent]:
+        """A loop's events with a seq above `after_seq`, until its `loop.idle`:
+        those its store kept, then the live ones, without a gap or a repeat. A
+        watcher that reconnects passes the last seq it saw. While it is open,
+        the loop's live events wait for it to read them (a backpressure
+        subscription): close it when it stops reading.
+
+        ```python
+        async with contextlib.aclosing(runtime.watch(loop_id, last_seen)) as events:
+            async for event in events:
+                send(event)  # a watcher that may stop early closes it (aclosing)
+        ```
+
+        Raises:
+            LoopStateError: the runtime's store keeps no events (make it with
+                `events=True`).
+        """
+        keeper = self._keeper
+        if keeper is None or keeper.events is None:
+            raise LoopStateError(
+                "watch() reads the events a store keeps: "
+                "Runtime(store=SQLiteStore(path, events=True))"
+            )
+        from agentfsm._durable.events import watch
+
+        return watch(self.bus, keeper.store, keeper.events, loop_id, after_seq)
 
     def _take_recovered(self, loop: Loop) -> None:
         self._loops[loop.loop_id] = loop

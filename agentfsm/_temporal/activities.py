@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
-from contextvars import ContextVar
 from datetime import timedelta
 from typing import Any, Protocol, TypeVar
 
@@ -32,7 +31,13 @@ from agentfsm.inference import (
 from agentfsm.interception import Decision, PendingTransition
 from agentfsm.messages import ContextItem, ModelContext
 from agentfsm.providers import Provider, ProviderRegistry
-from agentfsm.tools import Tool, ToolDefinition, ToolResult
+from agentfsm.tools import (
+    Tool,
+    ToolCallContext,
+    ToolDefinition,
+    ToolResult,
+    _current_call,
+)
 
 from .agent import LocalActivityHandler, TemporalAgent
 from .wire import (
@@ -50,18 +55,9 @@ __all__ = (
     "ContextStore",
     "MemoryContextStore",
     "activities_for",
-    "current_call",
 )
 
 T = TypeVar("T")
-
-_call: ContextVar[ToolArgs | None] = ContextVar("agentfsm_temporal_call", default=None)
-
-
-def current_call() -> ToolArgs | None:
-    """Inside a tool's body run as an activity: the call (its loop, call id
-    and `idempotency_key`); None elsewhere."""
-    return _call.get()
 
 
 class ContextStore(Protocol):
@@ -292,15 +288,33 @@ def _tool(agent: TemporalAgent, tool: Tool) -> Callable[..., Any]:
 
     async def run(data: dict[str, Any]) -> dict[str, Any]:
         args = ToolArgs.model_validate(data)
-        token = _call.set(args)
+        # What `agentfsm.current_call()` says in the tool, as in a process:
+        # the loop's call, its idempotency key (progress reports are dropped:
+        # the loop is in the workflow).
+        running = ToolCallContext(
+            args.loop_id,
+            args.agent_id,
+            args.call_id,
+            args.name,
+            args.request,
+            args.position,
+            args.arguments,
+            args.idempotency_key,
+        )
+        token = _current_call.set(running)
+        returned = False
         try:
             result = await _heartbeating(tool.invoke(args.arguments), every)
+            returned = True
         except Exception as exc:  # noqa: BLE001 - a raising tool is an error output
+            returned = True
             result = ToolResult.error(
                 f"tool {args.name!r} raised {type(exc).__name__}: {error_text(exc)}"
             )
         finally:
-            _call.reset(token)
+            if not returned:  # cancelled: a sync tool's thread may run on
+                running._interrupt()
+            _current_call.reset(token)
         return dump(
             ToolOutcome(
                 output=result.output,

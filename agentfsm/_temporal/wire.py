@@ -117,13 +117,18 @@ class ToolArgs(BaseModel):
     model_config = _FROZEN
 
     loop_id: str
+    agent_id: str
     call_id: str
     name: str
     arguments: str
+    request: int
+    """The loop's request number whose output asked for the call."""
+    position: int
+    """The call's position in that output's batch."""
     idempotency_key: str
-    """The same for the same call of the same loop, whatever the attempt
-    (`agentfsm._durable.writer.idempotency_key`): a tool with side effects
-    passes it on (a payment API's idempotency header, say)."""
+    """The same for the same call of the same loop, whatever the attempt (the
+    loop's own, `agentfsm.current_call().idempotency_key`): a tool with side
+    effects passes it on (a payment API's idempotency header, say)."""
 
 
 class ToolOutcome(BaseModel):

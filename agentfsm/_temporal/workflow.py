@@ -32,7 +32,7 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
 
-from agentfsm._durable.writer import idempotency_key
+from agentfsm._keys import idempotency_key
 from agentfsm._replay.wire import request_data
 from agentfsm._runtime.runtime import Runtime
 from agentfsm.events import AgentEvent
@@ -50,11 +50,11 @@ from agentfsm.interception import (
     Rewrite,
     ToolBatch,
 )
-from agentfsm.messages import ContextItem, FunctionCallItem, ModelContext, UserMessage
+from agentfsm.messages import ContextItem, ModelContext, UserMessage
 from agentfsm.providers import Provider, ProviderRegistry
 from agentfsm.results import LoopStatus, LoopView
 from agentfsm.states import LoopState, Trigger
-from agentfsm.tools import ToolCall, ToolNext, ToolResult
+from agentfsm.tools import ToolCall, ToolNext, ToolResult, _current_call
 
 from .agent import LocalActivityHandler, TemporalAgent, agent_named
 from .wire import (
@@ -163,9 +163,6 @@ class _ActivityProvider:
         self.owner = owner
         self.context = _ContextRef()
         self.requests = 0
-        self.calls: list[str] = []
-        """The call ids of the last output, in the model's order (a call's
-        position in its idempotency key)."""
         options = agent.options
         timeout = options.get("inference_timeout")
         self.timeout = (
@@ -251,11 +248,7 @@ class _ActivityProvider:
                 status_code=error.status_code,
             )
         assert result.output is not None
-        output = result.output
-        self.calls = [
-            item.call_id for item in output.items if isinstance(item, FunctionCallItem)
-        ]
-        return output
+        return result.output
 
 
 class _Providers(ProviderRegistry):
@@ -288,21 +281,30 @@ class _ToolActivities:
             # Not one of the agent's tools (an unknown name; a tool a wrapper
             # or handler made up): the loop's own handling, in the workflow.
             return await next_(call)
-        owner = self.owner
-        provider = owner.provider
         item = call.call
-        try:
-            position = provider.calls.index(item.call_id)
-        except ValueError:
-            position = len(provider.calls)
-        key = idempotency_key(
-            owner.loop_id, provider.requests, position, item.name, call.arguments
-        )
+        # The loop's own record of the call (request number, position, key):
+        # the activity's tool sees the same `current_call()` as in a process.
+        running = _current_call.get()
+        if running is not None and running.call_id == item.call_id:
+            request, position = running.request, running.position
+            key = running.idempotency_key
+            if call.arguments != item.arguments:  # a wrapper changed them
+                key = idempotency_key(
+                    call.loop_id, request, position, item.name, call.arguments
+                )
+        else:  # a wrapper of ours called from elsewhere: the same rule
+            request, position = self.owner.provider.requests, 0
+            key = idempotency_key(
+                call.loop_id, request, position, item.name, call.arguments
+            )
         args = ToolArgs(
-            loop_id=owner.loop_id,
+            loop_id=call.loop_id,
+            agent_id=call.agent_id,
             call_id=item.call_id,
             name=tool.name,
             arguments=call.arguments,
+            request=request,
+            position=position,
             idempotency_key=key,
         )
         retry = tool.on_crash == "retry"

@@ -27,7 +27,8 @@ from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict
 
-from agentfsm.exceptions import AgentFSMError
+from agentfsm.events import AgentEvent
+from agentfsm.exceptions import AgentFSMError, ConfigurationError
 from agentfsm.inference import InferenceOutput
 from agentfsm.messages import ContextItem, FunctionCallOutputItem
 from agentfsm.record import LoopRecord
@@ -104,6 +105,16 @@ class Commit:
     """Earlier items that changed (an answer a handler rewrote), by position."""
     inference: tuple[int, InferenceOutput] | None = None
     """A model request's output not written yet: (request number, output)."""
+    truncate: bool = False
+    """Drop the stored items from `first` on before writing `items` (the
+    context shrank: someone edited it)."""
+    earlier: Sequence[LoopRecord] = ()
+    """Records of earlier transitions not written yet (into states with no
+    side effects: `context_update`, `model_message`), oldest first."""
+    intents: Sequence[CallRecord] = ()
+    """Ledger intents of the calls the transition into `function_call` starts."""
+    ended: Sequence[tuple[str, FunctionCallOutputItem, bool]] = ()
+    """Calls ended since the last write: (key, output, terminate)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +167,10 @@ class LoopStore(ABC):
 
     # ---------------------------------------------------------------- loops
 
+    keeps_events: bool = False
+    """Whether the store keeps the events its runtime's loops publish (then
+    `events` reads them and `Runtime.watch` resumes a stream from a seq)."""
+
     lease_ttl: float = 30.0
     """Seconds a lease lasts unless renewed (a runtime renews its leases every
     third of it, and gives them up when it exits)."""
@@ -193,6 +208,30 @@ class LoopStore(ABC):
     @abstractmethod
     async def inference(self, loop_id: str, request: int) -> InferenceOutput | None:
         """The recorded output of the loop's `request`-th model request."""
+
+    # ---------------------------------------------------------------- events
+
+    async def append_events(self, events: Sequence[AgentEvent]) -> None:
+        """Keep published events (a store with `keeps_events`)."""
+        raise StoreError(f"{type(self).__name__} keeps no events")
+
+    async def events(self, loop_id: str, after_seq: int = 0) -> list[AgentEvent]:
+        """The loop's kept events with a seq above `after_seq`, in order."""
+        raise StoreError(f"{type(self).__name__} keeps no events")
+
+    async def loop_events(self, loop_id: str | None) -> list[AgentEvent]:
+        """The loop's events, for `agentfsm.replay.replay` and `fork` (a store
+        is a `ReplaySource` when it keeps events).
+
+        Raises:
+            ConfigurationError: no loop named, or none of its events kept.
+        """
+        if loop_id is None:
+            raise ConfigurationError("a store holds many loops: name one (loop_id=...)")
+        events = await self.events(loop_id)
+        if not events:
+            raise ConfigurationError(f"the store keeps no events of loop {loop_id}")
+        return events
 
     # ---------------------------------------------------------------- ledger
 

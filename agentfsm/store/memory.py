@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+from agentfsm.events import AgentEvent
 from agentfsm.inference import InferenceOutput
 from agentfsm.messages import ContextItem, FunctionCallOutputItem
 from agentfsm.record import LoopRecord
@@ -42,8 +43,10 @@ class MemoryStore(LoopStore):
     """A store in this process's memory (tests, and loops that must outlive one
     runtime but not the process)."""
 
-    def __init__(self, *, lease_ttl: float = 30.0) -> None:
+    def __init__(self, *, events: bool = False, lease_ttl: float = 30.0) -> None:
+        self.keeps_events = events
         self.lease_ttl = lease_ttl
+        self._events: dict[str, list[AgentEvent]] = {}
         self._loops: dict[str, _Entry] = {}
         self._latest: dict[str, LoopRecord] = {}
         self._inferences: dict[tuple[str, int], InferenceOutput] = {}
@@ -60,12 +63,18 @@ class MemoryStore(LoopStore):
             entry = self._loops[record.loop_id] = _Entry()
         self._take(record.loop_id, entry, owner)
         items = entry.items
-        del items[commit.first :]  # a commit after a crash rewrites its tail
+        del items[commit.first :]  # (only `truncate` leaves anything to drop)
         items.extend(commit.items)
         for at, item in (commit.replaced or {}).items():
             items[at] = item
+        for earlier in commit.earlier:
+            entry.records[earlier.seq] = earlier
         entry.records[record.seq] = record
         self._latest[record.loop_id] = record
+        for intent in commit.intents:
+            self._calls.setdefault(intent.key, intent)
+        for key, out, terminate in commit.ended:
+            self._end(key, out, terminate)
         if commit.inference is not None:
             number, output = commit.inference
             self._inferences[record.loop_id, number] = output
@@ -98,6 +107,14 @@ class MemoryStore(LoopStore):
         self._inferences[loop_id, request] = output
         self._commits += 1
 
+    async def append_events(self, events: Sequence[AgentEvent]) -> None:
+        for event in events:
+            self._events.setdefault(event.loop_id, []).append(event)
+        self._commits += 1
+
+    async def events(self, loop_id: str, after_seq: int = 0) -> list[AgentEvent]:
+        return [e for e in self._events.get(loop_id, ()) if e.seq > after_seq]
+
     async def inference(self, loop_id: str, request: int) -> InferenceOutput | None:
         return self._inferences.get((loop_id, request))
 
@@ -124,11 +141,14 @@ class MemoryStore(LoopStore):
     async def end_call(
         self, key: str, output: FunctionCallOutputItem, terminate: bool
     ) -> None:
+        self._end(key, output, terminate)
+        self._commits += 1
+
+    def _end(self, key: str, output: FunctionCallOutputItem, terminate: bool) -> None:
         known = self._calls[key]
         self._calls[key] = known.model_copy(
             update={"status": "done", "output": output, "terminate": terminate}
         )
-        self._commits += 1
 
     async def mark_uncertain(self, keys: Sequence[str]) -> None:
         for key in keys:
@@ -164,8 +184,11 @@ class MemoryStore(LoopStore):
 
     async def renew(self, owner: str) -> None:
         until = time.time() + self.lease_ttl
-        for entry in self._loops.values():
-            if entry.owner == owner:
+        for loop_id, entry in self._loops.items():
+            latest = self._latest.get(loop_id)
+            if entry.owner == owner and (
+                latest is None or latest.status is not LoopStatus.done
+            ):
                 entry.lease_until = until
 
     async def release(self, owner: str, loop_ids: Sequence[str] | None = None) -> None:

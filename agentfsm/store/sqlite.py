@@ -27,6 +27,7 @@ from typing import Literal, TypeVar
 import anyio
 import anyio.to_thread
 
+from agentfsm.events import AgentEvent, AgentEventAdapter
 from agentfsm.exceptions import ConfigurationError
 from agentfsm.inference import InferenceOutput
 from agentfsm.messages import ContextItemAdapter, FunctionCallOutputItem
@@ -66,7 +67,7 @@ CREATE TABLE IF NOT EXISTS records (
     seq INTEGER NOT NULL,
     record TEXT NOT NULL,
     PRIMARY KEY (loop_id, seq)
-) WITHOUT ROWID;
+);
 CREATE TABLE IF NOT EXISTS items (
     loop_id TEXT NOT NULL,
     position INTEGER NOT NULL,
@@ -92,6 +93,12 @@ CREATE TABLE IF NOT EXISTS calls (
     terminate INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS calls_request ON calls (loop_id, request);
+CREATE TABLE IF NOT EXISTS events (
+    loop_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    event TEXT NOT NULL,
+    PRIMARY KEY (loop_id, seq)
+);
 """
 
 
@@ -101,6 +108,10 @@ class SQLiteStore(LoopStore):
     Args:
         path: the database file (created if missing).
         durability: `"normal"` (the default) or `"strict"` (fsync every commit).
+        events: keep the events the runtime's loops publish, for
+            `Runtime.watch` to resume a stream from a seq (written in batches
+            by a task of the runtime; it costs what a subscriber to every
+            event costs, and the writes).
         lease_ttl: seconds a runtime's lease on a loop lasts unless renewed.
         busy_timeout: seconds to wait for another process's write lock.
 
@@ -113,6 +124,7 @@ class SQLiteStore(LoopStore):
         path: str | os.PathLike[str],
         *,
         durability: Literal["normal", "strict"] = "normal",
+        events: bool = False,
         lease_ttl: float = 30.0,
         busy_timeout: float = 10.0,
     ) -> None:
@@ -126,6 +138,7 @@ class SQLiteStore(LoopStore):
             )
         self.path = os.fspath(path)
         self.durability = durability
+        self.keeps_events = events
         self.lease_ttl = lease_ttl
         self._busy_timeout = busy_timeout
         self._db: sqlite3.Connection | None = None
@@ -162,9 +175,10 @@ class SQLiteStore(LoopStore):
             db.execute("PRAGMA journal_mode=WAL")
             sync = "FULL" if self.durability == "strict" else "NORMAL"
             db.execute(f"PRAGMA synchronous={sync}")
+            # IF NOT EXISTS throughout: two processes may create it at once,
+            # and a file of this layout gains the tables it lacks.
+            db.executescript(_SCHEMA)
             if version < SCHEMA_VERSION:
-                # (IF NOT EXISTS: two processes may create it at once.)
-                db.executescript(_SCHEMA)
                 db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         except BaseException:
             db.close()
@@ -210,6 +224,12 @@ class SQLiteStore(LoopStore):
     async def commit(self, commit: Commit, owner: str) -> None:
         record = commit.record
         text = record.model_dump_json()
+        earlier = [(r.seq, r.model_dump_json()) for r in commit.earlier]
+        ended = [
+            (output.model_dump_json(), int(terminate), key)
+            for key, output, terminate in commit.ended
+        ]
+        intents = commit.intents
         items = [(i.model_dump_json()) for i in commit.items]
         replaced = [
             (at, item.model_dump_json()) for at, item in (commit.replaced or {}).items()
@@ -223,17 +243,16 @@ class SQLiteStore(LoopStore):
 
         def write(db: sqlite3.Connection) -> int:
             now = time.time()
-            row = db.execute(
-                "SELECT owner, lease_until FROM loops WHERE loop_id = ?", (loop_id,)
-            ).fetchone()
-            if row is not None and row[0] not in (None, owner) and row[1] > now:
-                raise LoopLockedError(loop_id, row[0])
-            db.execute(
+            # One statement takes or renews the lease and writes the loop's row;
+            # it changes nothing while another runtime holds a live lease.
+            taken = db.execute(
                 "INSERT INTO loops (loop_id, agent_id, status, state, seq, owner,"
                 " lease_until, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT (loop_id) DO UPDATE SET status = excluded.status,"
                 " state = excluded.state, seq = excluded.seq, owner = excluded.owner,"
-                " lease_until = excluded.lease_until, updated = excluded.updated",
+                " lease_until = excluded.lease_until, updated = excluded.updated"
+                " WHERE loops.owner IS NULL OR loops.owner = excluded.owner"
+                " OR loops.lease_until <= excluded.updated",
                 (
                     loop_id,
                     record.agent_id,
@@ -244,27 +263,63 @@ class SQLiteStore(LoopStore):
                     now + self.lease_ttl,
                     now,
                 ),
-            )
-            db.execute(
+            ).rowcount
+            if not taken:
+                (holder,) = db.execute(
+                    "SELECT owner FROM loops WHERE loop_id = ?", (loop_id,)
+                ).fetchone()
+                raise LoopLockedError(loop_id, holder)
+            db.executemany(
                 "INSERT OR REPLACE INTO records (loop_id, seq, record) VALUES (?, ?, ?)",
-                (loop_id, record.seq, text),
+                [(loop_id, seq, body) for seq, body in (*earlier, (record.seq, text))],
             )
+            if intents:
+                db.executemany(
+                    f"INSERT OR IGNORE INTO calls ({self._CALL_COLUMNS})"
+                    " VALUES (?, ?, ?, ?, ?, ?, 'started', ?, NULL, 0)",
+                    [
+                        (
+                            c.key,
+                            c.loop_id,
+                            c.request,
+                            c.position,
+                            c.tool,
+                            c.call_id,
+                            c.attempt,
+                        )
+                        for c in intents
+                    ],
+                )
+            if ended:
+                db.executemany(
+                    "UPDATE calls SET status = 'done', output = ?, terminate = ?"
+                    " WHERE key = ?",
+                    ended,
+                )
             first = commit.first
-            # A loop recovered from an earlier commit writes its tail again.
-            db.execute(
-                "DELETE FROM items WHERE loop_id = ? AND position >= ?",
-                (loop_id, first),
-            )
-            db.executemany(
-                "INSERT INTO items (loop_id, position, item) VALUES (?, ?, ?)",
-                [(loop_id, first + n, item) for n, item in enumerate(items)],
-            )
-            db.executemany(
-                "UPDATE items SET item = ? WHERE loop_id = ? AND position = ?",
-                [(item, loop_id, at) for at, item in replaced],
-            )
+            if commit.truncate:
+                db.execute(
+                    "DELETE FROM items WHERE loop_id = ? AND position >= ?",
+                    (loop_id, first),
+                )
+            if items:
+                db.executemany(
+                    "INSERT OR REPLACE INTO items (loop_id, position, item)"
+                    " VALUES (?, ?, ?)",
+                    [(loop_id, first + n, item) for n, item in enumerate(items)],
+                )
+            if replaced:
+                db.executemany(
+                    "UPDATE items SET item = ? WHERE loop_id = ? AND position = ?",
+                    [(item, loop_id, at) for at, item in replaced],
+                )
             written = (
-                len(text) + sum(map(len, items)) + sum(len(i) for _, i in replaced)
+                len(text)
+                + sum(len(body) for _, body in earlier)
+                + sum(map(len, items))
+                + sum(len(i) for _, i in replaced)
+                + sum(len(out) for out, _, _ in ended)
+                + sum(len(c.key) + len(c.tool) + len(c.call_id) for c in intents)
             )
             if inference is not None:
                 db.execute(
@@ -341,6 +396,28 @@ class SQLiteStore(LoopStore):
             return len(text)
 
         await self._run(lambda: self._write(write))
+
+    async def append_events(self, events: Sequence[AgentEvent]) -> None:
+        rows = [(e.loop_id, e.seq, e.model_dump_json()) for e in events]
+
+        def write(db: sqlite3.Connection) -> int:
+            db.executemany(
+                "INSERT OR REPLACE INTO events (loop_id, seq, event) VALUES (?, ?, ?)",
+                rows,
+            )
+            return sum(len(text) for _, _, text in rows)
+
+        await self._run(lambda: self._write(write))
+
+    async def events(self, loop_id: str, after_seq: int = 0) -> list[AgentEvent]:
+        def read() -> list[AgentEvent]:
+            rows = self._conn.execute(
+                "SELECT event FROM events WHERE loop_id = ? AND seq > ? ORDER BY seq",
+                (loop_id, after_seq),
+            )
+            return [AgentEventAdapter.validate_json(text) for (text,) in rows]
+
+        return await self._run(read)
 
     async def inference(self, loop_id: str, request: int) -> InferenceOutput | None:
         def read() -> InferenceOutput | None:
@@ -481,7 +558,8 @@ class SQLiteStore(LoopStore):
     async def renew(self, owner: str) -> None:
         def write(db: sqlite3.Connection) -> int:
             db.execute(
-                "UPDATE loops SET lease_until = ? WHERE owner = ?",
+                # Unfinished loops only: a finished one needs no lease.
+                "UPDATE loops SET lease_until = ? WHERE owner = ? AND status != 'done'",
                 (time.time() + self.lease_ttl, owner),
             )
             return 0

@@ -11,6 +11,7 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
+import pytest
 
 from agentfsm import (
     InferenceInput,
@@ -286,3 +287,47 @@ class _Handle:
 
     def cancel(self) -> None:
         self.cancelled = True
+
+
+@tool
+async def checkpoint_once() -> str:
+    """Wait once (so that the call's deadline timer is armed)."""
+    await anyio.lowlevel.checkpoint()
+    return "ok"
+
+
+@tool
+def in_a_thread() -> str:
+    """A sync tool: it runs in a worker thread, under its deadline timer."""
+    return "ok"
+
+
+@pytest.mark.parametrize(
+    "offered", [checkpoint_once, in_a_thread], ids=["async", "sync"]
+)
+async def test_a_finished_loop_is_freed_though_its_tool_timers_are_pending(
+    offered: Tool,
+) -> None:
+    """Each tool call runs under a 60 s deadline timer. On asyncio a cancelled
+    timer stays in the event loop's heap, with a copy of the context it was
+    armed in, until it would have fired, whenever an earlier timer is pending
+    (another task sleeping, here): nothing in that context may keep the loop.
+    Freed without the cycle collector, as soon as the loop ended."""
+    name = offered.name
+    provider = ScriptedProvider(
+        [calls(call(name), call(name)), text("done")], record=False
+    )
+    gc.disable()
+    try:
+        async with (
+            Runtime(providers={"scripted": provider}, keep_finished=0) as runtime,
+            anyio.create_task_group() as others,
+        ):
+            others.start_soon(anyio.sleep, 30)  # an earlier timer, pending
+            loop_id, alive = start_watched(runtime, offered)
+            assert (await runtime.wait(loop_id)).outcome is Outcome.answered
+            await anyio.wait_all_tasks_blocked()
+            assert alive() is None
+            others.cancel_scope.cancel()
+    finally:
+        gc.enable()
