@@ -385,8 +385,8 @@ def _local(agent: TemporalAgent, marked: LocalActivityHandler) -> Callable[..., 
 
 
 class _Status:
-    """The runtime's instrument: keeps the state search attribute current and
-    wakes the workflow's waiters when a run starts or returns."""
+    """The runtime's instrument: keeps the state search attribute current,
+    when a run of the loop starts and when it returns (pauses or ends)."""
 
     def __init__(self, owner: LoopWorkflow) -> None:
         self.owner = owner
