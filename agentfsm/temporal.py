@@ -49,6 +49,7 @@ from agentfsm._temporal.agent import (
     register,
 )
 from agentfsm._temporal.client import LoopClient, workflow_id
+from agentfsm._temporal.contexts import StoreContexts
 from agentfsm._temporal.wire import ToolArgs
 from agentfsm._temporal.workflow import STATE_ATTRIBUTE, WORKFLOW_NAME, LoopWorkflow
 from agentfsm.exceptions import ConfigurationError
@@ -64,6 +65,7 @@ __all__ = (
     "LoopClient",
     "LoopWorkflow",
     "MemoryContextStore",
+    "StoreContexts",
     "TemporalAgent",
     "ToolArgs",
     "drop_replayed_logs",
@@ -124,7 +126,10 @@ def worker(
         providers: serve the agents' models inside the inference activity
             (`prefix -> provider`, as `Runtime(providers=)`).
         context_store: where inference activities keep each loop's context
-            between requests (default: a `MemoryContextStore` per worker).
+            between requests (default: a `MemoryContextStore` per worker;
+            `StoreContexts(store)` keeps it in a durable store every worker
+            reads, so that no request after the first carries the whole
+            context, whichever worker runs it).
         on_chunk: called with each streamed delta of a streaming request, in
             the activity, with the attempt number.
         sandboxed: run workflows in Temporal's sandbox (see `workflow_runner`).

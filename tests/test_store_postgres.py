@@ -372,6 +372,7 @@ class TestLayout:
         )
         assert [name for (name,) in tables] == [
             "calls",
+            "contexts",
             "inferences",
             "items",
             "loops",

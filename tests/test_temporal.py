@@ -41,11 +41,13 @@ from agentfsm import (
 from agentfsm._keys import idempotency_key
 from agentfsm.events import AgentEvent
 from agentfsm.exceptions import LoopStateError
+from agentfsm.store import SQLiteStore
 from agentfsm.temporal import (
     STATE_ATTRIBUTE,
     LoopClient,
     LoopWorkflow,
     MemoryContextStore,
+    StoreContexts,
     TemporalAgent,
     drop_replayed_logs,
     worker,
@@ -225,6 +227,55 @@ async def test_the_context_is_whole_when_the_store_lost_it(
     assert store.misses == 1
     infer = [arg for name, arg in scheduled(history) if name.endswith(".infer")]
     assert [(a["base"], len(a["items"])) for a in infer] == [(0, 1), (1, 2), (0, 3)]
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "memory"])
+async def test_a_store_every_worker_reads_keeps_the_context(
+    env: WorkflowEnvironment, queue: str, tmp_path: Path, kind: str
+) -> None:
+    """The loop pauses on one worker, which then stops; another worker takes it
+    up. With `StoreContexts` on a store both read, the next request still
+    carries only its new items (with a worker's own memory, the second
+    worker misses the prefix and the whole context is sent again)."""
+    path = tmp_path / "contexts.db"
+
+    def contexts() -> StoreContexts | MemoryContextStore:
+        if kind == "sqlite":
+            return StoreContexts(SQLiteStore(path))
+        return MemoryContextStore()
+
+    client = loops(env, queue)
+    async with worker(
+        env.client,
+        task_queue=queue,
+        agents=AGENTS,
+        providers=PROVIDERS,
+        context_store=contexts(),
+    ):
+        loop_id = await client.start("approval", "pay the bill")
+        await until_paused(client, loop_id)
+    second = contexts()
+    async with worker(
+        env.client,
+        task_queue=queue,
+        agents=AGENTS,
+        providers=PROVIDERS,
+        context_store=second,
+    ):
+        await client.approve(loop_id, ["t1"])
+        result = await client.wait(loop_id)
+        history = await client.handle(loop_id).fetch_history()
+    assert result.outcome is Outcome.answered
+    infer = [arg for name, arg in scheduled(history) if name.endswith(".infer")]
+    if kind == "sqlite":
+        assert second.misses == 0
+        assert [a["base"] > 0 for a in infer] == [False, True]
+        stored = await StoreContexts(SQLiteStore(path)).get(loop_id)
+        assert stored is not None
+        assert len(stored[0]) == infer[-1]["base"] + len(infer[-1]["items"])
+    else:
+        assert second.misses == 1
+        assert infer[-1]["base"] == 0  # sent whole again, after the miss
 
 
 async def test_unknown_agent_fails_naming_it(

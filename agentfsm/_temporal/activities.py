@@ -40,6 +40,7 @@ from agentfsm.tools import (
 )
 
 from .agent import LocalActivityHandler, TemporalAgent
+from .contexts import StoreContexts
 from .wire import (
     CONTEXT_MISSING,
     ErrorData,
@@ -148,7 +149,7 @@ async def _context(args: InferArgs, store: ContextStore) -> list[ContextItem]:
             or len(held[1]) < args.base
             or held[1][args.base - 1] != args.base_digest
         ):
-            if isinstance(store, MemoryContextStore):
+            if isinstance(store, MemoryContextStore | StoreContexts):
                 store.misses += 1
             raise ApplicationError(
                 f"loop {args.loop_id}: this worker's context store does not hold "

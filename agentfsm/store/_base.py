@@ -233,6 +233,27 @@ class LoopStore(ABC):
             raise ConfigurationError(f"the store keeps no events of loop {loop_id}")
         return events
 
+    # ------------------------------------------------------- shared contexts
+
+    async def context(
+        self, context_id: str
+    ) -> tuple[list[ContextItem], list[str]] | None:
+        """A context kept by `append_context`: its items and the digest kept
+        with each (`agentfsm.temporal.StoreContexts` keeps a workflow's
+        context here, for any worker to read)."""
+        raise StoreError(f"{type(self).__name__} keeps no shared contexts")
+
+    async def append_context(
+        self,
+        context_id: str,
+        first: int,
+        items: Sequence[ContextItem],
+        digests: Sequence[str],
+    ) -> None:
+        """Write `items` (with their digests) from position `first` on, dropping
+        what the context held from there: one transaction."""
+        raise StoreError(f"{type(self).__name__} keeps no shared contexts")
+
     # ---------------------------------------------------------------- ledger
 
     @abstractmethod

@@ -47,6 +47,7 @@ class MemoryStore(LoopStore):
         self.keeps_events = events
         self.lease_ttl = lease_ttl
         self._events: dict[str, list[AgentEvent]] = {}
+        self._contexts: dict[str, tuple[list[ContextItem], list[str]]] = {}
         self._loops: dict[str, _Entry] = {}
         self._latest: dict[str, LoopRecord] = {}
         self._inferences: dict[tuple[str, int], InferenceOutput] = {}
@@ -114,6 +115,25 @@ class MemoryStore(LoopStore):
 
     async def events(self, loop_id: str, after_seq: int = 0) -> list[AgentEvent]:
         return [e for e in self._events.get(loop_id, ()) if e.seq > after_seq]
+
+    async def context(
+        self, context_id: str
+    ) -> tuple[list[ContextItem], list[str]] | None:
+        held = self._contexts.get(context_id)
+        return None if held is None else (list(held[0]), list(held[1]))
+
+    async def append_context(
+        self,
+        context_id: str,
+        first: int,
+        items: Sequence[ContextItem],
+        digests: Sequence[str],
+    ) -> None:
+        held_items, held_digests = self._contexts.setdefault(context_id, ([], []))
+        del held_items[first:], held_digests[first:]
+        held_items.extend(items)
+        held_digests.extend(digests)
+        self._commits += 1
 
     async def inference(self, loop_id: str, request: int) -> InferenceOutput | None:
         return self._inferences.get((loop_id, request))

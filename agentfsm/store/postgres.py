@@ -60,7 +60,7 @@ import anyio.to_thread
 
 from agentfsm.exceptions import ConfigurationError
 from agentfsm.inference import InferenceOutput
-from agentfsm.messages import ContextItemAdapter, FunctionCallOutputItem
+from agentfsm.messages import ContextItem, ContextItemAdapter, FunctionCallOutputItem
 from agentfsm.record import LoopRecord
 from agentfsm.results import LoopStatus
 
@@ -138,6 +138,13 @@ CREATE TABLE IF NOT EXISTS {s}.calls (
     terminate boolean NOT NULL DEFAULT false
 );
 CREATE INDEX IF NOT EXISTS calls_request ON {s}.calls (loop_id, request);
+CREATE TABLE IF NOT EXISTS {s}.contexts (
+    context_id text NOT NULL,
+    position integer NOT NULL,
+    item text NOT NULL,
+    digest text NOT NULL,
+    PRIMARY KEY (context_id, position)
+);
 -- A commit in one statement (one round trip; a statement is one transaction):
 -- the lease check, the loop's row, its record, the context's new items, a
 -- recorded model output. Returns NULL when written, else the lease's holder
@@ -523,6 +530,52 @@ class PostgresStore(LoopStore):
             return None, len(text)
 
         await self._run(lambda conn: self._write(conn, write))
+
+    async def context(
+        self, context_id: str
+    ) -> tuple[list[ContextItem], list[str]] | None:
+        s = self._sql.s
+
+        def read(conn: _Conn) -> tuple[list[ContextItem], list[str]] | None:
+            rows = conn.execute(
+                f"SELECT item, digest FROM {s}.contexts WHERE context_id = %s"
+                " ORDER BY position",
+                (context_id,),
+            ).fetchall()
+            if not rows:
+                return None
+            return (
+                [ContextItemAdapter.validate_json(item) for item, _ in rows],
+                [str(digest) for _, digest in rows],
+            )
+
+        return await self._run(read)
+
+    async def append_context(
+        self,
+        context_id: str,
+        first: int,
+        items: Sequence[ContextItem],
+        digests: Sequence[str],
+    ) -> None:
+        s = self._sql.s
+        texts = [item.model_dump_json() for item in items]
+
+        def write(conn: _Conn) -> tuple[None, int]:
+            conn.execute(
+                f"DELETE FROM {s}.contexts WHERE context_id = %s AND position >= %s",
+                (context_id, first),
+            )
+            conn.execute(
+                f"INSERT INTO {s}.contexts (context_id, position, item, digest)"
+                " SELECT %s, %s + n - 1, t.item, t.digest"
+                " FROM unnest(%s::text[], %s::text[]) WITH ORDINALITY"
+                " AS t(item, digest, n)",
+                (context_id, first, texts, list(digests)),
+            )
+            return None, sum(map(len, texts)) + sum(map(len, digests))
+
+        await self._run(lambda conn: self._write(conn, write, atomic=True))
 
     async def inference(self, loop_id: str, request: int) -> InferenceOutput | None:
         def read(conn: _Conn) -> InferenceOutput | None:

@@ -30,7 +30,7 @@ import anyio.to_thread
 from agentfsm.events import AgentEvent, AgentEventAdapter
 from agentfsm.exceptions import ConfigurationError
 from agentfsm.inference import InferenceOutput
-from agentfsm.messages import ContextItemAdapter, FunctionCallOutputItem
+from agentfsm.messages import ContextItem, ContextItemAdapter, FunctionCallOutputItem
 from agentfsm.record import LoopRecord
 from agentfsm.results import LoopStatus
 
@@ -93,6 +93,13 @@ CREATE TABLE IF NOT EXISTS calls (
     terminate INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS calls_request ON calls (loop_id, request);
+CREATE TABLE IF NOT EXISTS contexts (
+    context_id TEXT NOT NULL,
+    position INTEGER NOT NULL,
+    item TEXT NOT NULL,
+    digest TEXT NOT NULL,
+    PRIMARY KEY (context_id, position)
+);
 CREATE TABLE IF NOT EXISTS events (
     loop_id TEXT NOT NULL,
     seq INTEGER NOT NULL,
@@ -394,6 +401,50 @@ class SQLiteStore(LoopStore):
                 (loop_id, request, text),
             )
             return len(text)
+
+        await self._run(lambda: self._write(write))
+
+    async def context(
+        self, context_id: str
+    ) -> tuple[list[ContextItem], list[str]] | None:
+        def read() -> tuple[list[ContextItem], list[str]] | None:
+            rows = self._conn.execute(
+                "SELECT item, digest FROM contexts WHERE context_id = ?"
+                " ORDER BY position",
+                (context_id,),
+            ).fetchall()
+            if not rows:
+                return None
+            return (
+                [ContextItemAdapter.validate_json(item) for item, _ in rows],
+                [digest for _, digest in rows],
+            )
+
+        return await self._run(read)
+
+    async def append_context(
+        self,
+        context_id: str,
+        first: int,
+        items: Sequence[ContextItem],
+        digests: Sequence[str],
+    ) -> None:
+        rows = [
+            (context_id, first + n, item.model_dump_json(), digest)
+            for n, (item, digest) in enumerate(zip(items, digests, strict=True))
+        ]
+
+        def write(db: sqlite3.Connection) -> int:
+            db.execute(
+                "DELETE FROM contexts WHERE context_id = ? AND position >= ?",
+                (context_id, first),
+            )
+            db.executemany(
+                "INSERT INTO contexts (context_id, position, item, digest)"
+                " VALUES (?, ?, ?, ?)",
+                rows,
+            )
+            return sum(len(item) + len(digest) for _, _, item, digest in rows)
 
         await self._run(lambda: self._write(write))
 
