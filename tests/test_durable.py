@@ -695,3 +695,18 @@ async def test_a_store_that_keeps_events_is_a_replay_source(tmp_path: Path) -> N
     assert not same.diverged
     assert changed.diverged
     assert RAN == ["add 1 2"]  # the recording: the replays ran no tool
+
+
+async def test_a_shared_context_is_kept_append_only(
+    store_factory: Callable[[], LoopStore],
+) -> None:
+    """What `agentfsm.temporal.StoreContexts` keeps a workflow's context in."""
+    store = store_factory()
+    one, two, three = (UserMessage(content=t) for t in ("one", "two", "three"))
+    async with store:
+        assert await store.context("c") is None
+        await store.append_context("c", 0, [one, two], ["d1", "d2"])
+        await store.append_context("c", 2, [three], ["d3"])
+        assert await store.context("c") == ([one, two, three], ["d1", "d2", "d3"])
+        await store.append_context("c", 1, [three], ["x2"])  # from 1 on, rewritten
+        assert await store.context("c") == ([one, three], ["d1", "x2"])
