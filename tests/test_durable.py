@@ -22,6 +22,7 @@ import pytest
 from agentfsm import (
     FunctionCallItem,
     InferenceInput,
+    LoopResult,
     LoopState,
     LoopStatus,
     ModelContext,
@@ -167,6 +168,13 @@ async def paused_for_approval(store: LoopStore) -> str:
     return loop_id
 
 
+async def finished(runtime: Runtime, loop_id: str) -> LoopResult:
+    """`wait`, bounded: a loop left paused by mistake fails the test instead of
+    hanging it (pytest-timeout cannot interrupt a trio run that waits)."""
+    with anyio.fail_after(20):
+        return await runtime.wait(loop_id)
+
+
 def running(name: str) -> Callable[[Runtime, str], bool]:
     """Until a tool call `name ...` has started."""
     return lambda runtime, loop_id: any(r.startswith(name) for r in RAN)
@@ -291,7 +299,7 @@ class TestWhatIsStored:
         ) as second:
             await second.recover()
             second.resume(loop_id, Proceed())
-            result = await second.wait(loop_id)
+            result = await finished(second, loop_id)
         assert result.outcome is Outcome.answered
         (again,) = provider.requests
         sent = items_of(again.context)
@@ -317,7 +325,7 @@ class TestPauses:
             assert view.pending is not None
             assert view.pending.trigger is Trigger.call_tools
             second.resume(loop_id, Proceed())
-            result = await second.wait(loop_id)
+            result = await finished(second, loop_id)
         assert result.outcome is Outcome.answered
         assert RAN == ["pay 5"]
 
@@ -361,7 +369,7 @@ class TestPauses:
         ) as second:
             report = await second.recover()
             assert report.running == [loop_id], report
-            result = await second.wait(loop_id)
+            result = await finished(second, loop_id)
         assert result.outcome is Outcome.answered
         assert RAN == ["pay 1", "lookup k", "lookup k"]  # pay ran once
 
@@ -394,7 +402,7 @@ class TestRecovery:
         ) as second:
             recorder = EventRecorder(second.bus, "loop.recovered")
             report = await second.recover()
-            result = await second.wait(loop_id)
+            result = await finished(second, loop_id)
             stored = await store.load(loop_id)
             ledger = await store.calls(loop_id, 1)
         assert report.running == [loop_id]
@@ -420,6 +428,45 @@ class TestRecovery:
         (event,) = recorder.events
         assert isinstance(event, LoopRecovered)
         assert (event.status, event.state) == ("running", LoopState.function_call)
+
+    async def test_a_call_done_before_a_sibling_starts_is_stored_at_once(
+        self, store_factory: Callable[[], LoopStore]
+    ) -> None:
+        """A parallel batch one call at a time (which first is the backend's
+        choice): the call that ran first has its output written when it ends
+        (not kept for the next write: its sibling runs after it), and the one
+        waiting for its slot has no intent written before it starts; so a crash
+        in the second call makes neither uncertain."""
+        GATE["block"] = anyio.Event()
+        script = [
+            calls(
+                call("add", call_id="c1", a=1, b=2),
+                call("lookup", call_id="c2", key="k"),
+            )
+        ]
+        loop_id = await die_when(
+            store_factory(),
+            script,
+            lambda rt: rt.run_loop(
+                "agent",
+                "go",
+                request_with(add, lookup),
+                tool_execution="parallel",
+                max_tool_concurrency=1,
+            ),
+            running("lookup"),
+        )
+        del GATE["block"]
+        async with Runtime(
+            providers={"scripted": ScriptedProvider([text("done")])},
+            store=store_factory(),
+            tools=TOOLS,
+        ) as second:
+            report = await second.recover()
+            assert report.running == [loop_id], report  # not paused over `add`
+            result = await finished(second, loop_id)
+        assert result.outcome is Outcome.answered
+        assert sorted(RAN) == ["add 1 2", "lookup k", "lookup k"]
 
     @pytest.mark.parametrize("decision", ["answer", "proceed"])
     async def test_a_call_in_flight_pauses_the_loop_naming_it(
@@ -453,7 +500,7 @@ class TestRecovery:
                 second.resume(loop_id, Rewrite(payload=answered))
             else:
                 second.resume(loop_id, Proceed())
-            result = await second.wait(loop_id)
+            result = await finished(second, loop_id)
         (event,) = recorder.events
         assert isinstance(event, LoopRecovered)
         assert (event.status, event.uncertain_calls) == ("paused", ("c1",))
@@ -485,7 +532,7 @@ class TestRecovery:
             handlers=[again],
         ) as second:
             await second.recover()
-            result = await second.wait(loop_id)
+            result = await finished(second, loop_id)
         assert result.outcome is Outcome.answered
         assert RAN == ["add 1 2"]
         assert len(provider.requests) == 1

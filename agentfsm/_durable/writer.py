@@ -42,8 +42,8 @@ class Durable:
     runs, with the records of the transitions since the last write and the
     intents of the calls it starts; a call's output is written when it ends,
     unless nothing but the loop's own code runs before the next write (no
-    handler, no `finish_turn`, no other call of its batch running), in which
-    case it goes with that write.
+    handler, no `finish_turn`, no other call of its batch left to end), in
+    which case it goes with that write.
     """
 
     __slots__ = (
@@ -54,8 +54,8 @@ class Durable:
         "inference",
         "owner",
         "recorded",
-        "running",
         "store",
+        "unfinished",
         "written",
     )
 
@@ -77,8 +77,8 @@ class Durable:
         self.fresh: set[str] = set()
         """Keys of calls whose intents this process wrote with the commit into
         `function_call` (their ledger entries are known: new)."""
-        self.running = 0
-        """Calls of the current batch still running."""
+        self.unfinished = 0
+        """Calls of the current batch that have not ended (started or not)."""
 
     async def committed(self, loop: Loop) -> None:
         """A transition was committed: write it, or keep it for the next write
@@ -131,9 +131,11 @@ class Durable:
     # ----------------------------------------------------------------- ledger
 
     def _intents(self, loop: Loop) -> list[CallRecord]:
-        """The intents of the calls the commit into `function_call` starts: all
-        of a batch run in parallel, the first of one run in sequence (each
-        later one's is written when it starts: before, it has not)."""
+        """The intents of the calls the commit into `function_call` starts at
+        once: all of a batch run in parallel when none waits for a free slot
+        (`max_tool_concurrency`), else none; the first of one run in sequence.
+        Any other call's intent is written when it starts: before, it has not,
+        and an intent for it would make it uncertain after a crash."""
         step = loop.step
         batch = step[1] if step is not None else None
         if not isinstance(batch, ToolBatch) or loop.output is None:
@@ -141,19 +143,23 @@ class Durable:
         if loop.output.finish_reason == "length":
             return []  # truncated: no call runs
         tools = tool_index(loop)
+        runs = [
+            (position, call)
+            for position, call in enumerate(batch.calls)
+            if call.call_id not in batch.denied
+            and call.call_id not in batch.outputs
+            and (call.name in tools or loop.tool_chain is not None)
+        ]
+        if parallel(loop, batch, tools):
+            if len(runs) > loop.options.max_tool_concurrency:
+                return []  # some wait for a slot, in no set order
+        else:
+            runs = runs[:1]
         intents = []
-        for position, call in enumerate(batch.calls):
-            if (
-                call.call_id in batch.denied
-                or call.call_id in batch.outputs
-                or (call.name not in tools and loop.tool_chain is None)
-            ):
-                continue
+        for position, call in runs:
             key = self.key(loop, position, call)
             intents.append(self._intent(loop, key, position, call))
             self.fresh.add(key)
-            if not parallel(loop, batch, tools):
-                break
         return intents
 
     def _intent(
@@ -194,7 +200,8 @@ class Durable:
         """Record a call's output: now, or with the next write when nothing but
         the loop's own code runs before it (see the class)."""
         if (
-            self.running == 1
+            self.unfinished
+            == 1  # the batch's last: no other call runs before the write
             and not loop.handlers
             and loop.options.finish_turn is None
             and loop.outbox is None

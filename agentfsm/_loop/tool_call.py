@@ -84,11 +84,16 @@ async def run_batch(
     which calls finished even when the batch was interrupted.
     """
     options = loop.options
+    durable = loop.durable
+    if durable is not None:
+        durable.unfinished = len(batch.calls)
     if not parallel(loop, batch, tools):
         for position, call in enumerate(batch.calls):
             results[position] = await _run_call(
                 loop, batch, position, call, tools, truncated
             )
+            if durable is not None:
+                durable.unfinished -= 1
         return
 
     limiter = anyio.CapacityLimiter(options.max_tool_concurrency)
@@ -98,6 +103,8 @@ async def run_batch(
             results[position] = await _run_call(
                 loop, batch, position, call, tools, truncated
             )
+        if durable is not None:
+            durable.unfinished -= 1
 
     async with anyio.create_task_group() as tg:
         for position, call in enumerate(batch.calls):
@@ -147,7 +154,6 @@ async def _run_call(
                 loop.emit_call_completed(call, ran[0], time.perf_counter() - started)
                 return ran
             key = ran
-            durable.running += 1
         loop.emit_call_started(call)
         if loop.outbox is not None:
             await loop.flush()  # the call starts once its start was received
@@ -218,7 +224,6 @@ async def _run_call(
         assert durable is not None
         with anyio.CancelScope(shield=True):  # the output is known: record it
             await durable.end_call(loop, key, out, terminate)
-            durable.running -= 1
     if is_error:
         loop.log.info(
             "tool_call_error", call_id=call.call_id, tool=call.name, error=output
