@@ -317,6 +317,9 @@ def end(
     loop.ended_at = loop.clock()
     loop.paused = loop.pending = None
     loop.output = None
+    # The model wrappers' chain ends in the loop's own method (a cycle: loop ->
+    # chain -> loop); dropped, the ended loop is freed without the collector.
+    loop.model_chain = None
     loop.emit_idle(
         outcome, reason, loop.answer, loop.usage, loop.model_requests, loop.tool_calls
     )

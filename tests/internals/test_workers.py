@@ -28,6 +28,7 @@ from agentfsm import (
 from agentfsm._loop import Loop
 from agentfsm._runtime.backend import Primitives
 from agentfsm._runtime.workers import MAX_IDLE, Worker, WorkerPool
+from agentfsm.inference import InferenceOutput, ModelNext, ModelRequest
 from agentfsm.testing import ScriptedProvider, call, calls, text
 from tests.helpers import request
 
@@ -166,14 +167,37 @@ async def answer() -> str:
 
 
 def start_watched(
-    runtime: Runtime, offered: Tool | None = None
+    runtime: Runtime, offered: Tool | None = None, **options: Any
 ) -> tuple[str, weakref.ref[ModelContext]]:
     """Start a loop on a context only the loop holds (made in this frame, not the
     test's: pydantic keeps the namespace of a frame that defines a model)."""
     context = ModelContext()
     tools = [answer if offered is None else offered]
     request_ = InferenceInput(model="scripted:test", context=context, tools=tools)
-    return runtime.run_loop("agent", "go", request_), weakref.ref(context)
+    return runtime.run_loop("agent", "go", request_, **options), weakref.ref(context)
+
+
+async def passthrough(request: ModelRequest, next_: ModelNext) -> InferenceOutput:
+    return await next_(request)
+
+
+async def test_a_loop_with_model_wrappers_is_freed_without_the_cycle_collector() -> (
+    None
+):
+    """The loop's chain of model wrappers ends in the loop's own method (a
+    cycle, loop -> chain -> loop): it is dropped when the loop ends."""
+    provider = ScriptedProvider([calls(call("answer")), text("done")], record=False)
+    gc.disable()
+    try:
+        async with Runtime(
+            providers={"scripted": provider}, keep_finished=0
+        ) as runtime:
+            loop_id, alive = start_watched(runtime, model_wrappers=[passthrough])
+            assert (await runtime.wait(loop_id)).outcome is Outcome.answered
+            await anyio.wait_all_tasks_blocked()
+            assert alive() is None
+    finally:
+        gc.enable()
 
 
 async def test_an_idle_worker_keeps_no_finished_loop_alive() -> None:
