@@ -223,14 +223,9 @@ class EventLogWriter:
             with self._scope:
                 while True:
                     try:
-                        batch = [await subscription.receive()]
+                        batch = await subscription.receive_batch(_BATCH)
                     except anyio.EndOfStream:
                         return
-                    while len(batch) < _BATCH:
-                        try:
-                            batch.append(subscription.receive_nowait())
-                        except (anyio.WouldBlock, anyio.EndOfStream):
-                            break
                     if self._error is not None:
                         self._lose(batch)  # taken, so that loops never wait
                         continue

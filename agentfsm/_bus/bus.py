@@ -134,6 +134,21 @@ class Subscription:
         except StopAsyncIteration:
             raise anyio.EndOfStream from None
 
+    async def receive_batch(self, limit: int) -> list[AgentEvent]:
+        """The next event, waiting for one if needed, and those buffered after
+        it, `limit` at most (what a writer takes for one write).
+
+        Raises:
+            anyio.EndOfStream: the subscription is closed and drained.
+        """
+        batch = [await self.receive()]
+        while len(batch) < limit:
+            try:
+                batch.append(self.receive_nowait())
+            except (anyio.WouldBlock, anyio.EndOfStream):
+                break
+        return batch
+
     def __aiter__(self) -> Self:
         return self
 
@@ -343,39 +358,23 @@ class EventBus:
                 return False
         return True
 
-    def _deliver(self, event: AgentEvent, targets: Iterable[Subscription]) -> None:
-        # One flat loop: this runs for every event of every loop.
+    def _deliver(
+        self,
+        event: AgentEvent,
+        targets: Iterable[Subscription],
+        past_capacity: bool = False,
+    ) -> None:
+        """Put `event` in each target's buffer; a full one drops it, but with
+        `past_capacity` a full backpressure subscriber takes it (for the events
+        a cancelled loop still holds, `Emitter.deliver_held`: a cancel never
+        waits on a subscriber)."""
+        # One flat loop: this runs for every event a loop's outbox releases.
         self.published += 1
         for sub in targets:
             buffer = sub._buffer
             if sub._closed:
                 continue  # closed while a publisher waited for room in it
-            if len(buffer) < sub.capacity:
-                buffer.append(event)
-                sub.delivered += 1
-                self.delivered += 1
-                waiter = sub._waiter
-                if waiter is not None:
-                    sub._waiter = None
-                    waiter.set()
-            else:
-                sub.dropped += 1
-                self.dropped += 1
-
-    def deliver_past_capacity(
-        self, event: AgentEvent, targets: Iterable[Subscription]
-    ) -> None:
-        """Deliver an event without waiting: a full backpressure subscriber takes
-        it past its capacity (it is never dropped from); others drop it when full.
-
-        For the events a cancelled loop still holds (`Emitter.deliver_held`):
-        a cancel never waits on a subscriber."""
-        self.published += 1
-        for sub in targets:
-            buffer = sub._buffer
-            if sub._closed:
-                continue
-            if sub.backpressure or len(buffer) < sub.capacity:
+            if len(buffer) < sub.capacity or (past_capacity and sub.backpressure):
                 buffer.append(event)
                 sub.delivered += 1
                 self.delivered += 1

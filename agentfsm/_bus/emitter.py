@@ -314,7 +314,7 @@ class Emitter:
         self.outbox = None
         bus = self.bus
         for event in outbox:
-            bus.deliver_past_capacity(event, bus.targets(event.type, event.loop_id))
+            bus._deliver(event, bus.targets(event.type, event.loop_id), True)
 
     def event_payload(self, payload: TransitionPayload) -> EventPayload | None:
         """A transition's payload as events record it (a request as its summary),

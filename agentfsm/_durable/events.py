@@ -63,14 +63,9 @@ class EventKeeper:
         with anyio.CancelScope(shield=True):  # drained to the end, never cut
             while True:
                 try:
-                    batch = [await subscription.receive()]
+                    batch = await subscription.receive_batch(_BATCH)
                 except anyio.EndOfStream:
                     return
-                while len(batch) < _BATCH:
-                    try:
-                        batch.append(subscription.receive_nowait())
-                    except (anyio.WouldBlock, anyio.EndOfStream):
-                        break
                 await self._write(batch)
 
     async def _write(self, batch: list[AgentEvent]) -> None:

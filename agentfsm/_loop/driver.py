@@ -235,7 +235,7 @@ async def drive(loop: Loop) -> None:
             if decided is None:
                 return  # paused: `loop.pending` holds the step
             step, dest, rewritten_from = decided
-            if _cancelled(loop):  # by a handler: the edge is not taken
+            if loop.cancel_requested and _cancelled(loop):  # by a handler: not taken
                 return
         commit(loop, source, step, dest, rewritten_from)
         if dest is _S.idle:

@@ -23,7 +23,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Literal, Self
+from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict
 
@@ -90,6 +90,25 @@ class CallRecord(BaseModel):
     output: FunctionCallOutputItem | None = None
     terminate: bool = False
     """Whether the tool asked to end the loop (`ToolResult(terminate=True)`)."""
+
+
+def call_of_row(row: Sequence[Any]) -> CallRecord:
+    """A ledger row as the SQL stores keep it (their `calls` table's columns in
+    order: key, loop_id, request, position, tool, call_id, status, attempt,
+    output JSON or NULL, terminate)."""
+    key, loop_id, request, position, tool, call_id, status, attempt, out, term = row
+    return CallRecord(
+        key=key,
+        loop_id=loop_id,
+        request=request,
+        position=position,
+        tool=tool,
+        call_id=call_id,
+        status=status,
+        attempt=attempt,
+        output=None if out is None else FunctionCallOutputItem.model_validate_json(out),
+        terminate=bool(term),
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -74,6 +74,7 @@ from ._base import (
     StoreError,
     StoreSchemaError,
     StoreStatistics,
+    call_of_row,
 )
 
 try:
@@ -586,28 +587,10 @@ class PostgresStore(LoopStore):
 
     # ----------------------------------------------------------------- ledger
 
-    @staticmethod
-    def _call_of(row: Sequence[Any]) -> CallRecord:
-        key, loop_id, request, position, tool, call_id, status, attempt, out, term = row
-        return CallRecord(
-            key=key,
-            loop_id=loop_id,
-            request=request,
-            position=position,
-            tool=tool,
-            call_id=call_id,
-            status=status,
-            attempt=attempt,
-            output=None
-            if out is None
-            else FunctionCallOutputItem.model_validate_json(out),
-            terminate=term,
-        )
-
     async def calls(self, loop_id: str, request: int) -> list[CallRecord]:
         def read(conn: _Conn) -> list[CallRecord]:
             rows = conn.execute(self._sql.calls, (loop_id, request))
-            return [self._call_of(row) for row in rows]
+            return [call_of_row(row) for row in rows]
 
         return await self._run(read)
 
@@ -630,7 +613,7 @@ class PostgresStore(LoopStore):
             if row is None:  # done already: what the ledger holds, unchanged
                 known = conn.execute(sql.call, (call.key,)).fetchone()
                 assert known is not None  # (the conflict was on this key)
-                return self._call_of(known), 0
+                return call_of_row(known), 0
             attempt, inserted = row
             if inserted:
                 return call, len(call.key) + len(call.tool) + len(call.call_id)

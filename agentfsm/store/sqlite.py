@@ -44,6 +44,7 @@ from ._base import (
     StoreError,
     StoreSchemaError,
     StoreStatistics,
+    call_of_row,
 )
 
 __all__ = ("SQLiteStore",)
@@ -487,24 +488,6 @@ class SQLiteStore(LoopStore):
         " terminate"
     )
 
-    @staticmethod
-    def _call_of(row: Sequence[object]) -> CallRecord:
-        key, loop_id, request, position, tool, call_id, status, attempt, out, term = row
-        return CallRecord(
-            key=str(key),
-            loop_id=str(loop_id),
-            request=int(request),  # type: ignore[call-overload]
-            position=int(position),  # type: ignore[call-overload]
-            tool=str(tool),
-            call_id=str(call_id),
-            status=status,  # type: ignore[arg-type]
-            attempt=int(attempt),  # type: ignore[call-overload]
-            output=None
-            if out is None
-            else FunctionCallOutputItem.model_validate_json(str(out)),
-            terminate=bool(term),
-        )
-
     async def calls(self, loop_id: str, request: int) -> list[CallRecord]:
         def read() -> list[CallRecord]:
             rows = self._conn.execute(
@@ -512,7 +495,7 @@ class SQLiteStore(LoopStore):
                 " WHERE loop_id = ? AND request = ? ORDER BY position",
                 (loop_id, request),
             )
-            return [self._call_of(row) for row in rows]
+            return [call_of_row(row) for row in rows]
 
         return await self._run(read)
 
@@ -524,7 +507,7 @@ class SQLiteStore(LoopStore):
                 f"SELECT {self._CALL_COLUMNS} FROM calls WHERE key = ?", (call.key,)
             ).fetchone()
             if row is not None:
-                known = self._call_of(row)
+                known = call_of_row(row)
                 if known.status == "done":
                     result.append(known)
                     return 0
