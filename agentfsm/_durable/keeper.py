@@ -1,9 +1,9 @@
 """The runtime's side of a durable store: adopting new loops, leases, recovery.
 
 `Runtime(store=...)` holds one `Keeper`. It gives each new loop a `Durable`
-(`adopt`), keeps the runtime's leases alive while it runs (a service of the
-runtime, entered before its loops and left after them), and rebuilds the
-store's unfinished loops (`recover`).
+(`adopt`), writes their commits (`Flusher`) and keeps the runtime's leases
+alive while it runs (a service of the runtime, entered before its loops and
+left after them), and rebuilds the store's unfinished loops (`recover`).
 
 Recovery, by the state a loop's last commit left it in:
 
@@ -41,6 +41,7 @@ from agentfsm.store._base import Commit, LoopStore, StoredLoop
 from agentfsm.tools import Tool
 
 from .events import EventKeeper
+from .flusher import Flusher
 from .restore import Bindings, RecoveryError, restore
 from .writer import Durable
 
@@ -110,6 +111,8 @@ class Keeper:
             raise TypeError("store must be a LoopStore")
         self.store = store
         self.bindings = Bindings(tools, handlers)
+        self.flusher = Flusher(store)
+        """The queue of the loops' commits (`_durable.flusher`)."""
         self.events: EventKeeper | None = None
         """The writer of the loops' events, when the store keeps them (set when
         the runtime is entered: it subscribes to the runtime's bus)."""
@@ -118,15 +121,17 @@ class Keeper:
 
     def adopt(self, loop: Loop) -> None:
         """Make a new loop durable."""
-        loop.durable = Durable(self.store, self.owner)
+        loop.durable = Durable(self.flusher, self.owner)
         self.bindings.learn(loop)
 
     @asynccontextmanager
-    async def leases(self) -> AsyncIterator[None]:
-        """Renew this runtime's leases until the runtime exits, then give them
+    async def running(self) -> AsyncIterator[None]:
+        """Write the commits nobody waits for, and renew this runtime's leases,
+        until the runtime exits; then write what is left and give the leases
         up (paused loops stay in the store for any runtime to resume)."""
         try:
             async with anyio.create_task_group() as tg:
+                tg.start_soon(self.flusher.serve, name="agentfsm-store-writer")
                 tg.start_soon(self._renew, name="agentfsm-leases")
                 try:
                     yield
@@ -134,7 +139,10 @@ class Keeper:
                     tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
-                await self.store.release(self.owner)
+                try:
+                    await self.flusher.flush()
+                finally:
+                    await self.store.release(self.owner)
 
     async def _renew(self) -> None:
         while True:
@@ -173,7 +181,9 @@ class Keeper:
                 await self._fail(stored, exc)
                 report.failed[loop_id] = str(exc)
                 continue
-            durable = loop.durable = Durable(self.store, self.owner, len(stored.items))
+            durable = loop.durable = Durable(
+                self.flusher, self.owner, len(stored.items)
+            )
             if loop.answer_at is not None and loop.answer_at < len(stored.items):
                 durable.answer = stored.items[loop.answer_at]
             uncertain: tuple[str, ...] = ()

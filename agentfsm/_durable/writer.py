@@ -21,6 +21,8 @@ from agentfsm.record import LoopRecord
 from agentfsm.states import LoopState
 from agentfsm.store._base import CallRecord, Commit, LoopStore
 
+from .flusher import Flusher, Ticket
+
 if TYPE_CHECKING:
     from agentfsm._loop.loop import Loop
 
@@ -33,6 +35,12 @@ written with the next write, not on its own (a crash before it re-enters the
 state from the record before). It halves a run's writes with the ledger's
 merged into the commits (16 -> 8 for the benchmark workload)."""
 
+_AHEAD: Final = frozenset({LoopState.inference, LoopState.inference_streaming})
+"""The states whose commit is written without waiting for it: a model request
+may be sent again after a crash (its output is recorded on the way out, with
+the next commit), so the request goes out while its commit is being written.
+A crash before it lands is a crash during the request."""
+
 
 class Durable:
     """What one loop has written to its store, and its ledger calls.
@@ -44,26 +52,38 @@ class Durable:
     unless nothing but the loop's own code runs before the next write (no
     handler, no `finish_turn`, no other call of its batch left to end), in
     which case it goes with that write.
+
+    Every write goes through the runtime's `Flusher`, in order. The loop waits
+    for one to land before a tool runs (the commit into `function_call`, with
+    the intents), before a pause or an end is told, and before a ledger write
+    of its own; not after a commit into `inference` (`_AHEAD`). A write that
+    failed fails the loop at its next wait, and the loop writes nothing more
+    (what follows it would leave a gap): the store keeps its last commit.
     """
 
     __slots__ = (
         "answer",
         "deferred",
         "ended",
+        "failed",
+        "flusher",
         "fresh",
         "inference",
         "owner",
         "recorded",
         "store",
+        "tickets",
         "unfinished",
         "written",
     )
 
-    def __init__(self, store: LoopStore, owner: str, written: int = 0) -> None:
-        self.store = store
+    def __init__(self, flusher: Flusher, owner: str, written: int = 0) -> None:
+        self.flusher = flusher
+        self.store: LoopStore = flusher.store
         self.owner = owner
         self.written = written
-        """How many context items the store holds."""
+        """How many context items the store holds (or will, once the commits
+        queued have landed)."""
         self.answer: ContextItem | None = None
         """The item at `loop.answer_at` when last written (a handler may replace it)."""
         self.inference: tuple[int, InferenceOutput] | None = None
@@ -79,18 +99,51 @@ class Durable:
         `function_call` (their ledger entries are known: new)."""
         self.unfinished = 0
         """Calls of the current batch that have not ended (started or not)."""
+        self.tickets: list[Ticket] = []
+        """Commits queued since the loop last waited for its writes."""
+        self.failed: Exception | None = None
+        """Why a write of the loop failed (then it writes no more)."""
 
     async def committed(self, loop: Loop) -> None:
-        """A transition was committed: write it, or keep it for the next write
-        when the state it entered has no side effects."""
-        if loop.state in _FREE:
+        """A transition was committed: write it (waiting for it to land, or not:
+        see `_AHEAD`), or keep it for the next write when the state it entered
+        has no side effects."""
+        state = loop.state
+        if state in _FREE:
             self.deferred.append(loop.snapshot())
+        elif state in _AHEAD:
+            self._submit(loop, background=True)
         else:
             await self.save(loop)
 
     async def save(self, loop: Loop) -> None:
         """Write the loop's record, the records kept since the last write, what
-        its context gained, and the ledger's news."""
+        its context gained, and the ledger's news; return once it landed."""
+        self._submit(loop, background=False)
+        await self.landed()
+
+    async def landed(self) -> None:
+        """Return once the loop's queued writes have landed.
+
+        Raises:
+            Exception: what a write of the loop's raised (this one's, or an
+                earlier one's: the loop has written nothing since).
+        """
+        if self.failed is not None:
+            raise self.failed
+        tickets = self.tickets
+        if not tickets:
+            return
+        await self.flusher.wait(tickets[-1])
+        self.tickets = []
+        for ticket in tickets:
+            if ticket.error is not None:
+                self.failed = ticket.error
+                raise ticket.error
+
+    def _submit(self, loop: Loop, *, background: bool) -> None:
+        if self.failed is not None:
+            raise self.failed
         items = loop.input.context.items
         first = self.written
         truncate = first > len(items)
@@ -114,7 +167,9 @@ class Durable:
         self.inference = None
         self.deferred = []
         self.ended = []
-        await self.store.commit(commit, self.owner)
+        self.tickets.append(
+            self.flusher.submit(commit, self.owner, background=background)
+        )
         self.written = len(items)
         if at is not None and at < len(items):
             self.answer = items[at]
@@ -125,6 +180,9 @@ class Durable:
         send the request, and pay for it, again)."""
         if self.inference is not None:
             number, output = self.inference
+            # Not after the loop's queued commit (its transition into
+            # `inference`): recovery uses a recorded output only in that
+            # state, so the order they land in does not matter.
             await self.store.record_inference(loop.loop_id, number, output)
             self.inference = None
 
@@ -188,6 +246,7 @@ class Durable:
         if key in self.fresh:
             self.fresh.discard(key)
             return self._intent(loop, key, position, call)  # written with the commit
+        await self.landed()
         if self.ended:  # a sequential batch's earlier call: its output first
             ended, self.ended = self.ended, []
             for done in ended:
@@ -208,4 +267,5 @@ class Durable:
         ):
             self.ended.append((key, output, terminate))
         else:
+            await self.landed()
             await self.store.end_call(key, output, terminate)

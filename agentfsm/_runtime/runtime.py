@@ -208,7 +208,9 @@ class Runtime:
             await self._keeper.store.__aenter__()
         await self._services.open()  # left after the loops' task group, too
         if self._keeper is not None:
-            await self._services.enter(self._keeper.leases(), "store leases")
+            await self._services.enter(
+                self._keeper.running(), "store writer and leases"
+            )
             if self._keeper.store.keeps_events:
                 from agentfsm._durable.events import EventKeeper
 

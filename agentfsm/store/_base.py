@@ -20,7 +20,7 @@ that uses it. A write is one transaction: all of it lands, or none.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, Self
@@ -136,6 +136,42 @@ class Commit:
     """Calls ended since the last write: (key, output, terminate)."""
 
 
+async def run_commits(
+    commits: Sequence[tuple[Commit, str]],
+    write: Callable[[Commit, str], Awaitable[None]],
+) -> list[Exception | None]:
+    """`LoopStore.commit_many` by `write` (one commit at a time)."""
+    errors: list[Exception | None] = []
+    failed: dict[str, Exception] = {}
+    for commit, owner in commits:
+        error = failed.get(commit.record.loop_id)
+        if error is None:
+            try:
+                await write(commit, owner)
+            except Exception as exc:  # noqa: BLE001 - handed to its loop
+                error = failed[commit.record.loop_id] = exc
+        errors.append(error)
+    return errors
+
+
+def commits_in_turn(
+    commits: Sequence[tuple[str, Callable[[], None]]],
+) -> list[Exception | None]:
+    """`LoopStore.commit_many` in a SQL store's worker thread: each write (a
+    loop id and the function that makes its transaction) in turn."""
+    errors: list[Exception | None] = []
+    failed: dict[str, Exception] = {}
+    for loop_id, write in commits:
+        error = failed.get(loop_id)
+        if error is None:
+            try:
+                write()
+            except Exception as exc:  # noqa: BLE001 - handed to its loop
+                error = failed[loop_id] = exc
+        errors.append(error)
+    return errors
+
+
 @dataclass(frozen=True, slots=True)
 class StoredLoop:
     """A loop as the store holds it: its latest record and its context."""
@@ -204,6 +240,21 @@ class LoopStore(ABC):
             LoopLockedError: another runtime holds the loop's lease (this one
                 lost it: it was not renewed in time).
         """
+
+    async def commit_many(
+        self, commits: Sequence[tuple[Commit, str]]
+    ) -> list[Exception | None]:
+        """Write several commits (each with its owner), in order, each its own
+        transaction; return what each raised (None: it landed). A commit after
+        a failed one of the same loop is not written: it fails with the same
+        error (it would leave a gap: it writes the items from where the failed
+        one ended).
+
+        The runtime's writer (`agentfsm._durable.flusher`) hands a store every
+        commit waiting to be written at once; the SQL stores write them in one
+        trip to their worker thread. This default writes them one by one.
+        """
+        return await run_commits(commits, self.commit)
 
     @abstractmethod
     async def load(self, loop_id: str) -> StoredLoop | None:

@@ -53,6 +53,7 @@ import re
 import threading
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
+from functools import partial
 from typing import Any, TypeVar
 
 import anyio
@@ -75,6 +76,7 @@ from ._base import (
     StoreSchemaError,
     StoreStatistics,
     call_of_row,
+    commits_in_turn,
 )
 
 try:
@@ -430,6 +432,34 @@ class PostgresStore(LoopStore):
     # ------------------------------------------------------------------ loops
 
     async def commit(self, commit: Commit, owner: str) -> None:
+        await self._run(partial(self._commit_in_thread, commit, owner))
+
+    async def commit_many(
+        self, commits: Sequence[tuple[Commit, str]]
+    ) -> list[Exception | None]:
+        # One trip to the worker thread for all of them, a transaction each.
+        def write(conn: _Conn) -> list[Exception | None]:
+            return commits_in_turn(
+                [
+                    (c.record.loop_id, partial(self._commit_in_thread, c, owner, conn))
+                    for c, owner in commits
+                ]
+            )
+
+        return await self._run(write)
+
+    def _commit_in_thread(self, commit: Commit, owner: str, conn: _Conn) -> None:
+        """Write one commit, in the worker thread (its JSON is made here too,
+        off the event loop)."""
+        try:
+            self._write(conn, self._commit_write(commit, owner))
+        except psycopg.Error as exc:
+            raise StoreError(f"{self._where}: {exc}") from exc
+
+    def _commit_write(
+        self, commit: Commit, owner: str
+    ) -> Callable[[_Conn], tuple[None, int]]:
+        """The transaction's body of `commit`."""
         record = commit.record
         text = record.model_dump_json()
         items = [item.model_dump_json() for item in commit.items]
@@ -490,7 +520,7 @@ class PostgresStore(LoopStore):
                 written += len(inference[1])
             return None, written
 
-        await self._run(lambda conn: self._write(conn, write))
+        return write
 
     async def load(self, loop_id: str) -> StoredLoop | None:
         def read(conn: _Conn) -> StoredLoop | None:

@@ -22,6 +22,7 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Literal, TypeVar
 
 import anyio
@@ -45,6 +46,7 @@ from ._base import (
     StoreSchemaError,
     StoreStatistics,
     call_of_row,
+    commits_in_turn,
 )
 
 __all__ = ("SQLiteStore",)
@@ -230,6 +232,31 @@ class SQLiteStore(LoopStore):
     # ------------------------------------------------------------------ loops
 
     async def commit(self, commit: Commit, owner: str) -> None:
+        await self._run(partial(self._commit_in_thread, commit, owner))
+
+    async def commit_many(
+        self, commits: Sequence[tuple[Commit, str]]
+    ) -> list[Exception | None]:
+        # One trip to the worker thread for all of them, a transaction each.
+        def write() -> list[Exception | None]:
+            return commits_in_turn(
+                [
+                    (c.record.loop_id, partial(self._commit_in_thread, c, owner))
+                    for c, owner in commits
+                ]
+            )
+
+        return await self._run(write)
+
+    def _commit_in_thread(self, commit: Commit, owner: str) -> None:
+        """Write one commit, in the worker thread (its JSON is made here too,
+        off the event loop)."""
+        self._write(self._commit_write(commit, owner))
+
+    def _commit_write(
+        self, commit: Commit, owner: str
+    ) -> Callable[[sqlite3.Connection], int]:
+        """The transaction's body of `commit` (its JSON made here)."""
         record = commit.record
         text = record.model_dump_json()
         earlier = [(r.seq, r.model_dump_json()) for r in commit.earlier]
@@ -338,7 +365,7 @@ class SQLiteStore(LoopStore):
                 written += len(inference[1])
             return written
 
-        await self._run(lambda: self._write(write))
+        return write
 
     async def load(self, loop_id: str) -> StoredLoop | None:
         def read() -> StoredLoop | None:
