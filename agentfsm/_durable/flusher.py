@@ -87,11 +87,13 @@ class Flusher:
 
     async def serve(self) -> None:
         """Write the commits nobody waits for (a task of the runtime's, until
-        it exits)."""
+        it exits). While a write is in progress it leaves the queue to the
+        write's end, which wakes it again if anything is left."""
         while True:
             await self._wake.wait()
             self._wake = anyio.Event()
-            await self.flush()
+            if self._writing is None and self._queue:
+                await self._write()
 
     async def _write(self) -> None:
         batch, self._queue = self._queue, []
@@ -113,3 +115,5 @@ class Flusher:
                 ticket.landed = True
             self._writing = None
             done.set()
+            if self._queue:
+                self._wake.set()  # queued meanwhile: for `serve`, if nobody waits

@@ -94,9 +94,9 @@ class Durable:
         """Records of transitions into side-effect-free states, not written yet."""
         self.ended: list[tuple[str, FunctionCallOutputItem, bool]] = []
         """Calls ended, their outputs not written yet."""
-        self.fresh: set[str] = set()
-        """Keys of calls whose intents this process wrote with the commit into
-        `function_call` (their ledger entries are known: new)."""
+        self.fresh: dict[int, tuple[FunctionCallItem, CallRecord]] = {}
+        """The intents this process wrote with the commit into `function_call`,
+        by position in the batch (their ledger entries are known: new)."""
         self.unfinished = 0
         """Calls of the current batch that have not ended (started or not)."""
         self.tickets: list[Ticket] = []
@@ -213,12 +213,11 @@ class Durable:
                 return []  # some wait for a slot, in no set order
         else:
             runs = runs[:1]
-        intents = []
+        self.fresh = {}
         for position, call in runs:
-            key = self.key(loop, position, call)
-            intents.append(self._intent(loop, key, position, call))
-            self.fresh.add(key)
-        return intents
+            intent = self._intent(loop, self.key(loop, position, call), position, call)
+            self.fresh[position] = (call, intent)
+        return [intent for _, intent in self.fresh.values()]
 
     def _intent(
         self, loop: Loop, key: str, position: int, call: FunctionCallItem
@@ -239,13 +238,15 @@ class Durable:
         )
 
     async def begin_call(
-        self, loop: Loop, key: str, position: int, call: FunctionCallItem
+        self, loop: Loop, position: int, call: FunctionCallItem
     ) -> CallRecord:
-        """Record the intent to run `call`; the ledger's entry (`done` when the
-        call ran already: its recorded output is the output)."""
-        if key in self.fresh:
-            self.fresh.discard(key)
-            return self._intent(loop, key, position, call)  # written with the commit
+        """Record the intent to run `call` (the `position`-th of its batch); the
+        ledger's entry (`done` when the call ran already: its recorded output
+        is the output; its `key` is the call's idempotency key)."""
+        fresh = self.fresh.pop(position, None)
+        if fresh is not None and fresh[0] is call:
+            return fresh[1]  # written with the commit into `function_call`
+        key = self.key(loop, position, call)
         await self.landed()
         if self.ended:  # a sequential batch's earlier call: its output first
             ended, self.ended = self.ended, []

@@ -237,11 +237,10 @@ async def _ledger(
 ) -> CallResult | str:
     """Record the intent to run a call; its recorded result if it ran already,
     else its idempotency key (the call then runs)."""
-    key = durable.key(loop, position, call)
-    entry = await durable.begin_call(loop, key, position, call)
+    entry = await durable.begin_call(loop, position, call)
     if entry.status == "done" and entry.output is not None:
         return entry.output, entry.terminate
-    return key
+    return entry.key
 
 
 def _unknown(call: FunctionCallItem, tools: Mapping[str, Tool]) -> str:
