@@ -197,10 +197,8 @@ async def agentfsm_round(
         else agentfsm.Runtime(store=store, providers={"scripted": scripted_provider()})
     )
     async with runtime:
-        # One run first, untimed. `wait` returns when the loop has ended, and
-        # the loop's last write (its end) follows: this one's lands inside the
-        # timed region and the last timed run's after it, so that the region
-        # holds as many runs' writes as it has runs.
+        # One run first, untimed (a warm-up). `wait` returns once the loop's
+        # end has landed, so the timed region holds its runs' writes.
         check(await runtime.wait(runtime.run_loop("agent", PROMPT, make())))
         before = store.statistics() if store is not None else None
         with stopwatch(runs, out):

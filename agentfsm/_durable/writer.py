@@ -194,6 +194,7 @@ class Durable:
         (`max_tool_concurrency`), else none; the first of one run in sequence.
         Any other call's intent is written when it starts: before, it has not,
         and an intent for it would make it uncertain after a crash."""
+        self.fresh = {}
         step = loop.step
         batch = step[1] if step is not None else None
         if not isinstance(batch, ToolBatch) or loop.output is None:
@@ -213,7 +214,6 @@ class Durable:
                 return []  # some wait for a slot, in no set order
         else:
             runs = runs[:1]
-        self.fresh = {}
         for position, call in runs:
             intent = self._intent(loop, self.key(loop, position, call), position, call)
             self.fresh[position] = (call, intent)
@@ -244,7 +244,7 @@ class Durable:
         ledger's entry (`done` when the call ran already: its recorded output
         is the output; its `key` is the call's idempotency key)."""
         fresh = self.fresh.pop(position, None)
-        if fresh is not None and fresh[0] is call:
+        if fresh is not None and fresh[0] is call:  # this batch's (see `_intents`)
             return fresh[1]  # written with the commit into `function_call`
         key = self.key(loop, position, call)
         await self.landed()
