@@ -90,11 +90,12 @@ class Flusher:
         """Write the commits nobody waits for (a task of the runtime's, until
         it exits). While a write is in progress it leaves the queue to the
         write's end, which wakes it again if anything is left."""
+        self._wake = anyio.Event()  # of this run's event loop
         while True:
-            await self._wake.wait()
-            self._wake = anyio.Event()
             if self._writing is None and self._queue:
                 await self._write()
+            await self._wake.wait()
+            self._wake = anyio.Event()
 
     async def _write(self) -> None:
         batch, self._queue = self._queue, []
