@@ -202,3 +202,29 @@ async def test_commits_land_in_order_and_none_after_a_failed_one_of_its_loop(
         done = await sqlite.load(second)
         assert done is not None
         assert done.record.status is LoopStatus.done
+
+
+async def test_a_failed_commit_nobody_waited_for_stops_the_next_turn() -> None:
+    """A loop of answers and follow-ups waits for no write until its end: a
+    failed commit into `inference` fails it at its next commit, before it
+    sends another request."""
+    store = STORE["store"] = FailingStore(LoopState.inference)
+    sent: list[InferenceInput] = []
+
+    async def model(request: InferenceInput) -> InferenceOutput:
+        sent.append(request)
+        await anyio.sleep(0.001)  # a request in flight: the event loop runs on
+        return text(f"answer {len(sent)}")
+
+    async with Runtime(
+        providers={"scripted": FunctionProvider(model)}, store=store
+    ) as runtime:
+        loop_id = runtime.run_loop("agent", "hi", request())
+        runtime.follow_up(loop_id, "and then?")
+        runtime.follow_up(loop_id, "and then?")
+        with anyio.fail_after(5):
+            result = await runtime.wait(loop_id)
+    assert result.outcome is Outcome.failed
+    assert result.reason is not None
+    assert "disk full at seq 3" in result.reason
+    assert len(sent) == 1

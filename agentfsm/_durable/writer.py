@@ -57,8 +57,9 @@ class Durable:
     for one to land before a tool runs (the commit into `function_call`, with
     the intents), before a pause or an end is told, and before a ledger write
     of its own; not after a commit into `inference` (`_AHEAD`). A write that
-    failed fails the loop at its next wait, and the loop writes nothing more
-    (what follows it would leave a gap): the store keeps its last commit.
+    failed fails the loop at its next write or wait, and the loop writes
+    nothing more (what follows it would leave a gap): the store keeps its
+    last commit.
     """
 
     __slots__ = (
@@ -142,6 +143,9 @@ class Durable:
                 raise ticket.error
 
     def _submit(self, loop: Loop, *, background: bool) -> None:
+        for ticket in self.tickets:  # one the loop did not wait for may have failed
+            if ticket.error is not None and self.failed is None:
+                self.failed = ticket.error
         if self.failed is not None:
             raise self.failed
         items = loop.input.context.items
