@@ -234,10 +234,15 @@ class TestWhatIsStored:
             loop_id = runtime.run_loop("agent", "hi", request_with())
             await runtime.wait(loop_id)
             with sqlite3.connect(path) as db:  # no await in between
-                row = db.execute(
-                    "SELECT status, state FROM loops WHERE loop_id = ?", (loop_id,)
+                (status,) = db.execute(
+                    "SELECT status FROM loops WHERE loop_id = ?", (loop_id,)
                 ).fetchone()
-        assert row == ("done", "idle")
+                (state,) = db.execute(
+                    "SELECT json_extract(record, '$.state') FROM log"
+                    " WHERE loop_id = ? ORDER BY id DESC LIMIT 1",
+                    (loop_id,),
+                ).fetchone()
+        assert (status, state) == ("done", "idle")
 
     @pytest.mark.parametrize("open_call", [False, True])
     async def test_a_commit_writes_only_what_the_context_gained(

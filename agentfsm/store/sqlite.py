@@ -2,10 +2,11 @@
 
 One connection in WAL mode, used from one worker thread at a time
 (`anyio.to_thread.run_sync` with a one-thread limiter), so it runs on asyncio
-and trio alike and never blocks the event loop. Every write is one
-`BEGIN IMMEDIATE` transaction. A cancelled caller cannot abandon a write: the
-thread runs it to the end, and the cancellation is delivered after it (anyio's
-`to_thread.run_sync` does not abandon its thread unless asked to).
+and trio alike and never blocks the event loop. Every write is one transaction: one
+statement, or `BEGIN IMMEDIATE` ... `COMMIT`. A cancelled caller cannot
+abandon a write: the thread runs it to the end, and the cancellation is
+delivered after it (anyio's `to_thread.run_sync` does not abandon its thread
+unless asked to).
 
 `durability="normal"` (`synchronous=NORMAL`): a commit survives the process
 crashing; a power loss may lose the last commits (never corrupt the file).
@@ -23,10 +24,11 @@ import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Literal, TypeVar
+from typing import Final, Literal, TypeVar
 
 import anyio
 import anyio.to_thread
+from pydantic import BaseModel, ConfigDict, TypeAdapter
 
 from agentfsm.events import AgentEvent, AgentEventAdapter
 from agentfsm.exceptions import ConfigurationError
@@ -36,7 +38,6 @@ from agentfsm.record import LoopRecord
 from agentfsm.results import LoopStatus
 
 from ._base import (
-    SCHEMA_VERSION,
     CallRecord,
     Commit,
     LoopLockedError,
@@ -53,30 +54,30 @@ __all__ = ("SQLiteStore",)
 
 _T = TypeVar("_T")
 
+_LAYOUT = 2
+"""The layout this store writes (`PRAGMA user_version`). Layout 1 (agentfsm
+before the commit log) kept a table per kind of row; it is not read."""
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS loops (
     loop_id TEXT PRIMARY KEY,
     agent_id TEXT NOT NULL,
     status TEXT NOT NULL,
-    state TEXT NOT NULL,
-    seq INTEGER NOT NULL,
     owner TEXT,
     lease_until REAL NOT NULL DEFAULT 0,
     updated REAL NOT NULL
-);
+) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS loops_status ON loops (status);
-CREATE TABLE IF NOT EXISTS records (
+CREATE TABLE IF NOT EXISTS log (
+    id INTEGER PRIMARY KEY,
     loop_id TEXT NOT NULL,
     seq INTEGER NOT NULL,
     record TEXT NOT NULL,
-    PRIMARY KEY (loop_id, seq)
+    earlier TEXT,
+    changes TEXT,
+    request INTEGER
 );
-CREATE TABLE IF NOT EXISTS items (
-    loop_id TEXT NOT NULL,
-    position INTEGER NOT NULL,
-    item TEXT NOT NULL,
-    PRIMARY KEY (loop_id, position)
-) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS log_loop ON log (loop_id, id);
 CREATE TABLE IF NOT EXISTS inferences (
     loop_id TEXT NOT NULL,
     request INTEGER NOT NULL,
@@ -110,6 +111,45 @@ CREATE TABLE IF NOT EXISTS events (
     PRIMARY KEY (loop_id, seq)
 );
 """
+"""The commit log (`log`): one row per commit, whatever it carries: the
+record, the records of the transitions written with it (`earlier`, a JSON
+array), and what the context and the model gave (`changes`: the items added
+from position `first`, the slots replaced, a truncation, a model output, whose
+request number is `request`). One row in one table is what makes a commit
+cheap: each table (and index) a transaction touches is a page more to write to
+the WAL. The loop's row (`loops`: status and lease) is written only when its
+status changes or its lease is taken; the ledger (`calls`) is its own table,
+written in the commit's transaction when the commit carries ledger rows."""
+
+_APPEND = (
+    "INSERT INTO log (loop_id, seq, record, earlier, changes, request)"
+    " VALUES (?, ?, ?, ?, ?, ?)"
+)
+_APPEND_OWNED = (
+    "INSERT INTO log (loop_id, seq, record, earlier, changes, request)"
+    " SELECT ?, ?, ?, ?, ?, ? FROM loops WHERE loop_id = ? AND owner = ?"
+)
+"""A commit's row, written only if the runtime holds the loop (one statement:
+its own transaction)."""
+
+
+class _Changes(BaseModel):
+    """A commit's `changes` column."""
+
+    model_config = ConfigDict(defer_build=True)
+
+    first: int
+    truncate: bool
+    items: list[ContextItem]
+    replaced: list[tuple[int, ContextItem]]
+    inference: tuple[int, InferenceOutput] | None
+
+
+_RECORDS: Final = TypeAdapter(list[LoopRecord], config=ConfigDict(defer_build=True))
+
+
+class _NotOwned(Exception):
+    """The loop's row does not name this runtime: the lease must be taken."""
 
 
 class SQLiteStore(LoopStore):
@@ -155,6 +195,10 @@ class SQLiteStore(LoopStore):
         self._limiter: anyio.CapacityLimiter | None = None
         self._commits = 0
         self._bytes = 0
+        self._statuses: dict[str, str] = {}
+        """The status each loop's row holds, as this store last wrote it (a
+        commit that keeps it writes only its log row). Used in the worker
+        thread only; forgotten when a lease changes hands."""
 
     def statistics(self) -> StoreStatistics:
         return StoreStatistics(commits=self._commits, bytes_written=self._bytes)
@@ -176,11 +220,17 @@ class SQLiteStore(LoopStore):
         )
         try:
             (version,) = db.execute("PRAGMA user_version").fetchone()
-            if version > SCHEMA_VERSION:
+            if version > _LAYOUT:
                 raise StoreSchemaError(
                     f"{self.path} was written by a newer agentfsm (store layout "
-                    f"{version}; this one reads up to {SCHEMA_VERSION}): upgrade "
+                    f"{version}; this one reads up to {_LAYOUT}): upgrade "
                     "agentfsm to open it"
+                )
+            if 0 < version < _LAYOUT:
+                raise StoreSchemaError(
+                    f"{self.path} was written by an earlier agentfsm (store layout "
+                    f"{version}; this one reads layout {_LAYOUT} only): finish its "
+                    "loops with that version, or give this one a new file"
                 )
             db.execute("PRAGMA journal_mode=WAL")
             sync = "FULL" if self.durability == "strict" else "NORMAL"
@@ -188,8 +238,8 @@ class SQLiteStore(LoopStore):
             # IF NOT EXISTS throughout: two processes may create it at once,
             # and a file of this layout gains the tables it lacks.
             db.executescript(_SCHEMA)
-            if version < SCHEMA_VERSION:
-                db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            if version < _LAYOUT:
+                db.execute(f"PRAGMA user_version={_LAYOUT}")
         except BaseException:
             db.close()
             raise
@@ -215,10 +265,18 @@ class SQLiteStore(LoopStore):
             raise StoreError(f"the store {self.path} is not open")
         return db
 
-    def _write(self, fn: Callable[[sqlite3.Connection], int]) -> None:
+    def _write(
+        self, fn: Callable[[sqlite3.Connection], int], *, transaction: bool = True
+    ) -> None:
         """Run `fn` in one transaction (in the worker thread); it returns the
-        bytes it wrote."""
+        bytes it wrote. `transaction=False`: `fn` is one statement, a
+        transaction of its own."""
         db = self._conn
+        if not transaction:
+            written = fn(db)
+            self._commits += 1
+            self._bytes += written
+            return
         db.execute("BEGIN IMMEDIATE")
         try:
             written = fn(db)
@@ -250,64 +308,63 @@ class SQLiteStore(LoopStore):
 
     def _commit_in_thread(self, commit: Commit, owner: str) -> None:
         """Write one commit, in the worker thread (its JSON is made here too,
-        off the event loop)."""
-        self._write(self._commit_write(commit, owner))
-
-    def _commit_write(
-        self, commit: Commit, owner: str
-    ) -> Callable[[sqlite3.Connection], int]:
-        """The transaction's body of `commit` (its JSON made here)."""
+        off the event loop): one statement when the loop's row need not
+        change and the commit carries no ledger rows (most commits), else a
+        transaction."""
         record = commit.record
-        text = record.model_dump_json()
-        earlier = [(r.seq, r.model_dump_json()) for r in commit.earlier]
+        loop_id = record.loop_id
+        row, written = self._log_row(commit)
+        intents = commit.intents
         ended = [
             (output.model_dump_json(), int(terminate), key)
             for key, output, terminate in commit.ended
         ]
-        intents = commit.intents
-        items = [(i.model_dump_json()) for i in commit.items]
-        replaced = [
-            (at, item.model_dump_json()) for at, item in (commit.replaced or {}).items()
-        ]
-        inference = (
-            None
-            if commit.inference is None
-            else (commit.inference[0], commit.inference[1].model_dump_json())
+        written += sum(len(out) for out, _, _ in ended) + sum(
+            len(c.key) + len(c.tool) + len(c.call_id) for c in intents
         )
-        loop_id = record.loop_id
+        status = record.status.value
+        # The loop's row holds this status already (this store wrote it, and
+        # holds the lease): the commit need not write the row.
+        steady = self._statuses.get(loop_id) == status
 
-        def write(db: sqlite3.Connection) -> int:
+        def append_owned(db: sqlite3.Connection) -> int:
+            if not db.execute(_APPEND_OWNED, (*row, loop_id, owner)).rowcount:
+                raise _NotOwned  # the lease was given up, or taken: take it
+            return written
+
+        def take_and_append(db: sqlite3.Connection) -> None:
             now = time.time()
-            # One statement takes or renews the lease and writes the loop's row;
-            # it changes nothing while another runtime holds a live lease.
+            # One statement takes the lease and writes the loop's row; it
+            # changes nothing while another runtime holds a live lease.
             taken = db.execute(
-                "INSERT INTO loops (loop_id, agent_id, status, state, seq, owner,"
-                " lease_until, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                "INSERT INTO loops (loop_id, agent_id, status, owner, lease_until,"
+                " updated) VALUES (?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT (loop_id) DO UPDATE SET status = excluded.status,"
-                " state = excluded.state, seq = excluded.seq, owner = excluded.owner,"
-                " lease_until = excluded.lease_until, updated = excluded.updated"
+                " owner = excluded.owner, lease_until = excluded.lease_until,"
+                " updated = excluded.updated"
                 " WHERE loops.owner IS NULL OR loops.owner = excluded.owner"
                 " OR loops.lease_until <= excluded.updated",
-                (
-                    loop_id,
-                    record.agent_id,
-                    record.status.value,
-                    record.state.value,
-                    record.seq,
-                    owner,
-                    now + self.lease_ttl,
-                    now,
-                ),
+                (loop_id, record.agent_id, status, owner, now + self.lease_ttl, now),
             ).rowcount
             if not taken:
                 (holder,) = db.execute(
                     "SELECT owner FROM loops WHERE loop_id = ?", (loop_id,)
                 ).fetchone()
                 raise LoopLockedError(loop_id, holder)
-            db.executemany(
-                "INSERT OR REPLACE INTO records (loop_id, seq, record) VALUES (?, ?, ?)",
-                [(loop_id, seq, body) for seq, body in (*earlier, (record.seq, text))],
-            )
+            db.execute(_APPEND, row)
+
+        if steady and not intents and not ended:
+            try:  # one statement: a transaction of its own
+                self._write(append_owned, transaction=False)
+                return
+            except _NotOwned:
+                steady = False
+
+        def write(db: sqlite3.Connection) -> int:
+            if steady:
+                append_owned(db)
+            else:
+                take_and_append(db)
             if intents:
                 db.executemany(
                     f"INSERT OR IGNORE INTO calls ({self._CALL_COLUMNS})"
@@ -331,63 +388,76 @@ class SQLiteStore(LoopStore):
                     " WHERE key = ?",
                     ended,
                 )
-            first = commit.first
-            if commit.truncate:
-                db.execute(
-                    "DELETE FROM items WHERE loop_id = ? AND position >= ?",
-                    (loop_id, first),
-                )
-            if items:
-                db.executemany(
-                    "INSERT OR REPLACE INTO items (loop_id, position, item)"
-                    " VALUES (?, ?, ?)",
-                    [(loop_id, first + n, item) for n, item in enumerate(items)],
-                )
-            if replaced:
-                db.executemany(
-                    "UPDATE items SET item = ? WHERE loop_id = ? AND position = ?",
-                    [(item, loop_id, at) for at, item in replaced],
-                )
-            written = (
-                len(text)
-                + sum(len(body) for _, body in earlier)
-                + sum(map(len, items))
-                + sum(len(i) for _, i in replaced)
-                + sum(len(out) for out, _, _ in ended)
-                + sum(len(c.key) + len(c.tool) + len(c.call_id) for c in intents)
-            )
-            if inference is not None:
-                db.execute(
-                    "INSERT OR REPLACE INTO inferences (loop_id, request, output)"
-                    " VALUES (?, ?, ?)",
-                    (loop_id, *inference),
-                )
-                written += len(inference[1])
             return written
 
-        return write
+        try:
+            self._write(write)
+        except _NotOwned:  # rolled back: take the lease
+            steady = False
+            self._write(write)
+        if status == LoopStatus.done.value:
+            self._statuses.pop(loop_id, None)  # it writes no more
+        else:
+            self._statuses[loop_id] = status
+
+    @staticmethod
+    def _log_row(commit: Commit) -> tuple[tuple[object, ...], int]:
+        """A commit's `log` row (see `_SCHEMA`), and its bytes. The JSON is
+        joined from each part's own JSON, not made again."""
+        record = commit.record
+        text = record.model_dump_json()
+        earlier = (
+            "[" + ",".join(r.model_dump_json() for r in commit.earlier) + "]"
+            if commit.earlier
+            else None
+        )
+        changes = None
+        request = None
+        inference = commit.inference
+        if commit.items or commit.replaced or commit.truncate or inference:
+            items = ",".join(item.model_dump_json() for item in commit.items)
+            replaced = ",".join(
+                f"[{at},{item.model_dump_json()}]"
+                for at, item in (commit.replaced or {}).items()
+            )
+            output = "null"
+            if inference is not None:
+                request = inference[0]
+                output = f"[{request},{inference[1].model_dump_json()}]"
+            truncate = "true" if commit.truncate else "false"
+            changes = (
+                f'{{"first":{commit.first},"truncate":{truncate},"items":[{items}],'
+                f'"replaced":[{replaced}],"inference":{output}}}'
+            )
+        written = len(text) + len(earlier or "") + len(changes or "")
+        return (record.loop_id, record.seq, text, earlier, changes, request), written
 
     async def load(self, loop_id: str) -> StoredLoop | None:
         def read() -> StoredLoop | None:
             db = self._conn
             row = db.execute(
-                "SELECT seq, owner, lease_until FROM loops WHERE loop_id = ?",
-                (loop_id,),
+                "SELECT owner, lease_until FROM loops WHERE loop_id = ?", (loop_id,)
             ).fetchone()
             if row is None:
                 return None
-            seq, owner, lease_until = row
+            owner, lease_until = row
             (text,) = db.execute(
-                "SELECT record FROM records WHERE loop_id = ? AND seq = ?",
-                (loop_id, seq),
+                "SELECT record FROM log WHERE loop_id = ? ORDER BY id DESC LIMIT 1",
+                (loop_id,),
             ).fetchone()
-            items = [
-                ContextItemAdapter.validate_json(item)
-                for (item,) in db.execute(
-                    "SELECT item FROM items WHERE loop_id = ? ORDER BY position",
-                    (loop_id,),
-                )
-            ]
+            items: list[ContextItem] = []
+            for (changes,) in db.execute(
+                "SELECT changes FROM log WHERE loop_id = ? AND changes IS NOT NULL"
+                " ORDER BY id",
+                (loop_id,),
+            ):
+                change = _Changes.model_validate_json(changes)
+                first = change.first
+                if change.truncate:
+                    del items[first:]
+                items[first : first + len(change.items)] = change.items
+                for at, item in change.replaced:
+                    items[at] = item
             return StoredLoop(
                 LoopRecord.model_validate_json(text),
                 items,
@@ -398,12 +468,24 @@ class SQLiteStore(LoopStore):
 
     async def record_at(self, loop_id: str, seq: int) -> LoopRecord | None:
         def read() -> LoopRecord | None:
-            row = self._conn.execute(
-                "SELECT record FROM records WHERE loop_id = ? AND seq <= ?"
-                " ORDER BY seq DESC LIMIT 1",
+            db = self._conn
+            row = db.execute(
+                "SELECT seq, record FROM log WHERE loop_id = ? AND seq <= ?"
+                " ORDER BY id DESC LIMIT 1",
                 (loop_id, seq),
             ).fetchone()
-            return None if row is None else LoopRecord.model_validate_json(row[0])
+            found = None if row is None else LoopRecord.model_validate_json(row[1])
+            # A record between that one and `seq` went with the next commit.
+            later = db.execute(
+                "SELECT earlier FROM log WHERE loop_id = ? AND seq > ?"
+                " AND earlier IS NOT NULL ORDER BY id LIMIT 1",
+                (loop_id, seq),
+            ).fetchone()
+            if later is not None:
+                for record in _RECORDS.validate_json(later[0]):
+                    if record.seq <= seq and (found is None or record.seq > found.seq):
+                        found = record
+            return found
 
         return await self._run(read)
 
@@ -500,11 +582,22 @@ class SQLiteStore(LoopStore):
 
     async def inference(self, loop_id: str, request: int) -> InferenceOutput | None:
         def read() -> InferenceOutput | None:
-            row = self._conn.execute(
+            db = self._conn
+            row = db.execute(
                 "SELECT output FROM inferences WHERE loop_id = ? AND request = ?",
                 (loop_id, request),
             ).fetchone()
-            return None if row is None else InferenceOutput.model_validate_json(row[0])
+            if row is not None:
+                return InferenceOutput.model_validate_json(row[0])
+            row = db.execute(  # written with a commit
+                "SELECT changes FROM log WHERE loop_id = ? AND request = ?"
+                " ORDER BY id DESC LIMIT 1",
+                (loop_id, request),
+            ).fetchone()
+            if row is None:
+                return None
+            recorded = _Changes.model_validate_json(row[0]).inference
+            return None if recorded is None else recorded[1]
 
         return await self._run(read)
 
@@ -598,6 +691,7 @@ class SQLiteStore(LoopStore):
     ) -> str | None:
         def write(db: sqlite3.Connection) -> int:
             now = time.time()
+            self._statuses.pop(loop_id, None)  # another runtime may have written it
             row = db.execute(
                 "SELECT owner, lease_until FROM loops WHERE loop_id = ?", (loop_id,)
             ).fetchone()
@@ -630,11 +724,14 @@ class SQLiteStore(LoopStore):
     async def release(self, owner: str, loop_ids: Sequence[str] | None = None) -> None:
         def write(db: sqlite3.Connection) -> int:
             if loop_ids is None:
+                self._statuses.clear()
                 db.execute(
                     "UPDATE loops SET owner = NULL, lease_until = 0 WHERE owner = ?",
                     (owner,),
                 )
             else:
+                for loop_id in loop_ids:
+                    self._statuses.pop(loop_id, None)
                 db.executemany(
                     "UPDATE loops SET owner = NULL, lease_until = 0"
                     " WHERE owner = ? AND loop_id = ?",
