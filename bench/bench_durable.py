@@ -370,7 +370,7 @@ class NoSQLStore(SQLiteStore):
     """Everything but the SQL: the records built and serialized, the hop made,
     and no statement run."""
 
-    def _write(self, fn: Callable[[Any], int]) -> None:
+    def _write(self, fn: Callable[[Any], int], *, transaction: bool = True) -> None:
         fn(_NoConnection())
         self._commits += 1
 
