@@ -219,6 +219,44 @@ class TestWhatIsStored:
         assert entry.output.output == "3"
         assert entry.key == idempotency_key(loop_id, 1, 0, "add", '{"b": 2, "a": 1}')
 
+    async def test_every_record_by_its_seq_and_every_model_output(
+        self, store_factory: Callable[[], LoopStore]
+    ) -> None:
+        """`record_at` gives the record of each seq, the ones written with a
+        later commit (into `context_update`, `model_message`) included, and
+        `inference` each request's output."""
+        store = store_factory()
+        provider = ScriptedProvider(
+            [calls(call("add", call_id="c1", a=1, b=2)), text("3")]
+        )
+        async with Runtime(providers={"scripted": provider}, store=store) as runtime:
+            loop_id = runtime.run_loop("agent", "1+2?", request_with(add))
+            result = await runtime.wait(loop_id)
+            stored = await store.load(loop_id)
+            assert stored is not None
+            last = stored.record.seq
+            records = [await store.record_at(loop_id, n) for n in range(1, last + 1)]
+            outputs = [await store.inference(loop_id, n) for n in (1, 2, 3)]
+        assert result.outcome is Outcome.answered
+        kept = {r.seq: r for r in records if r is not None}
+        # One record per committed transition, each the latest at or before a seq.
+        assert [kept[seq].state for seq in sorted(kept)] == [
+            LoopState.context_update,
+            LoopState.inference,
+            LoopState.function_call,
+            LoopState.inference,
+            LoopState.model_message,
+            LoopState.idle,
+        ]
+        for n, record in enumerate(records, start=1):
+            expected = max((seq for seq in kept if seq <= n), default=None)
+            assert (record.seq if record else None) == expected, n
+        assert outputs[0] is not None
+        assert [c.name for c in outputs[0].function_calls] == ["add"]
+        assert outputs[1] is not None
+        assert outputs[1].message is not None
+        assert outputs[2] is None
+
     async def test_a_loop_waited_for_has_its_end_in_the_store(
         self, tmp_path: Path
     ) -> None:
@@ -597,6 +635,18 @@ class TestRefusals:
         with sqlite3.connect(path) as db:
             db.execute("PRAGMA user_version=99")
         with pytest.raises(StoreSchemaError, match="newer agentfsm"):
+            async with Runtime(store=SQLiteStore(path)):
+                pass
+
+    async def test_a_store_written_by_the_earlier_layout_is_refused(
+        self, tmp_path: Path
+    ) -> None:
+        import sqlite3
+
+        path = tmp_path / "old.db"
+        with sqlite3.connect(path) as db:
+            db.execute("PRAGMA user_version=1")
+        with pytest.raises(StoreSchemaError, match=r"earlier agentfsm.*layout 1"):
             async with Runtime(store=SQLiteStore(path)):
                 pass
 
