@@ -4,6 +4,8 @@ commits land in order, and a failed one fails its loop before any tool runs."""
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -11,19 +13,25 @@ import anyio
 import pytest
 
 from agentfsm import (
+    Decision,
+    FunctionCallOutputItem,
     InferenceInput,
     InferenceOutput,
     LoopState,
     LoopStatus,
     ModelContext,
     Outcome,
+    Pause,
+    PendingTransition,
     Runtime,
+    Trigger,
     current_call,
     tool,
 )
 from agentfsm.providers.function import FunctionProvider
 from agentfsm.store import Commit, LoopLockedError, MemoryStore, SQLiteStore
 from agentfsm.testing import ScriptedProvider, call, calls, text
+from agentfsm.tools import Tool
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.anyio
@@ -89,7 +97,17 @@ class FailingStore(MemoryStore):
 
 
 def request() -> InferenceInput:
-    return InferenceInput(model="scripted:m", context=ModelContext(), tools=[add])
+    return request_of(add)
+
+
+def request_of(*tools: Tool) -> InferenceInput:
+    return InferenceInput(model="scripted:m", context=ModelContext(), tools=list(tools))
+
+
+@tool(on_crash="retry")
+async def lookup(key: str) -> str:
+    """Look a key up."""
+    return f"value of {key}"
 
 
 async def test_the_request_goes_out_before_its_commit_lands() -> None:
@@ -228,3 +246,136 @@ async def test_a_failed_commit_nobody_waited_for_stops_the_next_turn() -> None:
     assert result.reason is not None
     assert "disk full at seq 3" in result.reason
     assert len(sent) == 1
+
+
+class SlowFailingStore(SQLiteStore):
+    """A SQLite store whose first commit into `inference` takes a while, then
+    fails (a disk that stalls, then errs)."""
+
+    failed = False
+
+    def _commit_in_thread(self, commit: Commit, owner: str) -> None:
+        if commit.record.state is LoopState.inference and not self.failed:
+            self.failed = True
+            time.sleep(0.05)
+            raise OSError("disk error")
+        super()._commit_in_thread(commit, owner)
+
+
+async def test_no_commit_after_a_failed_one_even_in_a_later_trip(
+    tmp_path: Path,
+) -> None:
+    """The loop's next commit is queued while the failing one is written: it
+    is not written by the trip after (it would leave a gap: the context's
+    first items went with the failed one), and the tool never runs."""
+    store = SlowFailingStore(tmp_path / "loops.db")
+    STORE["store"] = MemoryStore()  # `add` must not run: it would look here
+
+    async def model(request: InferenceInput) -> InferenceOutput:
+        await anyio.sleep(0.001)
+        return calls(call("add", a=1, b=2))
+
+    async with Runtime(
+        providers={"scripted": FunctionProvider(model)}, store=store
+    ) as runtime:
+        loop_id = runtime.run_loop("agent", "add 1 and 2", request())
+        with anyio.fail_after(5):
+            result = await runtime.wait(loop_id)
+    assert result.outcome is Outcome.failed
+    assert result.reason is not None
+    assert "disk error" in result.reason
+    assert SEEN == []
+    async with SQLiteStore(tmp_path / "loops.db") as again:
+        assert await again.load(loop_id) is None
+        assert await again.calls(loop_id, 1) == []
+
+
+async def test_a_pause_after_a_failed_commit_fails_the_loop() -> None:
+    """A pause the store cannot take (an earlier write failed) would be lost
+    with the process: the loop fails instead of staying paused."""
+    store = STORE["store"] = FailingStore(LoopState.inference)
+
+    async def hold(pending: PendingTransition) -> Decision | None:
+        await anyio.sleep(0.001)  # the failed write is found meanwhile
+        return (
+            Pause(reason="a person decides")
+            if pending.trigger is Trigger.call_tools
+            else None
+        )
+
+    provider = ScriptedProvider([calls(call("add", a=1, b=2)), text("3")])
+    async with Runtime(providers={"scripted": provider}, store=store) as runtime:
+        loop_id = runtime.run_loop("agent", "add 1 and 2", request(), hold)
+        with anyio.fail_after(5):
+            result = await runtime.wait(loop_id)
+    assert result.outcome is Outcome.failed
+    assert SEEN == []
+
+
+async def test_the_outputs_a_commit_carries_land_while_the_model_is_asked(
+    tmp_path: Path,
+) -> None:
+    """The commit into `inference` after a tool call carries its output: it
+    lands before the model is asked again (here, a provider that never awaits
+    and reads the store's file as it answers)."""
+    path = tmp_path / "loops.db"
+    seen: list[list[tuple[str, str]]] = []
+
+    def model(request: InferenceInput) -> InferenceOutput:
+        if not any(
+            isinstance(i, FunctionCallOutputItem) for i in request.context.items
+        ):
+            return calls(call("lookup", key="k"))
+        with sqlite3.connect(path) as db:
+            seen.append(db.execute("SELECT tool, status FROM calls").fetchall())
+        return text("done")
+
+    async with Runtime(
+        providers={"scripted": FunctionProvider(model)}, store=SQLiteStore(path)
+    ) as runtime:
+        loop_id = runtime.run_loop("agent", "look k up", request_of(lookup))
+        with anyio.fail_after(5):
+            result = await runtime.wait(loop_id)
+    assert result.outcome is Outcome.answered
+    assert seen == [[("lookup", "done")]]
+
+
+async def test_a_loop_that_waits_for_no_write_holds_no_landed_ones() -> None:
+    """A loop of answers and follow-ups waits for no write until its end: the
+    commits that landed are not kept (nor scanned at every commit)."""
+    store = STORE["store"] = GatedStore()
+    held: list[int] = []
+
+    async def model(request: InferenceInput) -> InferenceOutput:
+        await anyio.sleep(0.001)
+        held.append(len(runtime._loops[loop_id].durable.tickets))  # type: ignore[union-attr]
+        return text("again")
+
+    async with Runtime(
+        providers={"scripted": FunctionProvider(model)}, store=store
+    ) as runtime:
+        loop_id = runtime.run_loop(
+            "agent", "hi", request(), follow_up_mode="one-at-a-time"
+        )
+        for _ in range(20):
+            runtime.follow_up(loop_id, "and then?")
+        with anyio.fail_after(5):
+            result = await runtime.wait(loop_id)
+    assert result.outcome is Outcome.answered
+    assert len(held) == 21
+    assert max(held) <= 2
+
+
+async def test_a_loop_whose_write_failed_does_not_end_as_it_chose() -> None:
+    """The commit into `inference` fails, and the model answers at once: the
+    loop's writes land before it ends, so it ends failed, not answered with
+    nothing of it stored."""
+    store = STORE["store"] = FailingStore(LoopState.inference)
+    provider = ScriptedProvider([text("hi")])
+    async with Runtime(providers={"scripted": provider}, store=store) as runtime:
+        loop_id = runtime.run_loop("agent", "hello", request())
+        with anyio.fail_after(5):
+            result = await runtime.wait(loop_id)
+    assert result.outcome is Outcome.failed
+    assert result.reason is not None
+    assert "disk full" in result.reason

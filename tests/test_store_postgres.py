@@ -37,7 +37,14 @@ from agentfsm import (
 )
 from agentfsm.exceptions import ConfigurationError
 from agentfsm.record import LoopRecord
-from agentfsm.store import Commit, LoopLockedError, StoreError, StoreSchemaError
+from agentfsm.store import (
+    Commit,
+    LoopLockedError,
+    LoopStore,
+    MemoryStore,
+    StoreError,
+    StoreSchemaError,
+)
 from agentfsm.testing import ScriptedProvider, call, calls, text
 from tests.helpers import wait_until
 from tests.postgres_server import PostgresServer, free_port
@@ -112,7 +119,7 @@ async def sql(conninfo: str, statement: str, *params: Any) -> list[tuple[Any, ..
     return await anyio.to_thread.run_sync(run)
 
 
-async def a_finished_loop(store: PostgresStore) -> LoopRecord:
+async def a_finished_loop(store: LoopStore) -> LoopRecord:
     """A loop's record, committed by a runtime that has exited (no lease)."""
     async with Runtime(
         providers={"scripted": ScriptedProvider([text("hi")])}, store=store
@@ -322,6 +329,31 @@ class TestWrites:
             with pytest.raises(StoreError, match=r"postgresql 127\.0\.0\.1:\d+/"):
                 await store.unfinished()
             assert await store.unfinished() == []  # on a new connection
+
+    async def test_a_broken_connection_fails_one_commit_of_a_trip_not_all(
+        self, conninfo: str, schema: str
+    ) -> None:
+        """`commit_many` after the server dropped the connection: the first
+        commit meets it (and fails), the next ones go on a new one."""
+        records = [await a_finished_loop(MemoryStore()) for _ in range(3)]
+        store = PostgresStore(conninfo, schema=schema)
+        async with store:
+            assert await store.unfinished() == []  # connected
+            await sql(
+                conninfo,
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                " AND backend_type = 'client backend'",
+            )
+            errors = await store.commit_many(
+                [(Commit(record, 0), "me") for record in records]
+            )
+            assert isinstance(errors[0], StoreError)
+            assert errors[1:] == [None, None]
+            for record in records[1:]:
+                stored = await store.load(record.loop_id)
+                assert stored is not None
+                assert stored.record.seq == record.seq
 
     async def test_statistics_count_transactions_and_bytes(
         self, conninfo: str, schema: str

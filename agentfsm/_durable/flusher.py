@@ -19,7 +19,7 @@ shares its trip to the thread with the next commit, which the loop waits for
 
 The queue is one runtime's, so commits land in the order they were submitted:
 a loop's later commit never lands before an earlier one, and none lands after
-one of its loop failed (`commit_many`).
+one of its loop failed, in the same trip (`commit_many`) or a later one.
 """
 
 from __future__ import annotations
@@ -56,6 +56,13 @@ class Flusher:
         """Set when the write in progress ends (None: nothing is being written)."""
         self._wake = anyio.Event()
         """Set when a commit nobody waits for is queued (for `serve`)."""
+        self._failed: dict[str, Exception] = {}
+        """Loops a commit of which failed: their later commits are not
+        written (they would leave a gap), whichever trip they are in."""
+
+    def forget(self, loop_id: str) -> None:
+        """The loop is taken up again (recovered): its commits are written."""
+        self._failed.pop(loop_id, None)
 
     def submit(self, commit: Commit, owner: str, *, background: bool) -> Ticket:
         """Queue `commit`; `background`: nobody will wait for it soon (the
@@ -98,7 +105,16 @@ class Flusher:
             self._wake = anyio.Event()
 
     async def _write(self) -> None:
-        batch, self._queue = self._queue, []
+        queued, self._queue = self._queue, []
+        failed = self._failed
+        batch = []
+        for ticket in queued:
+            error = failed.get(ticket.commit.record.loop_id)
+            if error is None:
+                batch.append(ticket)
+            else:  # after a failed one of its loop: not written
+                ticket.error = error
+                ticket.landed = True
         done = self._writing = anyio.Event()
         errors: list[Exception | None]
         try:
@@ -115,6 +131,8 @@ class Flusher:
             for ticket, error in zip(batch, errors, strict=True):
                 ticket.error = error
                 ticket.landed = True
+                if error is not None:
+                    failed.setdefault(ticket.commit.record.loop_id, error)
             self._writing = None
             done.set()
             if self._queue:

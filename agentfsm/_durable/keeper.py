@@ -181,6 +181,7 @@ class Keeper:
                 await self._fail(stored, exc)
                 report.failed[loop_id] = str(exc)
                 continue
+            self.flusher.forget(loop_id)  # a failed write here before: anew
             durable = loop.durable = Durable(
                 self.flusher, self.owner, len(stored.items)
             )

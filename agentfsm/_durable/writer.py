@@ -36,10 +36,12 @@ state from the record before). It halves a run's writes with the ledger's
 merged into the commits (16 -> 8 for the benchmark workload)."""
 
 _AHEAD: Final = frozenset({LoopState.inference, LoopState.inference_streaming})
-"""The states whose commit is written without waiting for it: a model request
-may be sent again after a crash (its output is recorded on the way out, with
-the next commit), so the request goes out while its commit is being written.
-A crash before it lands is a crash during the request."""
+"""The states whose commit is written without waiting for it, unless it
+carries tools' outputs: a model request may be sent again after a crash (its
+output is recorded on the way out, with the next commit), so the request goes
+out while its commit is being written. A crash before it lands is a crash
+during the request. (A tool's output lands before the model is asked again:
+until it has, a crash leaves the call in flight.)"""
 
 
 class Durable:
@@ -55,8 +57,9 @@ class Durable:
 
     Every write goes through the runtime's `Flusher`, in order. The loop waits
     for one to land before a tool runs (the commit into `function_call`, with
-    the intents), before a pause or an end is told, and before a ledger write
-    of its own; not after a commit into `inference` (`_AHEAD`). A write that
+    the intents), before the model is asked again after tools ran (their
+    outputs), before a pause or an end is told, and before a ledger write of
+    its own; not after any other commit into `inference` (`_AHEAD`). A write that
     failed fails the loop at its next write or wait, and the loop writes
     nothing more (what follows it would leave a gap): the store keeps its
     last commit.
@@ -112,10 +115,25 @@ class Durable:
         state = loop.state
         if state in _FREE:
             self.deferred.append(loop.snapshot())
-        elif state in _AHEAD:
+        elif state in _AHEAD and not self.ended:
             self._submit(loop, background=True)
         else:
+            # Into `function_call` (the intents), or carrying tools' outputs:
+            # they land before the model is asked again.
             await self.save(loop)
+
+    def check(self) -> None:
+        """Raise what a write the loop did not wait for raised, if one did (the
+        loop fails, before it goes on, pauses or ends); forget the ones that
+        landed."""
+        tickets = self.tickets
+        if tickets and tickets[0].landed:
+            for ticket in tickets:
+                if ticket.error is not None and self.failed is None:
+                    self.failed = ticket.error
+            self.tickets = [ticket for ticket in tickets if not ticket.landed]
+        if self.failed is not None:
+            raise self.failed
 
     async def save(self, loop: Loop) -> None:
         """Write the loop's record, the records kept since the last write, what
@@ -143,11 +161,7 @@ class Durable:
                 raise ticket.error
 
     def _submit(self, loop: Loop, *, background: bool) -> None:
-        for ticket in self.tickets:  # one the loop did not wait for may have failed
-            if ticket.error is not None and self.failed is None:
-                self.failed = ticket.error
-        if self.failed is not None:
-            raise self.failed
+        self.check()  # one the loop did not wait for may have failed
         items = loop.input.context.items
         first = self.written
         truncate = first > len(items)
@@ -183,6 +197,7 @@ class Durable:
         decide about it first, and may take a while (a crash meanwhile would
         send the request, and pay for it, again)."""
         if self.inference is not None:
+            self.check()
             number, output = self.inference
             # Not after the loop's queued commit (its transition into
             # `inference`): recovery uses a recorded output only in that

@@ -146,7 +146,11 @@ async def run(loop: Loop) -> None:
         raise
     if durable is not None:
         with anyio.CancelScope(shield=True):
-            await _save_end(loop, durable)  # paused, or ended
+            failed = await _save_end(loop, durable)  # paused, or ended
+            if failed is not None and loop.status is not _DONE:
+                # A pause the store could not take would be lost with the
+                # process: the loop fails instead (its end is not stored either).
+                end(loop, _T.fail, reason=error_text(failed), error=failed)
             if loop.status is not _DONE and _cancelled(loop):
                 # Cancelled while its pause was being saved (the cancel only
                 # cancelled this worker, and nothing here checkpoints): it ends
@@ -177,9 +181,10 @@ async def run(loop: Loop) -> None:
         raise
 
 
-async def _save_end(loop: Loop, durable: Durable) -> None:
+async def _save_end(loop: Loop, durable: Durable) -> Exception | None:
     """Store the loop as its run left it; a store that cannot take it is logged
-    (the loop has ended or paused in memory; the store keeps its last commit)."""
+    (the loop has ended or paused in memory; the store keeps its last commit),
+    and its error returned."""
     try:
         await durable.save(loop)
     except Exception as exc:  # noqa: BLE001 - the run is over: nothing to fail
@@ -188,6 +193,8 @@ async def _save_end(loop: Loop, durable: Durable) -> None:
             status=loop.status,
             error=f"{type(exc).__name__}: {error_text(exc)}",
         )
+        return exc
+    return None
 
 
 def _cancel_reason(loop: Loop, otherwise: str) -> str:
@@ -230,6 +237,8 @@ async def drive(loop: Loop) -> None:
     while True:
         if loop.cancel_requested and _cancelled(loop):  # the flag first: no call
             return
+        if durable is not None:
+            durable.check()  # a write it did not wait for failed: it fails now
         source = loop.state
         dest = TABLE[source, step[0]]
         rewritten_from: LoopState | None = None
@@ -240,6 +249,10 @@ async def drive(loop: Loop) -> None:
             step, dest, rewritten_from = decided
             if loop.cancel_requested and _cancelled(loop):  # by a handler: not taken
                 return
+        if dest is _S.idle and durable is not None:
+            # Its writes land before it ends: one that failed fails it, so
+            # that no outcome is told that the store does not have.
+            await durable.landed()
         commit(loop, source, step, dest, rewritten_from)
         if dest is _S.idle:
             end(loop, *step)

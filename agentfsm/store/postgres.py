@@ -388,13 +388,7 @@ class PostgresStore(LoopStore):
         def work() -> _T:
             if self._limiter is not limiter:  # closed while this one waited
                 raise StoreError(f"the store {self._where} is not open")
-            conn = self._conn
-            if conn is None or conn.broken or conn.closed:
-                # The last operation met a broken connection (and raised):
-                # a new one.
-                if conn is not None:
-                    conn.close()
-                conn = self._conn = self._connect()
+            conn = self._live()
             try:
                 return fn(conn)
             except psycopg.Error as exc:
@@ -429,30 +423,42 @@ class PostgresStore(LoopStore):
             return result
         raise AssertionError("unreachable")  # pragma: no cover
 
+    def _live(self) -> _Conn:
+        """The connection (in the worker thread): a new one if the last
+        operation met a broken one (and raised)."""
+        conn = self._conn
+        if conn is None or conn.broken or conn.closed:
+            if conn is not None:
+                conn.close()
+            conn = self._conn = self._connect()
+        return conn
+
     # ------------------------------------------------------------------ loops
 
     async def commit(self, commit: Commit, owner: str) -> None:
-        await self._run(partial(self._commit_in_thread, commit, owner))
+        await self._run(lambda _: self._commit_in_thread(commit, owner))
 
     async def commit_many(
         self, commits: Sequence[tuple[Commit, str]]
     ) -> list[Exception | None]:
-        # One trip to the worker thread for all of them, a transaction each.
-        def write(conn: _Conn) -> list[Exception | None]:
+        # One trip to the worker thread for all of them, a transaction each
+        # (on a new connection after one that broke: one loop's failure is not
+        # the others').
+        def write(_: _Conn) -> list[Exception | None]:
             return commits_in_turn(
                 [
-                    (c.record.loop_id, partial(self._commit_in_thread, c, owner, conn))
+                    (c.record.loop_id, partial(self._commit_in_thread, c, owner))
                     for c, owner in commits
                 ]
             )
 
         return await self._run(write)
 
-    def _commit_in_thread(self, commit: Commit, owner: str, conn: _Conn) -> None:
+    def _commit_in_thread(self, commit: Commit, owner: str) -> None:
         """Write one commit, in the worker thread (its JSON is made here too,
         off the event loop)."""
         try:
-            self._write(conn, self._commit_write(commit, owner))
+            self._write(self._live(), self._commit_write(commit, owner))
         except psycopg.Error as exc:
             raise StoreError(f"{self._where}: {exc}") from exc
 
