@@ -258,6 +258,17 @@ class SQLiteStore(LoopStore):
             raise StoreError(f"the store {self.path} is not open")
         return await anyio.to_thread.run_sync(fn, limiter=self._limiter)
 
+    def _read(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run `fn`, reads of several statements, in one read transaction (in
+        the worker thread): they see one state of the file, whatever another
+        process commits meanwhile."""
+        db = self._conn
+        db.execute("BEGIN")
+        try:
+            return fn(db)
+        finally:
+            db.execute("COMMIT")
+
     @property
     def _conn(self) -> sqlite3.Connection:
         db = self._db
@@ -433,8 +444,7 @@ class SQLiteStore(LoopStore):
         return (record.loop_id, record.seq, text, earlier, changes, request), written
 
     async def load(self, loop_id: str) -> StoredLoop | None:
-        def read() -> StoredLoop | None:
-            db = self._conn
+        def read(db: sqlite3.Connection) -> StoredLoop | None:
             row = db.execute(
                 "SELECT owner, lease_until FROM loops WHERE loop_id = ?", (loop_id,)
             ).fetchone()
@@ -464,11 +474,10 @@ class SQLiteStore(LoopStore):
                 owner if lease_until > time.time() else None,
             )
 
-        return await self._run(read)
+        return await self._run(lambda: self._read(read))
 
     async def record_at(self, loop_id: str, seq: int) -> LoopRecord | None:
-        def read() -> LoopRecord | None:
-            db = self._conn
+        def read(db: sqlite3.Connection) -> LoopRecord | None:
             row = db.execute(
                 "SELECT seq, record FROM log WHERE loop_id = ? AND seq <= ?"
                 " ORDER BY id DESC LIMIT 1",
@@ -487,7 +496,7 @@ class SQLiteStore(LoopStore):
                         found = record
             return found
 
-        return await self._run(read)
+        return await self._run(lambda: self._read(read))
 
     async def unfinished(self) -> list[str]:
         def read() -> list[str]:
