@@ -372,6 +372,37 @@ class TestPauses:
         assert result.outcome is Outcome.answered
         assert RAN == ["pay 5"]
 
+    @pytest.mark.parametrize("follow_up", [False, True])
+    async def test_a_message_queued_for_a_paused_loop_outlives_its_runtime(
+        self, store_factory: Callable[[], LoopStore], follow_up: bool
+    ) -> None:
+        """Steering or a follow-up sent to a paused loop is stored with it: the
+        runtime that resumes it, after the first one exited, delivers it."""
+        async with Runtime(
+            providers={"scripted": ScriptedProvider([calls(call("pay", amount=5))])},
+            store=store_factory(),
+        ) as first:
+            loop_id = first.run_loop("agent", "pay 5", request_with(pay))
+            await wait_until(lambda: first.get(loop_id).status is LoopStatus.paused)
+            if follow_up:
+                first.follow_up(loop_id, "and send a receipt")
+            else:
+                first.steer(loop_id, "in euros")
+        provider = ScriptedProvider([text("paid"), text("receipt sent")])
+        async with Runtime(
+            providers={"scripted": provider}, store=store_factory(), tools=TOOLS
+        ) as second:
+            assert (await second.recover()).paused == [loop_id]
+            second.resume(loop_id, Proceed())
+            result = await finished(second, loop_id)
+        assert result.outcome is Outcome.answered
+        seen = [
+            [i.content for i in r.context.items if isinstance(i, UserMessage)]
+            for r in provider.requests
+        ]
+        message = "and send a receipt" if follow_up else "in euros"
+        assert message in seen[-1]  # delivered, by the second runtime
+
     async def test_a_decision_given_is_never_asked_for_again(
         self, store_factory: Callable[[], LoopStore]
     ) -> None:

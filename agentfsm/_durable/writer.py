@@ -154,13 +154,23 @@ class Durable:
         if not tickets:
             return
         await self.flusher.wait(tickets[-1])
-        self.tickets = []
+        # Only those: another may have been queued meanwhile (`queued`).
+        self.tickets = [ticket for ticket in self.tickets if not ticket.landed]
         for ticket in tickets:
             if ticket.error is not None:
                 self.failed = ticket.error
                 raise ticket.error
 
-    def _submit(self, loop: Loop, *, background: bool) -> None:
+    def queued(self, loop: Loop) -> None:
+        """A steering or follow-up message was queued for the paused loop: its
+        record, which holds the queues, is written (nobody waits for it; a
+        runtime that exits writes it first), so the message outlives the
+        process like the pause. A loop whose write failed writes no more: it
+        fails when it is resumed."""
+        if self.failed is None and not any(t.error for t in self.tickets):
+            self._submit(loop, background=True, intents=False)
+
+    def _submit(self, loop: Loop, *, background: bool, intents: bool = True) -> None:
         self.check()  # one the loop did not wait for may have failed
         items = loop.input.context.items
         first = self.written
@@ -179,7 +189,9 @@ class Durable:
             self.inference,
             truncate,
             self.deferred,
-            self._intents(loop) if loop.state is LoopState.function_call else (),
+            self._intents(loop)
+            if intents and loop.state is LoopState.function_call
+            else (),
             self.ended,
         )
         self.inference = None

@@ -667,6 +667,8 @@ class Runtime:
         if isinstance(message, str):
             message = UserMessage(content=message)
         loop.queue(message, follow_up=follow_up)
+        if loop.durable is not None and loop.status is LoopStatus.paused:
+            loop.durable.queued(loop)  # stored with the pause, not only in memory
 
     def loops(self, *, status: LoopStatus | None = None) -> list[str]:
         """Ids of the loops the runtime knows, oldest first (optionally of one status)."""
