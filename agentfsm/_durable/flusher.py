@@ -33,6 +33,7 @@ from typing import Final
 
 import anyio
 
+from agentfsm._errors import error_text
 from agentfsm.store._base import Commit, LoopStore, StoreError
 
 __all__ = ("Flusher", "Ticket")
@@ -61,9 +62,9 @@ class Flusher:
         """Set when the write in progress ends (None: nothing is being written)."""
         self._wake = anyio.Event()
         """Set when a commit nobody waits for is queued (for `serve`)."""
-        self._failed: dict[str, Exception] = {}
-        """Loops a commit of which failed: their later commits are not
-        written (they would leave a gap), whichever trip they are in."""
+        self._failed: dict[str, str] = {}
+        """Loops a commit of which failed, and why: their later commits are
+        not written (they would leave a gap), whichever trip they are in."""
 
     def forget(self, loop_id: str) -> None:
         """The loop is taken up again (recovered): its commits are written."""
@@ -114,12 +115,16 @@ class Flusher:
         failed = self._failed
         batch = []
         for ticket in queued:
-            error = failed.get(ticket.commit.record.loop_id)
-            if error is None:
+            why = failed.get(ticket.commit.record.loop_id)
+            if why is None:
                 batch.append(ticket)
             else:  # after a failed one of its loop: not written
-                ticket.error = error
+                ticket.error = StoreError(
+                    f"not written: an earlier commit of the loop failed ({why})"
+                )
                 ticket.landed = True
+        if not batch:
+            return
         done = self._writing = anyio.Event()
         errors: list[Exception | None]
         try:
@@ -137,7 +142,7 @@ class Flusher:
                 ticket.error = error
                 ticket.landed = True
                 if error is not None:
-                    failed.setdefault(ticket.commit.record.loop_id, error)
+                    failed.setdefault(ticket.commit.record.loop_id, error_text(error))
             self._writing = None
             done.set()
             if self._queue:
