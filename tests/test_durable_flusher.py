@@ -23,16 +23,18 @@ from agentfsm import (
     Outcome,
     Pause,
     PendingTransition,
+    Proceed,
     Runtime,
     Trigger,
     current_call,
     tool,
 )
+from agentfsm.events import LoopIdle
 from agentfsm.providers.function import FunctionProvider
 from agentfsm.store import Commit, LoopLockedError, MemoryStore, SQLiteStore
-from agentfsm.testing import ScriptedProvider, call, calls, text
+from agentfsm.testing import EventRecorder, ScriptedProvider, call, calls, text
 from agentfsm.tools import Tool
-from tests.helpers import wait_until
+from tests.helpers import pause_tools, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -312,7 +314,7 @@ async def test_a_pause_after_a_failed_commit_fails_the_loop() -> None:
     assert SEEN == []
 
 
-async def test_the_outputs_a_commit_carries_land_while_the_model_is_asked(
+async def test_the_outputs_a_commit_carries_land_before_the_model_is_asked(
     tmp_path: Path,
 ) -> None:
     """The commit into `inference` after a tool call carries its output: it
@@ -379,3 +381,71 @@ async def test_a_loop_whose_write_failed_does_not_end_as_it_chose() -> None:
     assert result.outcome is Outcome.failed
     assert result.reason is not None
     assert "disk full" in result.reason
+
+
+class PauseStore(MemoryStore):
+    """A store whose pause commits take a while (and fail, with `fail`), and
+    whose commits of a record with steering fail."""
+
+    def __init__(self, *, fail: bool) -> None:
+        super().__init__()
+        self.fail = fail
+        self.steered = False
+
+    async def commit(self, commit: Commit, owner: str) -> None:
+        record = commit.record
+        if record.steering and not self.steered:
+            self.steered = True
+            raise OSError("the steering's commit failed")
+        if record.status is LoopStatus.paused:
+            await anyio.sleep(0.05)
+            if self.fail:
+                raise OSError("disk full")
+        await super().commit(commit, owner)
+
+
+async def test_a_failed_commit_of_a_queued_message_does_not_fail_the_pause() -> None:
+    """The pause lands; the commit of a message queued meanwhile (the record
+    alone) fails: the loop stays paused (logged), and its resume goes on."""
+    store = STORE["store"] = PauseStore(fail=False)
+    provider = ScriptedProvider([calls(call("add", a=1, b=2)), text("3")])
+    async with Runtime(providers={"scripted": provider}, store=store) as runtime:
+        loop_id = runtime.run_loop("agent", "add", request(), pause_tools)
+        await wait_until(lambda: runtime.get(loop_id).status is LoopStatus.paused)
+        runtime.steer(loop_id, "in euros")  # queued while the pause is saved
+        await anyio.sleep(0.2)  # the pause lands, the steering's commit fails
+        assert store.steered
+        assert runtime.get(loop_id).status is LoopStatus.paused
+        runtime.resume(loop_id, Proceed())
+        with anyio.fail_after(5):
+            result = await runtime.wait(loop_id)
+    assert result.outcome is Outcome.answered
+
+
+async def test_a_loop_resumed_as_its_pause_fails_to_be_stored_ends_once(
+    log_output: list[dict[str, object]],
+) -> None:
+    """Resumed while its pause is being saved, and the save fails: the loop
+    fails (its pause would be lost), once, and is not run again."""
+    store = STORE["store"] = PauseStore(fail=True)
+    provider = ScriptedProvider([calls(call("add", a=1, b=2)), text("3")])
+    ended: list[Outcome] = []
+    async with Runtime(providers={"scripted": provider}, store=store) as runtime:
+        recorder = EventRecorder(runtime.bus, "loop.idle")
+        loop_id = runtime.run_loop("agent", "add", request(), pause_tools)
+        with anyio.fail_after(5):
+            while runtime.get(loop_id).status is not LoopStatus.paused:  # noqa: ASYNC110 - a status, not an event
+                await anyio.sleep(0.001)
+        runtime.resume(loop_id, Proceed())  # accepted: the save is still going
+        with anyio.fail_after(5):
+            result = await runtime.wait(loop_id)
+        await anyio.sleep(0.1)
+        ended = [e.outcome for e in recorder.events if isinstance(e, LoopIdle)]
+    assert result.outcome is Outcome.failed
+    assert ended == [Outcome.failed]
+    assert len(provider.requests) == 1
+    assert SEEN == []
+    # Not run again, ended: no second failure, no second end.
+    assert [e["event"] for e in log_output if e["event"] == "loop_failed"] == []
+    ends = [e for e in log_output if e["event"] == "loop_idle"]
+    assert len(ends) == 1

@@ -34,9 +34,28 @@ from typing import Final
 import anyio
 
 from agentfsm._errors import error_text
+from agentfsm._logging import get_logger
 from agentfsm.store._base import Commit, LoopStore, StoreError
 
 __all__ = ("Flusher", "Ticket")
+
+
+_log = get_logger()
+
+
+def _builds_on(commit: Commit) -> bool:
+    """Whether a later commit of the loop depends on this one having landed
+    (it carries context items, records or ledger rows a later one does not
+    write again); a commit of the record alone (`Durable.queued`) does not."""
+    return bool(
+        commit.items
+        or commit.replaced
+        or commit.truncate
+        or commit.inference
+        or commit.earlier
+        or commit.intents
+        or commit.ended
+    )
 
 
 class Ticket:
@@ -110,6 +129,17 @@ class Flusher:
             await self._wake.wait()
             self._wake = anyio.Event()
 
+    def _failed_commit(self, commit: Commit, error: Exception) -> None:
+        loop_id = commit.record.loop_id
+        _log.error(
+            "store_write_failed",
+            loop_id=loop_id,
+            seq=commit.record.seq,
+            error=f"{type(error).__name__}: {error_text(error)}",
+        )
+        if _builds_on(commit):
+            self._failed.setdefault(loop_id, error_text(error))
+
     async def _write(self) -> None:
         queued, self._queue = self._queue, []
         failed = self._failed
@@ -142,7 +172,7 @@ class Flusher:
                 ticket.error = error
                 ticket.landed = True
                 if error is not None:
-                    failed.setdefault(ticket.commit.record.loop_id, error_text(error))
+                    self._failed_commit(ticket.commit, error)
             self._writing = None
             done.set()
             if self._queue:

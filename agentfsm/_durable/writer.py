@@ -127,11 +127,10 @@ class Durable:
         loop fails, before it goes on, pauses or ends); forget the ones that
         landed."""
         tickets = self.tickets
-        if tickets and tickets[0].landed:
-            for ticket in tickets:
-                if ticket.error is not None and self.failed is None:
-                    self.failed = ticket.error
-            self.tickets = [ticket for ticket in tickets if not ticket.landed]
+        while tickets and tickets[0].landed:  # they land in order
+            ticket = tickets.pop(0)
+            if ticket.error is not None and self.failed is None:
+                self.failed = ticket.error
         if self.failed is not None:
             raise self.failed
 
@@ -150,13 +149,12 @@ class Durable:
         """
         if self.failed is not None:
             raise self.failed
-        tickets = self.tickets
-        if not tickets:
+        waited = list(self.tickets)  # not any queued meanwhile
+        if not waited:
             return
-        await self.flusher.wait(tickets[-1])
-        # Only those: another may have been queued meanwhile (`queued`).
-        self.tickets = [ticket for ticket in self.tickets if not ticket.landed]
-        for ticket in tickets:
+        await self.flusher.wait(waited[-1])
+        del self.tickets[: len(waited)]  # the oldest: the queue keeps its order
+        for ticket in waited:
             if ticket.error is not None:
                 self.failed = ticket.error
                 raise ticket.error
@@ -165,12 +163,20 @@ class Durable:
         """A steering or follow-up message was queued for the paused loop: its
         record, which holds the queues, is written (nobody waits for it; a
         runtime that exits writes it first), so the message outlives the
-        process like the pause. A loop whose write failed writes no more: it
-        fails when it is resumed."""
-        if self.failed is None and not any(t.error for t in self.tickets):
-            self._submit(loop, background=True, intents=False)
+        process like the pause.
 
-    def _submit(self, loop: Loop, *, background: bool, intents: bool = True) -> None:
+        The commit carries the record alone (the pause's commit wrote the
+        rest), so a later commit does not build on it: if it fails, the
+        flusher logs it, and the next commit (the resume's) holds the queues
+        too."""
+        if self.failed is not None or self.deferred or self.ended or self.inference:
+            return  # writes no more, or has more to write than its record
+        if len(loop.input.context.items) != self.written:
+            return  # its context changed: the next commit writes it
+        commit = Commit(loop.snapshot(), self.written)
+        self.flusher.submit(commit, self.owner, background=True)
+
+    def _submit(self, loop: Loop, *, background: bool) -> None:
         self.check()  # one the loop did not wait for may have failed
         items = loop.input.context.items
         first = self.written
@@ -189,9 +195,7 @@ class Durable:
             self.inference,
             truncate,
             self.deferred,
-            self._intents(loop)
-            if intents and loop.state is LoopState.function_call
-            else (),
+            self._intents(loop) if loop.state is LoopState.function_call else (),
             self.ended,
         )
         self.inference = None

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Final
 import anyio
 
 from agentfsm._loop.driver import run
+from agentfsm.results import LoopStatus
 
 from .backend import in_context, in_trio_context, trio_task
 
@@ -142,6 +143,8 @@ class WorkerPool:
                         if worker.rerun is None:
                             break
                         context, worker.rerun = worker.rerun, None  # resumed meanwhile
+                        if loop.status is LoopStatus.done:
+                            break  # and ended since (its pause could not be stored)
                 except BaseException as exc:  # noqa: BLE001 - re-raised
                     # A cancellation (`run` raises nothing else). The task handle
                     # keeps the exception, which would keep the frames of the

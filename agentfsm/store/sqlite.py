@@ -265,9 +265,13 @@ class SQLiteStore(LoopStore):
         db = self._conn
         db.execute("BEGIN")
         try:
-            return fn(db)
-        finally:
-            db.execute("COMMIT")
+            result = fn(db)
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+        return result
 
     @property
     def _conn(self) -> sqlite3.Connection:
