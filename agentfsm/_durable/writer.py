@@ -58,7 +58,7 @@ class Durable:
     Every write goes through the runtime's `Flusher`, in order. The loop waits
     for one to land before a tool runs (the commit into `function_call`, with
     the intents), before the model is asked again after tools ran (their
-    outputs), before a pause or an end is told, and before a ledger write of
+    outputs), as it pauses, before it ends, and before a ledger write of
     its own; not after any other commit into `inference` (`_AHEAD`). A write that
     failed fails the loop at its next write or wait, and the loop writes
     nothing more (what follows it would leave a gap): the store keeps its
