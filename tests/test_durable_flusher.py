@@ -30,6 +30,7 @@ from agentfsm import (
     tool,
 )
 from agentfsm.events import LoopIdle
+from agentfsm.exceptions import ConfigurationError
 from agentfsm.providers.function import FunctionProvider
 from agentfsm.store import Commit, LoopLockedError, MemoryStore, SQLiteStore
 from agentfsm.testing import EventRecorder, ScriptedProvider, call, calls, text
@@ -449,3 +450,50 @@ async def test_a_loop_resumed_as_its_pause_fails_to_be_stored_ends_once(
     assert [e["event"] for e in log_output if e["event"] == "loop_failed"] == []
     ends = [e for e in log_output if e["event"] == "loop_idle"]
     assert len(ends) == 1
+
+
+async def test_a_failed_record_only_commit_does_not_stop_the_next_in_its_trip(
+    tmp_path: Path,
+) -> None:
+    """In one trip as across trips: a commit of the record alone (a message
+    queued for a paused loop) that fails does not keep the loop's next commit
+    from being written; one that builds on nothing is not a gap."""
+    store = STORE["store"] = GatedStore()
+    async with Runtime(
+        providers={"scripted": ScriptedProvider([text("a")])}, store=store
+    ) as runtime:
+        loop_id = runtime.run_loop("agent", "one", request())
+        with anyio.fail_after(5):
+            await runtime.wait(loop_id)
+    first, *rest = store.commits
+    record_only = Commit(first.record, first.first)
+    assert not record_only.builds_on
+    assert first.builds_on
+
+    class Flaky(SQLiteStore):
+        def _commit_in_thread(self, commit: Commit, owner: str) -> None:
+            if not commit.builds_on:
+                raise OSError("transient")
+            super()._commit_in_thread(commit, owner)
+
+    async with Flaky(tmp_path / "loops.db") as sqlite:
+        errors = await sqlite.commit_many(
+            [(record_only, "me"), (first, "me"), *((c, "me") for c in rest)]
+        )
+        assert isinstance(errors[0], OSError)
+        assert errors[1:] == [None] * (len(errors) - 1)
+        stored = await sqlite.load(loop_id)
+        assert stored is not None
+        assert stored.record.status is LoopStatus.done
+
+
+@pytest.mark.parametrize("lease_ttl", [0, -1.0, True, "30"])
+def test_every_store_refuses_a_lease_ttl_that_is_not_positive(
+    tmp_path: Path, lease_ttl: object
+) -> None:
+    for make in (
+        lambda: MemoryStore(lease_ttl=lease_ttl),  # type: ignore[arg-type]
+        lambda: SQLiteStore(tmp_path / "x.db", lease_ttl=lease_ttl),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(ConfigurationError, match="lease_ttl must be a positive"):
+            make()

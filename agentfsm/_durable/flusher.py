@@ -43,39 +43,25 @@ __all__ = ("Flusher", "Ticket")
 _log = get_logger()
 
 
-def _builds_on(commit: Commit) -> bool:
-    """Whether a later commit of the loop depends on this one having landed
-    (it carries context items, records or ledger rows a later one does not
-    write again); a commit of the record alone (`Durable.queued`) does not."""
-    return bool(
-        commit.items
-        or commit.replaced
-        or commit.truncate
-        or commit.inference
-        or commit.earlier
-        or commit.intents
-        or commit.ended
-    )
-
-
 class Ticket:
     """One commit in the queue; `error` once it failed."""
 
-    __slots__ = ("commit", "error", "landed", "owner")
+    __slots__ = ("commit", "error", "landed")
 
-    def __init__(self, commit: Commit, owner: str) -> None:
+    def __init__(self, commit: Commit) -> None:
         self.commit: Final = commit
-        self.owner: Final = owner
         self.landed = False
         """Written (or failed: then `error` says why)."""
         self.error: Exception | None = None
 
 
 class Flusher:
-    """The queue of one runtime's commits to its store."""
+    """The queue of one runtime's commits to its store (`owner`: the runtime,
+    in the store's leases)."""
 
-    def __init__(self, store: LoopStore) -> None:
+    def __init__(self, store: LoopStore, owner: str) -> None:
         self.store = store
+        self.owner = owner
         self._queue: list[Ticket] = []
         self._writing: anyio.Event | None = None
         """Set when the write in progress ends (None: nothing is being written)."""
@@ -89,10 +75,10 @@ class Flusher:
         """The loop is taken up again (recovered): its commits are written."""
         self._failed.pop(loop_id, None)
 
-    def submit(self, commit: Commit, owner: str, *, background: bool) -> Ticket:
+    def submit(self, commit: Commit, *, background: bool) -> Ticket:
         """Queue `commit`; `background`: nobody will wait for it soon (the
         flusher's task writes it)."""
-        ticket = Ticket(commit, owner)
+        ticket = Ticket(commit)
         self._queue.append(ticket)
         if background:
             self._wake.set()
@@ -103,20 +89,20 @@ class Flusher:
         write the queue if nothing is being written. A cancellation cannot
         abandon a write (it is delivered after it)."""
         while not ticket.landed:
-            writing = self._writing
-            if writing is None:
-                await self._write()
-            else:
-                await writing.wait()
+            await self._turn()
 
     async def flush(self) -> None:
         """Write everything queued (the runtime exiting: before its leases go)."""
         while self._queue or self._writing is not None:
-            writing = self._writing
-            if writing is None:
-                await self._write()
-            else:
-                await writing.wait()
+            await self._turn()
+
+    async def _turn(self) -> None:
+        """Write the queue, or wait for the write in progress to end."""
+        writing = self._writing
+        if writing is None:
+            await self._write()
+        else:
+            await writing.wait()
 
     async def serve(self) -> None:
         """Write the commits nobody waits for (a task of the runtime's, until
@@ -137,7 +123,7 @@ class Flusher:
             seq=commit.record.seq,
             error=f"{type(error).__name__}: {error_text(error)}",
         )
-        if _builds_on(commit):
+        if commit.builds_on:
             self._failed.setdefault(loop_id, error_text(error))
 
     async def _write(self) -> None:
@@ -160,7 +146,7 @@ class Flusher:
         try:
             with anyio.CancelScope(shield=True):
                 errors = await self.store.commit_many(
-                    [(ticket.commit, ticket.owner) for ticket in batch]
+                    [(ticket.commit, self.owner) for ticket in batch]
                 )
         except Exception as exc:  # noqa: BLE001 - each commit's loop is told
             errors = [exc] * len(batch)

@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from agentfsm._errors import error_text
-from agentfsm._keys import idempotency_key
 from agentfsm._logging import get_logger
 from agentfsm._loop.intercept import park, pending_of
 from agentfsm._loop.turn import tool_index
@@ -43,7 +42,7 @@ from agentfsm.tools import Tool
 from .events import EventKeeper
 from .flusher import Flusher
 from .restore import Bindings, RecoveryError, restore
-from .writer import Durable
+from .writer import Durable, call_key
 
 if TYPE_CHECKING:
     from agentfsm._loop.loop import Loop
@@ -107,21 +106,19 @@ class Keeper:
         tools: Iterable[Tool | Callable[..., Any]],
         handlers: Mapping[str, Any] | Iterable[Any],
     ) -> None:
-        if not isinstance(store, LoopStore):
-            raise TypeError("store must be a LoopStore")
         self.store = store
         self.bindings = Bindings(tools, handlers)
-        self.flusher = Flusher(store)
-        """The queue of the loops' commits (`_durable.flusher`)."""
         self.events: EventKeeper | None = None
         """The writer of the loops' events, when the store keeps them (set when
         the runtime is entered: it subscribes to the runtime's bus)."""
         self.owner = owner_name()
+        self.flusher = Flusher(store, self.owner)
+        """The queue of the loops' commits (`_durable.flusher`)."""
         self.log = get_logger().bind(owner=self.owner)
 
     def adopt(self, loop: Loop) -> None:
         """Make a new loop durable."""
-        loop.durable = Durable(self.flusher, self.owner)
+        loop.durable = Durable(self.flusher)
         self.bindings.learn(loop)
 
     @asynccontextmanager
@@ -182,9 +179,7 @@ class Keeper:
                 report.failed[loop_id] = str(exc)
                 continue
             self.flusher.forget(loop_id)  # a failed write here before: anew
-            durable = loop.durable = Durable(
-                self.flusher, self.owner, len(stored.items)
-            )
+            durable = loop.durable = Durable(self.flusher, len(stored.items))
             if loop.answer_at is not None and loop.answer_at < len(stored.items):
                 durable.answer = stored.items[loop.answer_at]
             uncertain: tuple[str, ...] = ()
@@ -224,9 +219,7 @@ class Keeper:
         tools = tool_index(loop)
         doubtful = []
         for position, call in enumerate(batch.calls):
-            key = idempotency_key(
-                loop.loop_id, loop.model_requests, position, call.name, call.arguments
-            )
+            key = call_key(loop, position, call)
             entry = ledger.get(key)
             if entry is None or entry.status == "done":
                 continue

@@ -44,6 +44,14 @@ during the request. (A tool's output lands before the model is asked again:
 until it has, a crash leaves the call in flight.)"""
 
 
+def call_key(loop: Loop, position: int, call: FunctionCallItem) -> str:
+    """The idempotency key of the `position`-th call of the loop's latest
+    model request."""
+    return idempotency_key(
+        loop.loop_id, loop.model_requests, position, call.name, call.arguments
+    )
+
+
 class Durable:
     """What one loop has written to its store, and its ledger calls.
 
@@ -73,7 +81,6 @@ class Durable:
         "flusher",
         "fresh",
         "inference",
-        "owner",
         "recorded",
         "store",
         "tickets",
@@ -81,10 +88,9 @@ class Durable:
         "written",
     )
 
-    def __init__(self, flusher: Flusher, owner: str, written: int = 0) -> None:
+    def __init__(self, flusher: Flusher, written: int = 0) -> None:
         self.flusher = flusher
         self.store: LoopStore = flusher.store
-        self.owner = owner
         self.written = written
         """How many context items the store holds (or will, once the commits
         queued have landed)."""
@@ -174,7 +180,7 @@ class Durable:
         if len(loop.input.context.items) != self.written:
             return  # its context changed: the next commit writes it
         commit = Commit(loop.snapshot(), self.written)
-        self.flusher.submit(commit, self.owner, background=True)
+        self.flusher.submit(commit, background=True)
 
     def _submit(self, loop: Loop, *, background: bool) -> None:
         self.check()  # one the loop did not wait for may have failed
@@ -201,9 +207,7 @@ class Durable:
         self.inference = None
         self.deferred = []
         self.ended = []
-        self.tickets.append(
-            self.flusher.submit(commit, self.owner, background=background)
-        )
+        self.tickets.append(self.flusher.submit(commit, background=background))
         self.written = len(items)
         if at is not None and at < len(items):
             self.answer = items[at]
@@ -250,7 +254,7 @@ class Durable:
         else:
             runs = runs[:1]
         for position, call in runs:
-            intent = self._intent(loop, self.key(loop, position, call), position, call)
+            intent = self._intent(loop, call_key(loop, position, call), position, call)
             self.fresh[position] = (call, intent)
         return [intent for _, intent in self.fresh.values()]
 
@@ -267,11 +271,6 @@ class Durable:
             status="started",
         )
 
-    def key(self, loop: Loop, position: int, call: FunctionCallItem) -> str:
-        return idempotency_key(
-            loop.loop_id, loop.model_requests, position, call.name, call.arguments
-        )
-
     async def begin_call(
         self, loop: Loop, position: int, call: FunctionCallItem
     ) -> CallRecord:
@@ -281,7 +280,7 @@ class Durable:
         fresh = self.fresh.pop(position, None)
         if fresh is not None and fresh[0] is call:  # this batch's (see `_intents`)
             return fresh[1]  # written with the commit into `function_call`
-        key = self.key(loop, position, call)
+        key = call_key(loop, position, call)
         await self.landed()
         if self.ended:  # a sequential batch's earlier call: its output first
             ended, self.ended = self.ended, []

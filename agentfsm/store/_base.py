@@ -23,7 +23,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Final, Literal, Self
 
 from pydantic import BaseModel, ConfigDict
 
@@ -93,9 +93,8 @@ class CallRecord(BaseModel):
 
 
 def call_of_row(row: Sequence[Any]) -> CallRecord:
-    """A ledger row as the SQL stores keep it (their `calls` table's columns in
-    order: key, loop_id, request, position, tool, call_id, status, attempt,
-    output JSON or NULL, terminate)."""
+    """A ledger row as the SQL stores keep it (`CALL_COLUMNS`; output is JSON
+    or NULL)."""
     key, loop_id, request, position, tool, call_id, status, attempt, out, term = row
     return CallRecord(
         key=key,
@@ -135,41 +134,101 @@ class Commit:
     ended: Sequence[tuple[str, FunctionCallOutputItem, bool]] = ()
     """Calls ended since the last write: (key, output, terminate)."""
 
+    @property
+    def builds_on(self) -> bool:
+        """Whether a later commit of the loop depends on this one having landed
+        (it carries context items, records or ledger rows a later one does not
+        write again); a commit of the record alone (a message queued for a
+        paused loop) does not."""
+        return bool(
+            self.items
+            or self.replaced
+            or self.truncate
+            or self.inference
+            or self.earlier
+            or self.intents
+            or self.ended
+        )
+
 
 async def run_commits(
     commits: Sequence[tuple[Commit, str]],
     write: Callable[[Commit, str], Awaitable[None]],
 ) -> list[Exception | None]:
-    """`LoopStore.commit_many` by `write` (one commit at a time)."""
-    errors: list[Exception | None] = []
-    failed: dict[str, Exception] = {}
+    """`LoopStore.commit_many` by `write` (one commit at a time, awaited)."""
+    turns = _Turns()
     for commit, owner in commits:
-        error = failed.get(commit.record.loop_id)
-        if error is None:
+        if turns.runs(commit):
             try:
                 await write(commit, owner)
             except Exception as exc:  # noqa: BLE001 - handed to its loop
-                error = failed[commit.record.loop_id] = exc
-        errors.append(error)
-    return errors
+                turns.failed(commit, exc)
+    return turns.errors
 
 
 def commits_in_turn(
-    commits: Sequence[tuple[str, Callable[[], None]]],
+    commits: Sequence[tuple[Commit, str]], write: Callable[[Commit, str], None]
 ) -> list[Exception | None]:
-    """`LoopStore.commit_many` in a SQL store's worker thread: each write (a
-    loop id and the function that makes its transaction) in turn."""
-    errors: list[Exception | None] = []
-    failed: dict[str, Exception] = {}
-    for loop_id, write in commits:
-        error = failed.get(loop_id)
-        if error is None:
+    """`LoopStore.commit_many` in a SQL store's worker thread: `write` (one
+    commit's transaction) for each in turn."""
+    turns = _Turns()
+    for commit, owner in commits:
+        if turns.runs(commit):
             try:
-                write()
+                write(commit, owner)
             except Exception as exc:  # noqa: BLE001 - handed to its loop
-                error = failed[loop_id] = exc
-        errors.append(error)
-    return errors
+                turns.failed(commit, exc)
+    return turns.errors
+
+
+class _Turns:
+    """The errors of a trip's commits, and which are not written: one after a
+    failed one of its loop that `builds_on` (it would leave a gap) fails with
+    the same error."""
+
+    __slots__ = ("_failed", "errors")
+
+    def __init__(self) -> None:
+        self.errors: list[Exception | None] = []
+        self._failed: dict[str, Exception] = {}
+
+    def runs(self, commit: Commit) -> bool:
+        error = self._failed.get(commit.record.loop_id)
+        self.errors.append(error)
+        return error is None
+
+    def failed(self, commit: Commit, error: Exception) -> None:
+        self.errors[-1] = error
+        if commit.builds_on:
+            self._failed[commit.record.loop_id] = error
+
+
+CALL_COLUMNS: Final = (
+    "key, loop_id, request, position, tool, call_id, status, attempt, output, terminate"
+)
+"""The SQL stores' `calls` table's columns, in the order `call_of_row` reads."""
+
+
+def intent_bytes(intents: Sequence[CallRecord]) -> int:
+    """What the SQL stores count as written for ledger intents."""
+    return sum(len(c.key) + len(c.tool) + len(c.call_id) for c in intents)
+
+
+def checked_lease_ttl(lease_ttl: object) -> float:
+    """`lease_ttl` as a store keeps it (a positive number of seconds).
+
+    Raises:
+        ConfigurationError: it is not one.
+    """
+    if (
+        isinstance(lease_ttl, bool)
+        or not isinstance(lease_ttl, int | float)
+        or lease_ttl <= 0
+    ):
+        raise ConfigurationError(
+            f"lease_ttl must be a positive number of seconds, got {lease_ttl!r}"
+        )
+    return float(lease_ttl)
 
 
 @dataclass(frozen=True, slots=True)

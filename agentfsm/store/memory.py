@@ -24,6 +24,7 @@ from ._base import (
     LoopStore,
     StoredLoop,
     StoreStatistics,
+    checked_lease_ttl,
 )
 
 __all__ = ("MemoryStore",)
@@ -45,7 +46,7 @@ class MemoryStore(LoopStore):
 
     def __init__(self, *, events: bool = False, lease_ttl: float = 30.0) -> None:
         self.keeps_events = events
-        self.lease_ttl = lease_ttl
+        self.lease_ttl = checked_lease_ttl(lease_ttl)
         self._events: dict[str, list[AgentEvent]] = {}
         self._contexts: dict[str, tuple[list[ContextItem], list[str]]] = {}
         self._loops: dict[str, _Entry] = {}

@@ -53,7 +53,6 @@ import re
 import threading
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from functools import partial
 from typing import Any, TypeVar
 
 import anyio
@@ -66,6 +65,7 @@ from agentfsm.record import LoopRecord
 from agentfsm.results import LoopStatus
 
 from ._base import (
+    CALL_COLUMNS,
     SCHEMA_VERSION,
     CallRecord,
     Commit,
@@ -76,7 +76,9 @@ from ._base import (
     StoreSchemaError,
     StoreStatistics,
     call_of_row,
+    checked_lease_ttl,
     commits_in_turn,
+    intent_bytes,
 )
 
 try:
@@ -221,10 +223,6 @@ CREATE TABLE IF NOT EXISTS {s}.schema_version (
 );
 """
 
-_CALL_COLUMNS = (
-    "key, loop_id, request, position, tool, call_id, status, attempt, output, terminate"
-)
-
 _RETRIED = (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected)
 """Errors after which a transaction is run again: it was rolled back whole."""
 
@@ -275,11 +273,10 @@ class PostgresStore(LoopStore):
                 f"conninfo is not a connection string: {exc}"
             ) from None
         _check_schema(schema)
-        _check_positive("lease_ttl", lease_ttl)
         _check_positive("connect_timeout", connect_timeout)
         self.conninfo = conninfo
         self.schema = schema
-        self.lease_ttl = float(lease_ttl)
+        self.lease_ttl = checked_lease_ttl(lease_ttl)
         self._connect_timeout = max(1, round(connect_timeout))  # libpq: whole seconds
         self._where = _describe(params, schema)
         self._sql = _Statements(f'"{schema}"')
@@ -444,15 +441,9 @@ class PostgresStore(LoopStore):
         # One trip to the worker thread for all of them, a transaction each
         # (on a new connection after one that broke: one loop's failure is not
         # the others').
-        def write(_: _Conn) -> list[Exception | None]:
-            return commits_in_turn(
-                [
-                    (c.record.loop_id, partial(self._commit_in_thread, c, owner))
-                    for c, owner in commits
-                ]
-            )
-
-        return await self._run(write)
+        return await self._run(
+            lambda _: commits_in_turn(commits, self._commit_in_thread)
+        )
 
     def _commit_in_thread(self, commit: Commit, owner: str) -> None:
         """Write one commit, in the worker thread (its JSON is made here too,
@@ -520,7 +511,7 @@ class PostgresStore(LoopStore):
                 + sum(map(len, items))
                 + sum(len(i) for i, _ in replaced)
                 + sum(len(out) for _, out, _ in ended)
-                + sum(len(c.key) + len(c.tool) + len(c.call_id) for c in intents)
+                + intent_bytes(intents)
             )
             if inference is not None:
                 written += len(inference[1])
@@ -652,7 +643,7 @@ class PostgresStore(LoopStore):
                 return call_of_row(known), 0
             attempt, inserted = row
             if inserted:
-                return call, len(call.key) + len(call.tool) + len(call.call_id)
+                return call, intent_bytes([call])
             return call.model_copy(update={"status": "started", "attempt": attempt}), 0
 
         return await self._run(lambda conn: self._write(conn, write))
@@ -749,12 +740,12 @@ class _Statements:
             f"SELECT output FROM {s}.inferences WHERE loop_id = %s AND request = %s"
         )
         self.calls = (
-            f"SELECT {_CALL_COLUMNS} FROM {s}.calls"
+            f"SELECT {CALL_COLUMNS} FROM {s}.calls"
             " WHERE loop_id = %s AND request = %s ORDER BY position"
         )
-        self.call = f"SELECT {_CALL_COLUMNS} FROM {s}.calls WHERE key = %s"
+        self.call = f"SELECT {CALL_COLUMNS} FROM {s}.calls WHERE key = %s"
         self.begin_call = (
-            f"INSERT INTO {s}.calls AS c ({_CALL_COLUMNS})"
+            f"INSERT INTO {s}.calls AS c ({CALL_COLUMNS})"
             " VALUES (%s, %s, %s, %s, %s, %s, 'started', %s, NULL, false)"
             # A key in the ledger and not done: a new attempt.
             " ON CONFLICT (key) DO UPDATE SET status = 'started', attempt = c.attempt + 1"

@@ -38,6 +38,7 @@ from agentfsm.record import LoopRecord
 from agentfsm.results import LoopStatus
 
 from ._base import (
+    CALL_COLUMNS,
     CallRecord,
     Commit,
     LoopLockedError,
@@ -47,7 +48,9 @@ from ._base import (
     StoreSchemaError,
     StoreStatistics,
     call_of_row,
+    checked_lease_ttl,
     commits_in_turn,
+    intent_bytes,
 )
 
 __all__ = ("SQLiteStore",)
@@ -148,6 +151,24 @@ class _Changes(BaseModel):
 _RECORDS: Final = TypeAdapter(list[LoopRecord], config=ConfigDict(defer_build=True))
 
 
+_INSERT_INTENT: Final = (
+    f"INSERT OR IGNORE INTO calls ({CALL_COLUMNS})"
+    " VALUES (?, ?, ?, ?, ?, ?, 'started', ?, NULL, 0)"
+)
+
+
+def _intent_row(call: CallRecord) -> tuple[object, ...]:
+    return (
+        call.key,
+        call.loop_id,
+        call.request,
+        call.position,
+        call.tool,
+        call.call_id,
+        call.attempt,
+    )
+
+
 class _NotOwned(Exception):
     """The loop's row does not name this runtime: the lease must be taken."""
 
@@ -189,7 +210,7 @@ class SQLiteStore(LoopStore):
         self.path = os.fspath(path)
         self.durability = durability
         self.keeps_events = events
-        self.lease_ttl = lease_ttl
+        self.lease_ttl = checked_lease_ttl(lease_ttl)
         self._busy_timeout = busy_timeout
         self._db: sqlite3.Connection | None = None
         self._limiter: anyio.CapacityLimiter | None = None
@@ -311,15 +332,9 @@ class SQLiteStore(LoopStore):
         self, commits: Sequence[tuple[Commit, str]]
     ) -> list[Exception | None]:
         # One trip to the worker thread for all of them, a transaction each.
-        def write() -> list[Exception | None]:
-            return commits_in_turn(
-                [
-                    (c.record.loop_id, partial(self._commit_in_thread, c, owner))
-                    for c, owner in commits
-                ]
-            )
-
-        return await self._run(write)
+        return await self._run(
+            partial(commits_in_turn, commits, self._commit_in_thread)
+        )
 
     def _commit_in_thread(self, commit: Commit, owner: str) -> None:
         """Write one commit, in the worker thread (its JSON is made here too,
@@ -334,69 +349,59 @@ class SQLiteStore(LoopStore):
             (output.model_dump_json(), int(terminate), key)
             for key, output, terminate in commit.ended
         ]
-        written += sum(len(out) for out, _, _ in ended) + sum(
-            len(c.key) + len(c.tool) + len(c.call_id) for c in intents
-        )
+        written += sum(len(out) for out, _, _ in ended) + intent_bytes(intents)
         status = record.status.value
         # The loop's row holds this status already (this store wrote it, and
         # holds the lease): the commit need not write the row.
         steady = self._statuses.get(loop_id) == status
 
-        def append_owned(db: sqlite3.Connection) -> int:
-            if not db.execute(_APPEND_OWNED, (*row, loop_id, owner)).rowcount:
-                raise _NotOwned  # the lease was given up, or taken: take it
-            return written
-
-        def take_and_append(db: sqlite3.Connection) -> None:
-            now = time.time()
-            # One statement takes the lease and writes the loop's row; it
-            # changes nothing while another runtime holds a live lease.
-            taken = db.execute(
-                "INSERT INTO loops (loop_id, agent_id, status, owner, lease_until,"
-                " updated) VALUES (?, ?, ?, ?, ?, ?)"
-                " ON CONFLICT (loop_id) DO UPDATE SET status = excluded.status,"
-                " owner = excluded.owner, lease_until = excluded.lease_until,"
-                " updated = excluded.updated"
-                " WHERE loops.owner IS NULL OR loops.owner = excluded.owner"
-                " OR loops.lease_until <= excluded.updated",
-                (loop_id, record.agent_id, status, owner, now + self.lease_ttl, now),
-            ).rowcount
-            if not taken:
-                (holder,) = db.execute(
-                    "SELECT owner FROM loops WHERE loop_id = ?", (loop_id,)
-                ).fetchone()
-                raise LoopLockedError(loop_id, holder)
-            db.execute(_APPEND, row)
+        def append_owned(db: sqlite3.Connection) -> bool:
+            """The log row, if this runtime holds the loop's lease."""
+            return bool(db.execute(_APPEND_OWNED, (*row, loop_id, owner)).rowcount)
 
         if steady and not intents and not ended:
+
+            def append(db: sqlite3.Connection) -> int:
+                if append_owned(db):
+                    return written
+                raise _NotOwned  # the lease was given up, or taken: take it
+
             try:  # one statement: a transaction of its own
-                self._write(append_owned, transaction=False)
+                self._write(append, transaction=False)
                 return
             except _NotOwned:
                 steady = False
 
         def write(db: sqlite3.Connection) -> int:
-            if steady:
-                append_owned(db)
-            else:
-                take_and_append(db)
+            if not (steady and append_owned(db)):
+                now = time.time()
+                # One statement takes the lease and writes the loop's row; it
+                # changes nothing while another runtime holds a live lease.
+                taken = db.execute(
+                    "INSERT INTO loops (loop_id, agent_id, status, owner,"
+                    " lease_until, updated) VALUES (?, ?, ?, ?, ?, ?)"
+                    " ON CONFLICT (loop_id) DO UPDATE SET status = excluded.status,"
+                    " owner = excluded.owner, lease_until = excluded.lease_until,"
+                    " updated = excluded.updated"
+                    " WHERE loops.owner IS NULL OR loops.owner = excluded.owner"
+                    " OR loops.lease_until <= excluded.updated",
+                    (
+                        loop_id,
+                        record.agent_id,
+                        status,
+                        owner,
+                        now + self.lease_ttl,
+                        now,
+                    ),
+                ).rowcount
+                if not taken:
+                    (holder,) = db.execute(
+                        "SELECT owner FROM loops WHERE loop_id = ?", (loop_id,)
+                    ).fetchone()
+                    raise LoopLockedError(loop_id, holder)
+                db.execute(_APPEND, row)
             if intents:
-                db.executemany(
-                    f"INSERT OR IGNORE INTO calls ({self._CALL_COLUMNS})"
-                    " VALUES (?, ?, ?, ?, ?, ?, 'started', ?, NULL, 0)",
-                    [
-                        (
-                            c.key,
-                            c.loop_id,
-                            c.request,
-                            c.position,
-                            c.tool,
-                            c.call_id,
-                            c.attempt,
-                        )
-                        for c in intents
-                    ],
-                )
+                db.executemany(_INSERT_INTENT, [_intent_row(c) for c in intents])
             if ended:
                 db.executemany(
                     "UPDATE calls SET status = 'done', output = ?, terminate = ?"
@@ -405,11 +410,7 @@ class SQLiteStore(LoopStore):
                 )
             return written
 
-        try:
-            self._write(write)
-        except _NotOwned:  # rolled back: take the lease
-            steady = False
-            self._write(write)
+        self._write(write)
         if status == LoopStatus.done.value:
             self._statuses.pop(loop_id, None)  # it writes no more
         else:
@@ -616,15 +617,10 @@ class SQLiteStore(LoopStore):
 
     # ----------------------------------------------------------------- ledger
 
-    _CALL_COLUMNS = (
-        "key, loop_id, request, position, tool, call_id, status, attempt, output,"
-        " terminate"
-    )
-
     async def calls(self, loop_id: str, request: int) -> list[CallRecord]:
         def read() -> list[CallRecord]:
             rows = self._conn.execute(
-                f"SELECT {self._CALL_COLUMNS} FROM calls"
+                f"SELECT {CALL_COLUMNS} FROM calls"
                 " WHERE loop_id = ? AND request = ? ORDER BY position",
                 (loop_id, request),
             )
@@ -637,7 +633,7 @@ class SQLiteStore(LoopStore):
 
         def write(db: sqlite3.Connection) -> int:
             row = db.execute(
-                f"SELECT {self._CALL_COLUMNS} FROM calls WHERE key = ?", (call.key,)
+                f"SELECT {CALL_COLUMNS} FROM calls WHERE key = ?", (call.key,)
             ).fetchone()
             if row is not None:
                 known = call_of_row(row)
@@ -653,21 +649,9 @@ class SQLiteStore(LoopStore):
                 )
                 result.append(again)
                 return 0
-            db.execute(
-                f"INSERT INTO calls ({self._CALL_COLUMNS})"
-                " VALUES (?, ?, ?, ?, ?, ?, 'started', ?, NULL, 0)",
-                (
-                    call.key,
-                    call.loop_id,
-                    call.request,
-                    call.position,
-                    call.tool,
-                    call.call_id,
-                    call.attempt,
-                ),
-            )
+            db.execute(_INSERT_INTENT, _intent_row(call))
             result.append(call)
-            return len(call.key) + len(call.tool) + len(call.call_id)
+            return intent_bytes([call])
 
         await self._run(lambda: self._write(write))
         return result[0]
