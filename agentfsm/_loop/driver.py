@@ -113,14 +113,9 @@ async def run(loop: Loop) -> None:
         # on a subscriber: what the loop holds is delivered past capacity.
         end(loop, _T.cancel, reason=_cancel_reason(loop, "runtime closed"))
         loop.deliver_held()
-        if durable is not None:
-            if loop.cancel_requested:
-                # A cancel is the loop's end; the runtime closing is not: the
-                # store keeps the loop's last transition, and recovery goes
-                # on from it.
-                with anyio.CancelScope(shield=True):
-                    await _save_end(loop, durable)
-            wake(loop)
+        # A cancel is the loop's end; the runtime closing is not: the store
+        # keeps the loop's last transition, and recovery goes on from it.
+        await _stored_end(loop, save=loop.cancel_requested)
         raise
     except LoopAborted as exc:
         end(loop, _T.abort, reason=exc.reason)
@@ -139,10 +134,7 @@ async def run(loop: Loop) -> None:
         # for a cancel, without waiting on a subscriber).
         end(loop, _T.fail, reason=error_text(exc), error=exc)
         loop.deliver_held()
-        if durable is not None:
-            with anyio.CancelScope(shield=True):
-                await _save_end(loop, durable)
-            wake(loop)
+        await _stored_end(loop)
         raise
     if durable is not None:
         with anyio.CancelScope(shield=True):
@@ -172,13 +164,21 @@ async def run(loop: Loop) -> None:
         if loop.status is not _DONE:  # paused, its pause still being published
             reason = "the runtime closed while the loop was paused"
             end(loop, _T.cancel, reason=_cancel_reason(loop, reason))
-            if durable is not None:
-                if loop.cancel_requested:
-                    with anyio.CancelScope(shield=True):
-                        await _save_end(loop, durable)
-                wake(loop)
+            await _stored_end(loop, save=loop.cancel_requested)
         loop.deliver_held()
         raise
+
+
+async def _stored_end(loop: Loop, *, save: bool = True) -> None:
+    """A durable loop's end: stored (`save`), then its waiters woken (`end`
+    wakes those of a loop without a store at once); nothing without a store."""
+    durable = loop.durable
+    if durable is None:
+        return
+    if save:
+        with anyio.CancelScope(shield=True):
+            await _save_end(loop, durable)
+    wake(loop)
 
 
 async def _save_end(loop: Loop, durable: Durable) -> Exception | None:
@@ -389,9 +389,7 @@ async def expire_paused(loop: Loop) -> None:
     assert deadline is not None
     error = LoopTimeout(f"the loop ran past its deadline of {deadline:g}s (paused)")
     end(loop, _T.fail, reason=error_text(error), error=error)
-    if loop.durable is not None:
-        await _save_end(loop, loop.durable)
-        wake(loop)
+    await _stored_end(loop)
     try:
         await loop.flush()
     except anyio.get_cancelled_exc_class():
