@@ -705,3 +705,27 @@ class TestHeldEvents:
                 seqs.append(plain.receive_nowait().seq)
         assert result.outcome is Outcome.answered
         assert seqs == list(range(1, len(seqs) + 1))
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("subscribed", ["loop.started", "loop.idle"])
+async def test_loop_started_is_built_only_for_a_subscriber_of_it(
+    monkeypatch: pytest.MonkeyPatch, subscribed: str
+) -> None:
+    """`loop.started` copies the request's items and describes its tools and
+    options: a bus whose subscribers take other types only does not build it."""
+    from agentfsm._replay import wire
+
+    built: list[str] = []
+    real = wire.started_fields
+
+    def counted(*args: object, **kwargs: object) -> object:
+        built.append("loop.started")
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(wire, "started_fields", counted)
+    async with Runtime(providers={"scripted": ScriptedProvider([text("hi")])}) as rt:
+        recorder = EventRecorder(rt.bus, subscribed)
+        await rt.wait(rt.run_loop("agent", "hi", request()))
+    assert [e.type for e in recorder.events] == [subscribed]
+    assert built == (["loop.started"] if subscribed == "loop.started" else [])

@@ -120,10 +120,12 @@ class Emitter:
     ) -> None:
         """`loop.started`, with what a replay needs to start the loop again: the
         request as data (its context and tools included), the options and the
-        handlers by name. Built only when someone listens (an event log, a
-        subscriber): the request's items are copied then, a tuple of references."""
+        handlers by name. Built only when a subscriber (an event log's, say)
+        takes `loop.started` of this loop: the request's items are copied then,
+        a tuple of references (a subscriber of other types only, OTel's, pays
+        nothing for it)."""
         seq = self.seq = self.seq + 1
-        if self.bus.listening:
+        if self.bus.listening and self.bus.wants("loop.started", self.loop_id):
             from agentfsm._replay.wire import started_fields
 
             fields = started_fields(message, request, options, handlers)

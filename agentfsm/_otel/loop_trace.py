@@ -51,8 +51,9 @@ class Decisions:
     A decision is published as `transition.intercepted` and nowhere else, so a
     traced loop with handlers reads them from one subscription per bus, shared
     by the bus's traced loops and open while one of them lives (while it is
-    open, every loop of the bus builds its events' fields: only traced loops
-    with handlers pay that). It is never awaited: the traced loops drain it in
+    open, the bus listens: every loop of the bus passes its events' fields to
+    the emitter, which drops those nobody takes, `loop.started` unbuilt). It
+    is never awaited: the traced loops drain it in
     their own hooks (at each commit, at the end of a run), so each decision
     becomes an event of its loop's span in that loop's own task, stamped with
     the time it was published.
