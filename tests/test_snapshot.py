@@ -44,3 +44,33 @@ async def test_a_paused_loops_record_holds_its_pause_and_round_trips() -> None:
         with pytest.raises(UnknownLoopError):
             runtime.snapshot("no-such-loop")
     assert result.model_requests == 3  # the call's turn, the answer, the follow-up
+
+
+@pytest.mark.anyio
+async def test_a_record_keeps_no_loop_alive() -> None:
+    """What the records cache (a request's settings, tools and schema; a
+    loop's options and handlers as names) keeps neither the request nor its
+    context: a loop's context is freed with the loop."""
+    import gc
+    import weakref
+
+    from agentfsm import InferenceInput, ModelContext, UserMessage
+    from agentfsm._loop import snapshot
+
+    contexts = []
+    async with Runtime(
+        providers={"scripted": ScriptedProvider([text("hi")] * 3, record=False)}
+    ) as rt:
+        for _ in range(3):
+            made = InferenceInput(
+                model="scripted:m",
+                context=ModelContext(items=[UserMessage(content="x" * 1000)]),
+            )
+            contexts.append(weakref.ref(made.context))
+            loop_id = rt.run_loop("agent", "go", made, pause_tools)
+            rt.snapshot(loop_id)
+            await rt.wait(loop_id)
+        del made
+    gc.collect()
+    assert [c() for c in contexts] == [None, None, None]
+    assert not any(static[0]() is None for static in snapshot._STATIC.values())

@@ -135,6 +135,7 @@ class Loop(Emitter):
         "clock",
         "done",
         "durable",
+        "described",
         "cancel_scope",
         "event",
         "on_commit",
@@ -240,6 +241,9 @@ class Loop(Emitter):
         self.on_commit = on_commit
         self.durable: Durable | None = None
         """Its side of the runtime's store (`_durable.writer`), if the runtime has one."""
+        self.described: tuple[Any, ...] | None = None
+        """Its options and handlers as its records name them, with the objects
+        they were made from (`snapshot.record_of`, made once per loop)."""
         self.scan: ContextScan = context_scan(inference_input.context)
         self.released: InferenceInput | None = None
         """The input with its forced tool choice released (`turn.released`)."""

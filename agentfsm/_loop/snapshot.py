@@ -14,7 +14,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import weakref
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import anyio
@@ -79,6 +81,19 @@ def record_of(loop: Loop) -> LoopRecord:
     paused = loop.paused
     resumed = loop.resumed
     repair = loop.metadata
+    described = loop.described
+    if (
+        described is None
+        or described[0] is not loop.options
+        or described[1] is not loop.handlers
+    ):
+        described = loop.described = (
+            loop.options,
+            loop.handlers,
+            options_record(loop.options),
+            tuple(callable_name(h) for h in loop.handlers),
+        )
+    options, handler_names = described[2], described[3]
     return _made(
         LoopRecord,
         version=RECORD_VERSION,
@@ -86,8 +101,8 @@ def record_of(loop: Loop) -> LoopRecord:
         agent_id=loop.agent_id,
         started_at=loop.started_at,
         input=request_record(loop.input, own, None),
-        handlers=_names(loop.handlers),
-        options=options_record(loop.options),
+        handlers=handler_names,
+        options=options,
         state=loop.state,
         status=loop.status,
         seq=loop.seq,
@@ -146,12 +161,15 @@ def record_of(loop: Loop) -> LoopRecord:
 
 _REQUEST_DATA: Final = {"model", "context", "tools", "structured_output"}
 
-_Static = tuple[InferenceInput, dict[str, Any], tuple[str, ...], tuple[str, ...], Any]
+_Static = tuple[
+    "weakref.ref[InferenceInput]", dict[str, Any], tuple[str, ...], tuple[str, ...], Any
+]
 _STATIC: dict[int, _Static] = {}
 """What a request's record takes from the request alone (its settings as JSON,
-its tools' names and digests, its structured output), by the request's id
-(kept with it, so the id stays its own). A loop's requests are few and made
-once; bounded, for runtimes that make many."""
+its tools' names and digests, its structured output), by the request's id,
+while the request lives (a weak reference: the cache never keeps a request,
+and its context, alive; the entry goes with it). A loop's requests are few
+and made once; bounded, for runtimes that make many."""
 _STATIC_KEPT: Final = 4096
 
 
@@ -170,7 +188,7 @@ def request_record(
     restored, the request has the loop's own context.
     """
     static = _STATIC.get(id(request))
-    if static is None or static[0] is not request:
+    if static is None or static[0]() is not request:
         static = _static(request)
     _, settings, tools, digests, schema = static
     context = request.context
@@ -207,8 +225,9 @@ def request_record(
 
 def _static(request: InferenceInput) -> _Static:
     schema = request.structured_output
+    key = id(request)
     static: _Static = (
-        request,
+        weakref.ref(request, partial(_forget, key)),
         request.model_dump(mode="json", exclude=_REQUEST_DATA),
         tuple(t.name for t in request.tools),
         tuple(schema_digest(t) for t in request.tools),
@@ -216,8 +235,15 @@ def _static(request: InferenceInput) -> _Static:
     )
     if len(_STATIC) >= _STATIC_KEPT:
         del _STATIC[next(iter(_STATIC))]  # the oldest
-    _STATIC[id(request)] = static
+    _STATIC[key] = static
     return static
+
+
+def _forget(key: int, _: object = None) -> None:
+    """A request was freed: its entry goes (unless its id was reused since)."""
+    static = _STATIC.get(key)
+    if static is not None and static[0]() is None:
+        del _STATIC[key]
 
 
 _DIGESTS: dict[int, tuple[ToolDefinition, str]] = {}
@@ -282,29 +308,8 @@ def decision_record(
     return DecisionRecord(kind=decision.kind, reason=getattr(decision, "reason", None))
 
 
-_NAMES: dict[int, tuple[tuple[Any, ...], tuple[str, ...]]] = {}
-
-
-def _names(handlers: tuple[Any, ...]) -> tuple[str, ...]:
-    """The handlers' names (made once per loop's tuple of handlers)."""
-    known = _NAMES.get(id(handlers))
-    if known is not None and known[0] is handlers:
-        return known[1]
-    names = tuple(callable_name(h) for h in handlers)
-    if len(_NAMES) >= _STATIC_KEPT:
-        del _NAMES[next(iter(_NAMES))]
-    _NAMES[id(handlers)] = (handlers, names)
-    return names
-
-
-_OPTIONS: dict[int, tuple[LoopOptions, OptionsRecord]] = {}
-
-
 def options_record(options: LoopOptions) -> OptionsRecord:
-    """`LoopOptions` as data, callables by name (made once per options object)."""
-    known = _OPTIONS.get(id(options))
-    if known is not None and known[0] is options:
-        return known[1]
+    """`LoopOptions` as data, callables by name."""
     values: dict[str, Any] = {}
     for field in dataclasses.fields(options):
         value = getattr(options, field.name)
@@ -313,8 +318,4 @@ def options_record(options: LoopOptions) -> OptionsRecord:
         elif callable(value):
             value = callable_name(value)
         values[field.name] = value
-    record = OptionsRecord(**values)
-    if len(_OPTIONS) >= _STATIC_KEPT:
-        del _OPTIONS[next(iter(_OPTIONS))]
-    _OPTIONS[id(options)] = (options, record)
-    return record
+    return OptionsRecord(**values)
