@@ -156,19 +156,18 @@ class MCPTool(Tool):
         """The tool as the server listed it."""
         self._toolset = toolset
         self._arguments = Arguments(name, spec.input_schema)
-        self.name = name
-        self.function = self._send
-        self.timeout = timeout
-        self.run_in_thread = False
-        self.needs_approval = needs_approval
-        self.execution_mode = execution_mode
-        self.on_crash = "pause"  # a server's tool is not known to be idempotent
-        self._is_async = self._awaits = True
-        self._parameters = None
-        self.definition = ToolDefinition(
-            name=name,
-            description=spec.description or spec.title or "",
-            parameters=self._arguments.schema,
+        self._describe(
+            ToolDefinition(
+                name=name,
+                description=spec.description or spec.title or "",
+                parameters=self._arguments.schema,
+            ),
+            self._send,
+            timeout=timeout,
+            needs_approval=needs_approval,
+            execution_mode=execution_mode,
+            awaits=True,
+            on_crash="pause",  # a server's tool is not known to be idempotent
         )
 
     def __repr__(self) -> str:

@@ -250,6 +250,33 @@ class Tool:
             parameters=schema,
         )
 
+    def _describe(
+        self,
+        definition: ToolDefinition,
+        function: ToolFunction,
+        *,
+        timeout: float | None,
+        needs_approval: bool | Callable[[dict[str, Any]], bool],
+        execution_mode: Literal["parallel", "sequential"],
+        awaits: bool,
+        on_crash: Literal["pause", "retry"] = "pause",
+    ) -> None:
+        """Set every field a loop reads, for a tool with no Python signature to
+        read them from (an MCP server's, a recorded one, a stand-in that only
+        describes itself): it runs as a coroutine, never in a thread. One that
+        validates arguments sets `_args_model` itself."""
+        self.name = definition.name
+        self.definition = definition
+        self.function = function
+        self.timeout = timeout
+        self.needs_approval = needs_approval
+        self.execution_mode = execution_mode
+        self.on_crash = on_crash
+        self.run_in_thread = False
+        self._is_async = True
+        self._awaits = awaits
+        self._parameters = None
+
     @classmethod
     def from_function(
         cls, function: ToolFunction, **options: Unpack[ToolOptions]

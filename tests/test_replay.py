@@ -488,3 +488,39 @@ class TestFork:
         assert "l1_inference --> l1_function_call: call_tools (#3, #5)" in diagram
         assert "l2_inference --> l2_model_message: answer (#3)" in diagram
         assert "l2_inference --> l2_function_call: call_tools\n" in diagram
+
+
+def test_tools_without_a_signature_have_every_field_a_loop_reads() -> None:
+    """A recorded tool (from its spec, or like a given one) and Temporal's
+    stand-in are set up by `Tool._describe`: every field of `Tool` is there
+    (`on_crash` was missing from two of them), as the spec or the tool says."""
+    from agentfsm import tool
+    from agentfsm._replay.doubles import RecordedTool
+    from agentfsm._replay.wire import tool_spec
+    from agentfsm.tools import Tool
+
+    @tool(on_crash="retry", execution_mode="sequential", timeout=7.0)
+    async def lookup(key: str) -> str:
+        """Look a key up."""
+        return key
+
+    spec = tool_spec(lookup)
+    made: list[Tool] = [
+        RecordedTool(spec, [], set()),
+        RecordedTool(spec, [], set(), lookup),
+    ]
+    try:
+        from agentfsm._temporal.activities import _spec_tool
+    except ImportError:  # temporalio not installed
+        pass
+    else:
+        made.append(_spec_tool(spec))
+    fields = [f for f in Tool.__slots__ if f != "_args_model"]
+    for stand_in in made:
+        for field in fields:
+            getattr(stand_in, field)  # raises AttributeError if missing
+        assert stand_in.name == "lookup"
+        assert stand_in.definition.parameters == lookup.definition.parameters
+        assert (stand_in.timeout, stand_in.execution_mode) == (7.0, "sequential")
+        assert stand_in.run_in_thread is False
+    assert [t.on_crash for t in made[:2]] == ["pause", "retry"]

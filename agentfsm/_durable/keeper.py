@@ -224,7 +224,7 @@ class Keeper:
             if entry is None or entry.status == "done":
                 continue
             tool = tools.get(call.name)
-            if getattr(tool, "on_crash", "pause") == "retry":
+            if tool is not None and tool.on_crash == "retry":
                 continue  # idempotent: it runs again, with the same key
             doubtful.append((key, call))
         if not doubtful:

@@ -116,34 +116,35 @@ class RecordedTool(Tool):
         like: Tool | None = None,
     ) -> None:
         # Not `Tool.__init__`: there is no function to read a schema from. The
-        # slots a loop reads are set from the spec (or the given tool).
-        self.function = _never
-        self.name = spec.name if like is None else like.name
-        self.definition = (
-            ToolDefinition(
-                name=spec.name, description=spec.description, parameters=spec.parameters
-            )
-            if like is None
-            else like.definition
-        )
-        self.timeout = spec.timeout if like is None else like.timeout
-        self.execution_mode = (
-            spec.execution_mode if like is None else like.execution_mode
-        )
+        # fields a loop reads are set from the spec (or the given tool).
         # A rule (a function of the arguments) is not data: the recording
         # says which calls it held for approval.
         self._rule = like is None and spec.needs_approval == "rule"
-        self.needs_approval = (
-            like.needs_approval
-            if like is not None
-            else _recorded_rule
-            if self._rule
-            else bool(spec.needs_approval)
-        )
-        self.run_in_thread = False
-        self._is_async = True
-        self._awaits = False
-        self._parameters = None
+        if like is None:
+            self._describe(
+                ToolDefinition(
+                    name=spec.name,
+                    description=spec.description,
+                    parameters=spec.parameters,
+                ),
+                _never,
+                timeout=spec.timeout,
+                needs_approval=_recorded_rule
+                if self._rule
+                else bool(spec.needs_approval),
+                execution_mode=spec.execution_mode,
+                awaits=False,
+            )
+        else:
+            self._describe(
+                like.definition,
+                _never,
+                timeout=like.timeout,
+                needs_approval=like.needs_approval,
+                execution_mode=like.execution_mode,
+                awaits=False,
+                on_crash=like.on_crash,
+            )
         self._invocations = invocations
         self._approvals = approvals
         if like is not None:

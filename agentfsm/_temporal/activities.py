@@ -126,14 +126,21 @@ def _spec_tool(spec: ToolSpec) -> Tool:
     (the model sees its name, description and schema). Its body never runs
     here; the workflow runs calls as their own activities."""
     stand_in: Tool = object.__new__(Tool)
-    stand_in.name = spec.name
-    stand_in.definition = ToolDefinition(
-        name=spec.name, description=spec.description, parameters=spec.parameters
+    stand_in._describe(
+        ToolDefinition(
+            name=spec.name, description=spec.description, parameters=spec.parameters
+        ),
+        _never_here,
+        timeout=spec.timeout,
+        needs_approval=False,
+        execution_mode=spec.execution_mode,
+        awaits=False,
     )
-    stand_in.timeout = spec.timeout
-    stand_in.execution_mode = spec.execution_mode
-    stand_in.needs_approval = False
     return stand_in
+
+
+async def _never_here(**arguments: Any) -> Any:
+    raise AssertionError("a stand-in tool never runs in the activity")
 
 
 async def _context(args: InferArgs, store: ContextStore) -> list[ContextItem]:
