@@ -782,13 +782,15 @@ async def test_a_durable_runtime_cancelled_from_outside_closes_everything(
     from agentfsm import current_runtime
     from agentfsm.eventlog import read_events
     from agentfsm.exceptions import BusClosed, NoRuntimeError
+    from agentfsm.store import StoreError
 
     GATE["block"] = anyio.Event()
     log = tmp_path / "events.jsonl"
+    store = SQLiteStore(tmp_path / "loops.db")
     with anyio.CancelScope() as scope:
         async with Runtime(
             providers={"scripted": ScriptedProvider([calls(call("charge", amount=5))])},
-            store=SQLiteStore(tmp_path / "loops.db"),
+            store=store,
             event_log=log,
         ) as runtime:
             recorder = EventRecorder(runtime.bus)
@@ -801,6 +803,8 @@ async def test_a_durable_runtime_cancelled_from_outside_closes_everything(
     with pytest.raises(NoRuntimeError):
         current_runtime()
     assert list(read_events(log)) == recorder.events
+    with pytest.raises(StoreError, match="not open"):
+        await store.load("any")  # the store was closed
 
 
 async def test_a_store_that_keeps_events_is_a_replay_source(tmp_path: Path) -> None:

@@ -405,7 +405,9 @@ class PauseStore(MemoryStore):
         await super().commit(commit, owner)
 
 
-async def test_a_failed_commit_of_a_queued_message_does_not_fail_the_pause() -> None:
+async def test_a_failed_commit_of_a_queued_message_does_not_fail_the_pause(
+    log_output: list[dict[str, object]],
+) -> None:
     """The pause lands; the commit of a message queued meanwhile (the record
     alone) fails: the loop stays paused (logged), and its resume goes on."""
     store = STORE["store"] = PauseStore(fail=False)
@@ -421,6 +423,9 @@ async def test_a_failed_commit_of_a_queued_message_does_not_fail_the_pause() -> 
         with anyio.fail_after(5):
             result = await runtime.wait(loop_id)
     assert result.outcome is Outcome.answered
+    failures = [e for e in log_output if e["event"] == "store_write_failed"]
+    assert len(failures) == 1
+    assert "the steering's commit failed" in str(failures[0]["error"])
 
 
 async def test_a_loop_resumed_as_its_pause_fails_to_be_stored_ends_once(

@@ -183,6 +183,15 @@ class TestTools:
         """`agentfsm.mcp.__all__` names what the module defines."""
         import agentfsm.mcp
 
+        assert set(agentfsm.mcp.__all__) == {
+            "DEFAULT_CONNECT_TIMEOUT",
+            "MCPConnectionError",
+            "MCPServerSpec",
+            "MCPTool",
+            "MCPToolset",
+            "MCPToolsetOptions",
+            "mcp_tools",
+        }
         assert all(hasattr(agentfsm.mcp, name) for name in agentfsm.mcp.__all__)
 
 

@@ -746,12 +746,16 @@ async def test_without_a_tracer_provider_nothing_is_traced_until_one_is_set(
     ]
 
 
-async def test_a_no_op_tracer_provider_traces_nothing(traces: Traces) -> None:
+async def test_a_no_op_tracer_provider_traces_nothing(global_provider: Traces) -> None:
+    """An explicit no-op provider wins over a global one that records."""
     from opentelemetry.trace import NoOpTracerProvider
 
+    trace.set_tracer_provider(global_provider.provider)
     result = await run(OpenTelemetry(tracer_provider=NoOpTracerProvider()))
     assert result.outcome is Outcome.answered
-    assert traces.spans == ()
+    assert global_provider.spans == ()
+    await run(OpenTelemetry())  # the global one does record, here
+    assert global_provider.spans != ()
 
 
 async def test_conversation_sets_the_conversation_id(traces: Traces) -> None:

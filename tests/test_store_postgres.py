@@ -298,16 +298,21 @@ class TestWrites:
             async with store:
                 scope = anyio.CancelScope()
 
+                returned: list[bool] = []
+
                 async def write() -> None:
                     with scope:
                         await store.commit(Commit(later, 0), "me")
+                        returned.append(True)
+                        await anyio.lowlevel.checkpoint()  # the cancel, now
 
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(write)
                     await wait_for_a_lock_wait(conninfo)
                     scope.cancel()
                     await anyio.to_thread.run_sync(blocker.rollback)
-                assert scope.cancel_called
+                assert returned == [True]  # the write ran to its end
+                assert scope.cancelled_caught  # and the cancel came after it
                 stored = await store.load(record.loop_id)
         finally:
             await anyio.to_thread.run_sync(blocker.close)
