@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Sequence
 
 import anyio
 import pytest
@@ -23,6 +24,7 @@ from agentfsm import (
     UserMessage,
     tool,
 )
+from agentfsm.messages import ContextItem
 
 needs_dot = pytest.mark.skipif(
     shutil.which("dot") is None,
@@ -77,3 +79,14 @@ def items_of(context: ModelContext) -> list[str]:
         elif isinstance(item, ModelMessageItem):
             view.append(f"model:{item.content}")
     return view
+
+
+def assert_one_output_per_call(items: Sequence[ContextItem]) -> None:
+    """Every function call of `items` has exactly one output, and no output
+    is without its call (call ids are unique)."""
+    called = [i.call_id for i in items if isinstance(i, FunctionCallItem)]
+    answered = Counter(
+        i.call_id for i in items if isinstance(i, FunctionCallOutputItem)
+    )
+    assert len(set(called)) == len(called), f"a call id repeats: {called}"
+    assert Counter(called) == answered, f"a call without exactly one output: {items}"

@@ -25,8 +25,6 @@ import anyio.from_thread
 import pytest
 
 from agentfsm import (
-    FunctionCallItem,
-    FunctionCallOutputItem,
     FunctionProvider,
     InferenceInput,
     InferenceOutput,
@@ -56,7 +54,7 @@ from agentfsm.messages import ContextItem
 from agentfsm.providers import ModelNext, Provider
 from agentfsm.testing import EventRecorder, ScriptedProvider, call, calls, text
 from agentfsm.tools import ToolNext
-from tests.helpers import add
+from tests.helpers import add, assert_one_output_per_call
 
 REASON = "cancelled at this point"
 
@@ -491,7 +489,7 @@ async def test_a_cancel_here_ends_the_loop_cleanly(
     if result.path:
         last = result.path[-1]
         assert (last.trigger, last.dest.value) == (Trigger.cancel, "idle")
-    _assert_one_output_per_call(items)
+    assert_one_output_per_call(items)
     events = recorder.of_loop(loop_id)
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
     assert isinstance(events[-1], LoopIdle)
@@ -502,13 +500,6 @@ async def test_a_cancel_here_ends_the_loop_cleanly(
     if stalled is not None:  # it never read: it holds every event, in order
         held = [stalled.receive_nowait() for _ in range(stalled.statistics().buffered)]
         assert [e.seq for e in read + held] == [e.seq for e in events]
-
-
-def _assert_one_output_per_call(items: list[ContextItem]) -> None:
-    call_ids = [i.call_id for i in items if isinstance(i, FunctionCallItem)]
-    output_ids = [i.call_id for i in items if isinstance(i, FunctionCallOutputItem)]
-    assert sorted(output_ids) == sorted(call_ids), "a call without exactly one output"
-    assert len(set(call_ids)) == len(call_ids)
 
 
 async def _threads_returned(setup: Setup) -> None:

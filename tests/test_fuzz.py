@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 import os
-from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -56,7 +55,7 @@ from agentfsm.events import LoopIdle
 from agentfsm.exceptions import ConfigurationError, LoopStateError, UnknownProvider
 from agentfsm.providers.function import FunctionProvider
 from agentfsm.testing import EventRecorder, calls, text
-from tests.helpers import add
+from tests.helpers import add, assert_one_output_per_call
 
 T = TypeVar("T")
 
@@ -87,16 +86,6 @@ async def checkpointed(inference_input: InferenceInput) -> InferenceOutput:
     """`calling_then_answering`, after a checkpoint (so timeouts can fire)."""
     await anyio.lowlevel.checkpoint()
     return calling_then_answering(inference_input)
-
-
-def one_output_per_call(context: ModelContext, start: int = 0) -> None:
-    """Each call the loop made (from item `start` on) has exactly one output."""
-    items = context.items[start:]
-    called = Counter(i.call_id for i in items if isinstance(i, FunctionCallItem))
-    answered = Counter(
-        i.call_id for i in items if isinstance(i, FunctionCallOutputItem)
-    )
-    assert called == answered, items
 
 
 async def wait_ended(runtime: Runtime, loop_id: str) -> None:
@@ -130,7 +119,7 @@ def check_ended(
     assert [e.outcome for e in idle if e.loop_id == loop_id] == [view.outcome]
     assert runtime.loops(status=LoopStatus.running) == []
     assert runtime.loops(status=LoopStatus.paused) == []
-    one_output_per_call(context, start)
+    assert_one_output_per_call(context.items[start:])
 
 
 def run(backend: str, body: Callable[[], Awaitable[None]]) -> None:
