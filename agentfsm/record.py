@@ -22,16 +22,21 @@ Example:
     ```
 """
 
+import dataclasses
 from datetime import datetime
-from typing import Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
+from . import _models
 from .inference import InferenceOutput
 from .interception import ToolBatch
 from .messages import ContextItem, ModelMessageItem, TokenUsage, UserMessage
 from .results import ErrorInfo, LoopStatus, PathStep
 from .states import LoopState, Outcome, Trigger
+
+if TYPE_CHECKING:
+    from .options import LoopOptions
 
 __all__ = (
     "DecisionRecord",
@@ -200,6 +205,23 @@ class OptionsRecord(BaseModel):
     retry_backoff: float
     structured_output_retries: int
     finish_turn: str | None
+
+
+def options_record(options: "LoopOptions") -> OptionsRecord:
+    """`LoopOptions` as data, callables by name (built without validation: the
+    values come from `LoopOptions`, checked when it was made)."""
+    values: dict[str, Any] = {}
+    for field in dataclasses.fields(options):
+        value = getattr(options, field.name)
+        if isinstance(value, tuple):
+            value = tuple(callable_name(v) for v in value)
+        elif callable(value):
+            value = callable_name(value)
+        values[field.name] = value
+    return _models.trusted(OptionsRecord, values, _OPTIONS_FIELDS)
+
+
+_OPTIONS_FIELDS = set(OptionsRecord.model_fields)
 
 
 class LoopRecord(BaseModel):

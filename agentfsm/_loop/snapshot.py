@@ -11,7 +11,6 @@ each one round-trips through JSON and validates.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import weakref
@@ -38,14 +37,13 @@ from agentfsm.record import (
     StepRecord,
     TurnRecord,
     callable_name,
+    options_record,
 )
 from agentfsm.tools import Tool, ToolDefinition
 
 from .states.model_message import jsonable
 
 if TYPE_CHECKING:
-    from agentfsm.options import LoopOptions
-
     from .loop import Loop
     from .steps import Step
 
@@ -306,16 +304,3 @@ def decision_record(
             payload=payload_record(decision.payload, own, repair),
         )
     return DecisionRecord(kind=decision.kind, reason=getattr(decision, "reason", None))
-
-
-def options_record(options: LoopOptions) -> OptionsRecord:
-    """`LoopOptions` as data, callables by name."""
-    values: dict[str, Any] = {}
-    for field in dataclasses.fields(options):
-        value = getattr(options, field.name)
-        if isinstance(value, tuple):
-            value = tuple(callable_name(v) for v in value)
-        elif callable(value):
-            value = callable_name(value)
-        values[field.name] = value
-    return OptionsRecord(**values)

@@ -11,7 +11,6 @@ This module converts public data only (it imports none of `_bus`, `_loop` or
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Final
@@ -24,7 +23,7 @@ from agentfsm.exceptions import ConfigurationError
 from agentfsm.inference import InferenceInput
 from agentfsm.messages import ModelContext, UserMessage
 from agentfsm.options import LoopOptions
-from agentfsm.record import OptionsRecord, callable_name
+from agentfsm.record import callable_name, options_record
 
 if TYPE_CHECKING:
     from agentfsm.interception import InterceptionHandler
@@ -32,7 +31,6 @@ if TYPE_CHECKING:
 
 __all__ = (
     "FORKED_FROM",
-    "options_data",
     "request_data",
     "request_of",
     "started_fields",
@@ -52,8 +50,6 @@ _SETTINGS: Final = tuple(
 )
 """Every setting of an `InferenceInput`, in field order."""
 
-_OPTION_NAMES: Final = tuple(f.name for f in dataclasses.fields(LoopOptions))
-_OPTIONS_FIELDS: Final = set(OptionsRecord.model_fields)
 _REQUEST_FIELDS: Final = set(RequestData.model_fields)
 _TOOL_FIELDS: Final = set(ToolSpec.model_fields)
 
@@ -70,7 +66,7 @@ def started_fields(
         "model": request.model,
         "streaming": request.streaming,
         "request": request_data(request),
-        "options": options_data(options),
+        "options": options_record(options),
         "handlers": tuple(callable_name(h) for h in handlers),
         "forked_from": FORKED_FROM.get(),
     }
@@ -116,29 +112,6 @@ def tool_spec(tool: Tool) -> ToolSpec:
         "timeout": tool.timeout,
     }
     return _models.trusted(ToolSpec, values, _TOOL_FIELDS)
-
-
-_last_options: tuple[LoopOptions, OptionsRecord] | None = None
-"""The options last recorded, and their record: most loops share their
-options (`run_loop` without any share one object), which are frozen."""
-
-
-def options_data(options: LoopOptions) -> OptionsRecord:
-    """`LoopOptions` as data, callables by name (as `record.OptionsRecord`)."""
-    global _last_options
-    if _last_options is not None and _last_options[0] is options:
-        return _last_options[1]
-    values: dict[str, Any] = {}
-    for name in _OPTION_NAMES:
-        value = getattr(options, name)
-        if isinstance(value, tuple):
-            value = tuple(callable_name(v) for v in value)
-        elif callable(value):
-            value = callable_name(value)
-        values[name] = value
-    record = _models.trusted(OptionsRecord, values, _OPTIONS_FIELDS)
-    _last_options = (options, record)
-    return record
 
 
 def request_of(
