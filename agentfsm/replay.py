@@ -54,7 +54,7 @@ import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, InstanceOf, JsonValue
 
 from ._replay.compare import edge_of, first_mismatch
-from ._replay.doubles import ReplayProvider, ReplayRegistry, recorded_tools
+from ._replay.doubles import ReplayProvider, recorded_tools
 from ._replay.recording import Recording, loop_events
 from ._replay.wire import FORKED_FROM, rebound, request_of
 from .eventlog import read_events
@@ -64,6 +64,7 @@ from .inference import InferenceInput
 from .interception import Abort, InterceptionHandler, PendingTransition
 from .messages import ModelContext
 from .options import LoopOptionsDict
+from .providers import _OneProviderRegistry
 from .results import LoopResult, PathStep
 from .states import Trigger
 from .tools import Tool
@@ -350,7 +351,7 @@ async def _run(
     started = recording.started
     events: list[AgentEvent] = []
     resumes = iter(recording.resumes)
-    runtime = Runtime(providers=ReplayRegistry(provider), keep_finished=1)
+    runtime = Runtime(providers=_OneProviderRegistry(provider), keep_finished=1)
     async with runtime:
         # Subscribed until after the runtime's exit: a loop left paused ends
         # only then (cancelled, as the recording's did), publishing its end.

@@ -2,7 +2,8 @@
 
 - `ReplayProvider` serves the n-th recorded `inference.completed` output to the
   n-th request (streamed: the recorded chunks, then the output), for whatever
-  model the request names (`ReplayRegistry` resolves every model to it).
+  model the request names (`providers._OneProviderRegistry` serves every
+  model from it).
 - `RecordedTool` is a tool with the recorded tool's spec (or the given tool's)
   whose calls return the recorded outputs: the first unused output of a call of
   that tool with the same arguments, else the next unused one. Its function
@@ -18,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 from agentfsm.events import ToolSpec
 from agentfsm.exceptions import ProviderError, ToolError
 from agentfsm.inference import InferenceInput, InferenceOutput, OutputCompleted
-from agentfsm.providers import Provider, ProviderRegistry
 from agentfsm.tools import Tool, ToolDefinition, ToolResult
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
     from .recording import Invocation, Recording
 
-__all__ = ("RecordedTool", "ReplayProvider", "ReplayRegistry", "recorded_tools")
+__all__ = ("RecordedTool", "ReplayProvider", "recorded_tools")
 
 _errors: dict[str, type[ProviderError]] = {}
 
@@ -87,20 +87,6 @@ class ReplayProvider:
 async def _deltas(events: list[Any]) -> AsyncIterator[StreamEvent]:
     for event in events:
         yield event
-
-
-class ReplayRegistry(ProviderRegistry):
-    """A registry that resolves every model to one provider (a handler that
-    rewrites the model is still served from the recording)."""
-
-    __slots__ = ("_replay",)
-
-    def __init__(self, provider: Provider) -> None:
-        super().__init__()
-        self._replay = provider
-
-    def resolve(self, model: str) -> Provider:
-        return self._replay
 
 
 class RecordedTool(Tool):

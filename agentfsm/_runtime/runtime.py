@@ -176,7 +176,7 @@ class Runtime:
         """The deadline timers of paused loops, by loop id."""
         self._on_commit: Callable[[Loop], None] | None = None
         """Called at each committed transition of every loop (the point at which
-        a loop's record is complete; the durable store will write it there)."""
+        a loop's record is complete; tests watch records there)."""
         self._keeper: Keeper | None = None
         """The durable store's side (`agentfsm._durable.keeper`), with a store."""
         if store is not None:

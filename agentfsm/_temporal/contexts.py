@@ -16,6 +16,9 @@ from agentfsm.store import LoopStore
 __all__ = ("StoreContexts",)
 
 
+_HELD_KEPT = 4096
+
+
 class StoreContexts:
     """Each workflow's context in a durable store (`SQLiteStore` for workers
     on one machine, `PostgresStore` for workers anywhere); opened on first use.
@@ -32,7 +35,8 @@ class StoreContexts:
         self._opened = False
         self._held: dict[str, tuple[int, str]] = {}
         """What this worker last saw the store hold of a loop: its length and
-        its last digest (a hint; the store decides)."""
+        its last digest (a hint; the store decides), for the `_HELD_KEPT`
+        loops it saw last (a long-lived worker sees loops without end)."""
         self.misses = 0
         """How many requests referred to a prefix the store did not hold."""
 
@@ -47,8 +51,7 @@ class StoreContexts:
         if held is None:
             self._held.pop(loop_id, None)
             return None
-        digests = held[1]
-        self._held[loop_id] = (len(digests), digests[-1] if digests else "")
+        self._remember(loop_id, held[1])
         return held
 
     async def put(
@@ -62,4 +65,11 @@ class StoreContexts:
             if 0 < length <= len(digests) and digests[length - 1] == last:
                 first = length  # the store holds this prefix: append the rest
         await self.store.append_context(loop_id, first, items[first:], digests[first:])
-        self._held[loop_id] = (len(digests), digests[-1] if digests else "")
+        self._remember(loop_id, digests)
+
+    def _remember(self, loop_id: str, digests: list[str]) -> None:
+        held = self._held
+        held.pop(loop_id, None)  # the most recent last
+        if len(held) >= _HELD_KEPT:
+            del held[next(iter(held))]  # the oldest
+        held[loop_id] = (len(digests), digests[-1] if digests else "")

@@ -51,7 +51,7 @@ from agentfsm.interception import (
     ToolBatch,
 )
 from agentfsm.messages import ContextItem, ModelContext, UserMessage
-from agentfsm.providers import Provider, ProviderRegistry
+from agentfsm.providers import _OneProviderRegistry
 from agentfsm.results import LoopStatus, LoopView
 from agentfsm.states import LoopState, Trigger
 from agentfsm.tools import ToolCall, ToolNext, ToolResult, _current_call
@@ -251,20 +251,6 @@ class _ActivityProvider:
         return result.output
 
 
-class _Providers(ProviderRegistry):
-    """Every model the loop names is served by the activity provider (the
-    worker's providers serve it inside the activity)."""
-
-    __slots__ = ("_activity",)
-
-    def __init__(self, provider: Provider) -> None:
-        super().__init__()
-        self._activity = provider
-
-    def resolve(self, model: str) -> Provider:
-        return self._activity
-
-
 class _ToolActivities:
     """The innermost tool wrapper: runs a call's tool body as an activity."""
 
@@ -442,7 +428,7 @@ class LoopWorkflow:
         self._state = workflow.info().typed_search_attributes.get(STATE_ATTRIBUTE) or ""
         ids = iter((start.loop_id,))
         runtime = Runtime(
-            providers=_Providers(self.provider),
+            providers=_OneProviderRegistry(self.provider),  # served in the activity
             clock=workflow.now,
             ids=lambda: next(ids),
             instrument=_Status(self),

@@ -222,3 +222,18 @@ class ProviderRegistry:
         if provider is None:
             provider = self._builtins[prefix] = _builtin_provider(prefix)
         return provider
+
+
+class _OneProviderRegistry(ProviderRegistry):
+    """A registry whose every model resolves to one provider, whatever its
+    prefix (a replay serves every request from the recording; a Temporal
+    workflow from its activity)."""
+
+    __slots__ = ("_only",)
+
+    def __init__(self, provider: Provider) -> None:
+        super().__init__()
+        self._only = provider
+
+    def resolve(self, model: str) -> Provider:
+        return self._only
