@@ -817,3 +817,50 @@ async def test_a_loop_resumed_while_still_publishing_its_pause(traces: Traces) -
         e["agentfsm.decision"] for e in events(second, "agentfsm.decision")
     ]
     assert events(second, "agentfsm.decision")[0]["agentfsm.handler"] == "resume"
+
+
+async def test_content_is_not_serialized_for_spans_the_sampler_drops(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With content captured and every span sampled out, the messages, tools
+    and outputs are never serialized (they grow with the context)."""
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
+    from agentfsm._otel import content
+
+    made: list[str] = []
+    for name in ("input_messages", "tool_definitions", "output_messages"):
+        real = getattr(content, name)
+
+        def counted(*args: Any, _real: Any = real, _name: str = name) -> Any:
+            made.append(_name)
+            return _real(*args)
+
+        monkeypatch.setattr(content, name, counted)
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ALWAYS_OFF)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    result = await run(OpenTelemetry(tracer_provider=provider, capture_content=True))
+    assert result.outcome is Outcome.answered
+    assert exporter.get_finished_spans() == ()
+    assert [m for m in made if m != "input_messages"] == []
+    # (the `invoke_agent` span's first message is made once, at its start)
+    assert made.count("input_messages") <= 1
+
+
+async def test_content_is_serialized_for_spans_kept(
+    monkeypatch: pytest.MonkeyPatch, traces: Traces
+) -> None:
+    """The same counts with the default sampler: the content is made."""
+    from agentfsm._otel import content
+
+    made: list[str] = []
+    real = content.output_messages
+
+    def counted(*args: Any) -> Any:
+        made.append("output_messages")
+        return real(*args)
+
+    monkeypatch.setattr(content, "output_messages", counted)
+    await run(traces.instrument(capture_content=True))
+    assert made == ["output_messages"] * 2  # one per model request

@@ -254,6 +254,8 @@ class LoopTrace:
         if self.decisions is not None:
             self.decisions.drain()
         span = self.span or self.begin(loop, in_run=False)
+        if not span.is_recording():
+            return  # sampled out: the event would be dropped
         source, trigger, dest, rewritten_from = loop.path[-1]
         attributes = {
             "agentfsm.source": source.value,

@@ -106,20 +106,24 @@ def start_chat(
         attributes["gen_ai.request.stop_sequences"] = request.stop_sequences
     if request.structured_output is not None:
         attributes["gen_ai.output.type"] = "json"
-    if trace_.capture_content:
+    span = trace_.tracer.start_span(
+        f"chat {model}", kind=SpanKind.CLIENT, attributes=attributes
+    )
+    if trace_.capture_content and span.is_recording():
+        # After the sampler, and only for a span it keeps: the content grows
+        # with the context (the messages are serialized at every request).
         context = request.context
-        attributes["gen_ai.input.messages"] = content.input_messages(context.items)
+        captured = {"gen_ai.input.messages": content.input_messages(context.items)}
         if context.instructions:
-            attributes["gen_ai.system_instructions"] = content.system_instructions(
+            captured["gen_ai.system_instructions"] = content.system_instructions(
                 context.instructions
             )
         if request.tools:
-            attributes["gen_ai.tool.definitions"] = content.tool_definitions(
+            captured["gen_ai.tool.definitions"] = content.tool_definitions(
                 request.tools
             )
-    return trace_.tracer.start_span(
-        f"chat {model}", kind=SpanKind.CLIENT, attributes=attributes
-    )
+        span.set_attributes(captured)
+    return span
 
 
 def record_output(trace_: LoopTrace, span: Span, output: InferenceOutput) -> None:
@@ -140,7 +144,7 @@ def record_output(trace_: LoopTrace, span: Span, output: InferenceOutput) -> Non
             attributes["gen_ai.response.id"] = response_id
         if isinstance(response_model := raw.get("model"), str):
             attributes["gen_ai.response.model"] = response_model
-    if trace_.capture_content:
+    if trace_.capture_content and span.is_recording():
         attributes["gen_ai.output.messages"] = content.output_messages(output)
     span.set_attributes(attributes)
 
