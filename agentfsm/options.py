@@ -112,7 +112,7 @@ class LoopOptionsDict(TypedDict, total=False):
     finish_turn: FinishTurn | None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True, weakref_slot=True)
 class LoopOptions:
     """How one loop runs.
 

@@ -74,3 +74,31 @@ async def test_a_record_keeps_no_loop_alive() -> None:
     gc.collect()
     assert [c() for c in contexts] == [None, None, None]
     assert not any(static[0]() is None for static in snapshot._STATIC.values())
+
+
+def test_options_are_described_anew_when_they_change() -> None:
+    """`options_record` remembers the options it last described (most loops
+    share theirs) while they live: other options get their own record, and
+    the remembered ones are not kept alive."""
+    import gc
+    import weakref
+
+    from agentfsm.options import LoopOptions
+    from agentfsm.record import options_record
+
+    first = LoopOptions(max_turns=3)
+    assert options_record(first).max_turns == 3
+    assert options_record(first) is options_record(first)
+    second = LoopOptions(max_turns=4, stop_when=(_never_stop,))
+    assert options_record(second).max_turns == 4
+    assert options_record(second).stop_when == (f"{__name__}:_never_stop",)
+    assert options_record(first).max_turns == 3
+    gone = weakref.ref(second)
+    options_record(second)
+    del second
+    gc.collect()
+    assert gone() is None
+
+
+def _never_stop(view: object) -> None:
+    return None
