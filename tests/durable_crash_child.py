@@ -109,8 +109,10 @@ class KillingStore(SQLiteStore):
         reached("begin_call")
         return entry
 
-    async def end_call(self, key: str, output: Any, terminate: bool) -> None:
-        await super().end_call(key, output, terminate)
+    async def end_call(
+        self, loop_id: str, key: str, output: Any, terminate: bool
+    ) -> None:
+        await super().end_call(loop_id, key, output, terminate)
         reached("end_call")
 
 

@@ -21,6 +21,7 @@ import pytest
 
 from agentfsm import (
     FunctionCallItem,
+    FunctionCallOutputItem,
     InferenceInput,
     LoopResult,
     LoopState,
@@ -40,7 +41,13 @@ from agentfsm import (
 from agentfsm._keys import idempotency_key
 from agentfsm.events import LoopRecovered
 from agentfsm.exceptions import ConfigurationError
-from agentfsm.store import LoopStore, MemoryStore, SQLiteStore, StoreSchemaError
+from agentfsm.store import (
+    CallRecord,
+    LoopStore,
+    MemoryStore,
+    SQLiteStore,
+    StoreSchemaError,
+)
 from agentfsm.testing import EventRecorder, ScriptedProvider, call, calls, text
 from tests.helpers import items_of, wait_until
 
@@ -181,6 +188,60 @@ def running(name: str) -> Callable[[Runtime, str], bool]:
 
 
 class TestWhatIsStored:
+    async def test_the_ledger_written_outside_commits(
+        self, store_factory: Callable[[], LoopStore]
+    ) -> None:
+        """The ledger's own writes, after a loop's commits wrote some of it: a
+        done call is never begun again; a call begun again is a new attempt;
+        uncertain and done are kept; `calls` gives one request's, by position."""
+        store = store_factory()
+        provider = ScriptedProvider(
+            [calls(call("add", call_id="c1", a=1, b=2)), text("3")]
+        )
+        async with Runtime(providers={"scripted": provider}, store=store) as runtime:
+            loop_id = runtime.run_loop("agent", "1+2?", request_with(add))
+            await runtime.wait(loop_id)
+            (done,) = await store.calls(loop_id, 1)
+
+            def intent(position: int, request: int = 1) -> CallRecord:
+                return CallRecord(
+                    key=f"{loop_id}-{request}-{position}",
+                    loop_id=loop_id,
+                    request=request,
+                    position=position,
+                    tool="lookup",
+                    call_id=f"x{position}",
+                    status="started",
+                )
+
+            again = await store.begin_call(done)
+            first = await store.begin_call(intent(2))
+            second = await store.begin_call(intent(2))
+            await store.begin_call(intent(1))
+            await store.begin_call(intent(0, request=2))
+            await store.mark_uncertain(loop_id, [intent(2).key])
+            uncertain = await store.calls(loop_id, 1)
+            third = await store.begin_call(intent(2))
+            out = FunctionCallOutputItem(call_id="x2", output="v")
+            await store.end_call(loop_id, intent(2).key, out, True)
+            ledger = await store.calls(loop_id, 1)
+            later = await store.calls(loop_id, 2)
+        assert again == done  # done: unchanged, not a new attempt
+        assert (first.attempt, second.attempt, third.attempt) == (1, 2, 3)
+        assert [(c.position, c.status) for c in uncertain] == [
+            (0, "done"),
+            (1, "started"),
+            (2, "uncertain"),
+        ]
+        assert [(c.position, c.status, c.attempt) for c in ledger] == [
+            (0, "done", 1),
+            (1, "started", 1),
+            (2, "done", 3),
+        ]
+        assert (ledger[2].output, ledger[2].terminate) == (out, True)
+        assert ledger[0] == done
+        assert [(c.position, c.request, c.status) for c in later] == [(0, 2, "started")]
+
     async def test_the_record_the_context_and_the_ledger(
         self, store_factory: Callable[[], LoopStore]
     ) -> None:
@@ -669,15 +730,18 @@ class TestRefusals:
             async with Runtime(store=SQLiteStore(path)):
                 pass
 
-    async def test_a_store_written_by_the_earlier_layout_is_refused(
-        self, tmp_path: Path
+    @pytest.mark.parametrize("layout", [1, 2])
+    async def test_a_store_written_by_an_earlier_layout_is_refused(
+        self, tmp_path: Path, layout: int
     ) -> None:
         import sqlite3
 
         path = tmp_path / "old.db"
         with sqlite3.connect(path) as db:
-            db.execute("PRAGMA user_version=1")
-        with pytest.raises(StoreSchemaError, match=r"earlier agentfsm.*layout 1"):
+            db.execute(f"PRAGMA user_version={layout}")
+        with pytest.raises(
+            StoreSchemaError, match=rf"earlier agentfsm.*layout {layout}"
+        ):
             async with Runtime(store=SQLiteStore(path)):
                 pass
 

@@ -33,6 +33,7 @@ from agentfsm.events import LoopIdle
 from agentfsm.exceptions import ConfigurationError
 from agentfsm.providers.function import FunctionProvider
 from agentfsm.store import Commit, LoopLockedError, MemoryStore, SQLiteStore
+from agentfsm.store.sqlite import _fold_ledger
 from agentfsm.testing import EventRecorder, ScriptedProvider, call, calls, text
 from agentfsm.tools import Tool
 from tests.helpers import pause_tools, wait_until
@@ -330,7 +331,11 @@ async def test_the_outputs_a_commit_carries_land_before_the_model_is_asked(
         ):
             return calls(call("lookup", key="k"))
         with sqlite3.connect(path) as db:
-            seen.append(db.execute("SELECT tool, status FROM calls").fetchall())
+            rows = db.execute(
+                "SELECT ledger FROM log WHERE ledger NOT NULL ORDER BY id"
+            )
+            ledger = _fold_ledger("(one loop)", [text for (text,) in rows])
+        seen.append([(c.tool, c.status) for c in ledger.values()])
         return text("done")
 
     async with Runtime(

@@ -247,7 +247,7 @@ class Keeper:
             reason,
             entered.dest,
         )
-        await self.store.mark_uncertain([key for key, _ in doubtful])
+        await self.store.mark_uncertain(loop.loop_id, [key for key, _ in doubtful])
         assert loop.durable is not None
         await loop.durable.save(loop)
         return tuple(c.call_id for _, c in doubtful)

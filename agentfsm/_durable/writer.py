@@ -285,7 +285,7 @@ class Durable:
         if self.ended:  # a sequential batch's earlier call: its output first
             ended, self.ended = self.ended, []
             for done in ended:
-                await self.store.end_call(*done)
+                await self.store.end_call(loop.loop_id, *done)
         return await self.store.begin_call(self._intent(loop, key, position, call))
 
     async def end_call(
@@ -303,4 +303,4 @@ class Durable:
             self.ended.append((key, output, terminate))
         else:
             await self.landed()
-            await self.store.end_call(key, output, terminate)
+            await self.store.end_call(loop.loop_id, key, output, terminate)

@@ -23,7 +23,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Final, Literal, Self
+from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict
 
@@ -90,24 +90,6 @@ class CallRecord(BaseModel):
     output: FunctionCallOutputItem | None = None
     terminate: bool = False
     """Whether the tool asked to end the loop (`ToolResult(terminate=True)`)."""
-
-
-def call_of_row(row: Sequence[Any]) -> CallRecord:
-    """A ledger row as the SQL stores keep it (`CALL_COLUMNS`; output is JSON
-    or NULL)."""
-    key, loop_id, request, position, tool, call_id, status, attempt, out, term = row
-    return CallRecord(
-        key=key,
-        loop_id=loop_id,
-        request=request,
-        position=position,
-        tool=tool,
-        call_id=call_id,
-        status=status,
-        attempt=attempt,
-        output=None if out is None else FunctionCallOutputItem.model_validate_json(out),
-        terminate=bool(term),
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,17 +183,6 @@ class _Turns:
         self.errors[-1] = error
         if commit.builds_on:
             self._failed[commit.record.loop_id] = error
-
-
-CALL_COLUMNS: Final = (
-    "key, loop_id, request, position, tool, call_id, status, attempt, output, terminate"
-)
-"""The SQL stores' `calls` table's columns, in the order `call_of_row` reads."""
-
-
-def intent_bytes(intents: Sequence[CallRecord]) -> int:
-    """What the SQL stores count as written for ledger intents."""
-    return sum(len(c.key) + len(c.tool) + len(c.call_id) for c in intents)
 
 
 def checked_lease_ttl(lease_ttl: object) -> float:
@@ -397,13 +368,13 @@ class LoopStore(ABC):
 
     @abstractmethod
     async def end_call(
-        self, key: str, output: FunctionCallOutputItem, terminate: bool
+        self, loop_id: str, key: str, output: FunctionCallOutputItem, terminate: bool
     ) -> None:
-        """Record a call's output (status `done`)."""
+        """Record the output of a call of the loop (status `done`)."""
 
     @abstractmethod
-    async def mark_uncertain(self, keys: Sequence[str]) -> None:
-        """Mark in-flight calls `uncertain`: a recovery paused their loop."""
+    async def mark_uncertain(self, loop_id: str, keys: Sequence[str]) -> None:
+        """Mark the loop's in-flight calls `uncertain`: a recovery paused it."""
 
     # ---------------------------------------------------------------- leases
 

@@ -160,7 +160,7 @@ class MemoryStore(LoopStore):
         return call
 
     async def end_call(
-        self, key: str, output: FunctionCallOutputItem, terminate: bool
+        self, loop_id: str, key: str, output: FunctionCallOutputItem, terminate: bool
     ) -> None:
         self._end(key, output, terminate)
         self._commits += 1
@@ -171,7 +171,7 @@ class MemoryStore(LoopStore):
             update={"status": "done", "output": output, "terminate": terminate}
         )
 
-    async def mark_uncertain(self, keys: Sequence[str]) -> None:
+    async def mark_uncertain(self, loop_id: str, keys: Sequence[str]) -> None:
         for key in keys:
             self._calls[key] = self._calls[key].model_copy(
                 update={"status": "uncertain"}

@@ -53,7 +53,7 @@ import re
 import threading
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -65,7 +65,6 @@ from agentfsm.record import LoopRecord
 from agentfsm.results import LoopStatus
 
 from ._base import (
-    CALL_COLUMNS,
     SCHEMA_VERSION,
     CallRecord,
     Commit,
@@ -75,10 +74,8 @@ from ._base import (
     StoreError,
     StoreSchemaError,
     StoreStatistics,
-    call_of_row,
     checked_lease_ttl,
     commits_in_turn,
-    intent_bytes,
 )
 
 try:
@@ -225,6 +222,35 @@ CREATE TABLE IF NOT EXISTS {s}.schema_version (
 
 _RETRIED = (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected)
 """Errors after which a transaction is run again: it was rolled back whole."""
+
+
+CALL_COLUMNS: Final = (
+    "key, loop_id, request, position, tool, call_id, status, attempt, output, terminate"
+)
+"""The `calls` table's columns, in the order `call_of_row` reads."""
+
+
+def intent_bytes(intents: Sequence[CallRecord]) -> int:
+    """What the store counts as written for ledger intents."""
+    return sum(len(c.key) + len(c.tool) + len(c.call_id) for c in intents)
+
+
+def call_of_row(row: Sequence[Any]) -> CallRecord:
+    """A `calls` row (`CALL_COLUMNS`; output is JSON
+    or NULL)."""
+    key, loop_id, request, position, tool, call_id, status, attempt, out, term = row
+    return CallRecord(
+        key=key,
+        loop_id=loop_id,
+        request=request,
+        position=position,
+        tool=tool,
+        call_id=call_id,
+        status=status,
+        attempt=attempt,
+        output=None if out is None else FunctionCallOutputItem.model_validate_json(out),
+        terminate=bool(term),
+    )
 
 
 class PostgresStore(LoopStore):
@@ -649,7 +675,7 @@ class PostgresStore(LoopStore):
         return await self._run(lambda conn: self._write(conn, write))
 
     async def end_call(
-        self, key: str, output: FunctionCallOutputItem, terminate: bool
+        self, loop_id: str, key: str, output: FunctionCallOutputItem, terminate: bool
     ) -> None:
         text = output.model_dump_json()
 
@@ -659,7 +685,7 @@ class PostgresStore(LoopStore):
 
         await self._run(lambda conn: self._write(conn, write))
 
-    async def mark_uncertain(self, keys: Sequence[str]) -> None:
+    async def mark_uncertain(self, loop_id: str, keys: Sequence[str]) -> None:
         def write(conn: _Conn) -> tuple[None, int]:
             conn.execute(self._sql.mark_uncertain, (list(keys),))
             return None, 0
