@@ -10,8 +10,9 @@ matrix (SIGKILL at every commit) is in tests/test_durable_crash.py.
 
 from __future__ import annotations
 
+import itertools
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import aclosing
 from pathlib import Path
 from typing import Any
@@ -41,8 +42,10 @@ from agentfsm import (
 from agentfsm._keys import idempotency_key
 from agentfsm.events import LoopRecovered
 from agentfsm.exceptions import ConfigurationError
+from agentfsm.record import LoopRecord
 from agentfsm.store import (
     CallRecord,
+    Commit,
     LoopStore,
     MemoryStore,
     SQLiteStore,
@@ -317,6 +320,61 @@ class TestWhatIsStored:
         assert outputs[1] is not None
         assert outputs[1].message is not None
         assert outputs[2] is None
+
+    @pytest.mark.parametrize("how", ["paused and resumed", "crashed in a call"])
+    async def test_every_stored_record_is_the_committed_one(
+        self, store_factory: Callable[[], LoopStore], how: str
+    ) -> None:
+        """What `load` and `record_at` give is each record as the runtimes
+        committed it, whole (the SQLite store keeps what a loop's records share
+        once, and each path step once): across a pause resumed by another
+        runtime, and a crash whose recovery took a step back off the path to
+        pause over the call in flight."""
+        committed: dict[int, LoopRecord] = {}
+
+        def spied(store: LoopStore) -> LoopStore:
+            commit_many = store.commit_many
+
+            async def spy(
+                commits: Sequence[tuple[Commit, str]],
+            ) -> list[Exception | None]:
+                for commit, _ in commits:
+                    for record in (*commit.earlier, commit.record):
+                        committed[record.seq] = record
+                return await commit_many(commits)
+
+            store.commit_many = spy  # type: ignore[method-assign]
+            return store
+
+        if how == "paused and resumed":
+            loop_id = await paused_for_approval(spied(store_factory()))
+        else:
+            GATE["block"] = anyio.Event()
+            loop_id = await die_when(
+                spied(store_factory()),
+                [calls(call("charge", call_id="c1", amount=5))],
+                lambda rt: rt.run_loop("agent", "charge 5", request_with(charge)),
+                running("charge"),
+            )
+            del GATE["block"]
+        async with Runtime(
+            providers={"scripted": ScriptedProvider([text("done")])},
+            store=spied(store_factory()),
+            tools=TOOLS,
+        ) as second:
+            assert (await second.recover()).paused == [loop_id]
+            second.resume(loop_id, Proceed())
+            result = await finished(second, loop_id)
+        assert result.outcome is Outcome.answered
+        async with store_factory() as store:
+            stored = await store.load(loop_id)
+            at = {seq: await store.record_at(loop_id, seq) for seq in committed}
+        assert stored is not None
+        assert stored.record == committed[max(committed)]
+        assert at == committed
+        if how == "crashed in a call":  # the step back, then the step again
+            paths = [r.path for r in committed.values()]
+            assert any(len(b) < len(a) for a, b in itertools.pairwise(paths))
 
     async def test_a_loop_waited_for_has_its_end_in_the_store(
         self, tmp_path: Path

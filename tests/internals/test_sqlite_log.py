@@ -1,7 +1,7 @@
-"""SQLiteStore's ledger is the fold of its loop's `ledger` column
-(`agentfsm.store.sqlite._fold_ledger`): the rules that make it say what a
-ledger table did (tests/test_durable.py checks the store's calls through
-every store)."""
+"""What SQLiteStore's log rows hold beyond a record's JSON: the ledger, a fold
+of its loop's `ledger` column (`agentfsm.store.sqlite._fold_ledger`), and the
+path, each step once (`_Paths`). tests/test_durable.py checks the calls and
+records read back through every store."""
 
 from __future__ import annotations
 
@@ -10,8 +10,16 @@ import json
 import pytest
 
 from agentfsm.messages import FunctionCallOutputItem
+from agentfsm.results import PathStep
+from agentfsm.states import LoopState, Trigger
 from agentfsm.store import CallRecord, StoreError
-from agentfsm.store.sqlite import _done_entry, _fold_ledger, _intent_entry
+from agentfsm.store.sqlite import (
+    _done_entry,
+    _fold_ledger,
+    _intent_entry,
+    _Paths,
+    _prefix_length,
+)
 
 CALL = CallRecord(
     key="k1",
@@ -78,3 +86,40 @@ def test_entries_of_one_row_apply_in_order() -> None:
 def test_an_unknown_entry_is_an_error_naming_it() -> None:
     with pytest.raises(StoreError, match=r"unknown ledger entry 'moved' of loop L"):
         _fold_ledger("L", rows(_intent_entry(CALL), '["moved","k1"]'))
+
+
+START = PathStep(LoopState.idle, Trigger.start, LoopState.context_update)
+INFER = PathStep(LoopState.context_update, Trigger.infer, LoopState.inference)
+CALL_TOOLS = PathStep(LoopState.inference, Trigger.call_tools, LoopState.function_call)
+
+
+def test_a_row_holds_the_steps_since_the_last_row_that_landed() -> None:
+    paths = _Paths()
+    assert paths.start("L", (START,)) == 0  # a loop this store has not written
+    paths.wrote("L", (START,))
+    assert paths.start("L", (START, INFER)) == 1
+    assert paths.start("L", (START, INFER)) == 1  # (the row did not land)
+    paths.wrote("L", (START, INFER))
+    assert paths.start("L", (START, INFER, CALL_TOOLS)) == 2
+    assert paths.start("other", (START,)) == 0
+    paths.pop("L")
+    assert paths.start("L", (START, INFER, CALL_TOOLS)) == 0
+
+
+def test_a_path_that_is_not_the_one_written_longer_is_written_whole() -> None:
+    paths = _Paths()
+    paths.wrote("L", (START, INFER))
+    assert paths.start("L", (START,)) == 0  # shorter: a step was taken back
+    # As long, or longer, but not through the very step written last.
+    assert paths.start("L", (START, INFER._replace())) == 0
+    assert paths.start("L", (START, CALL_TOOLS, INFER)) == 0
+    paths.wrote("L", ())
+    assert paths.start("L", (START,)) == 0
+
+
+def test_a_record_carried_with_a_later_one_is_its_path_s_start_or_whole() -> None:
+    path = (START, INFER, CALL_TOOLS)
+    assert _prefix_length(path[:2], path) == 2
+    assert _prefix_length((), path) == 0
+    assert _prefix_length((START, INFER._replace()), path) is None
+    assert _prefix_length((*path, START), path) is None
