@@ -80,11 +80,15 @@ from bench_scaling import context_items
 import agentfsm
 from agentfsm import (
     FunctionCallItem,
+    FunctionCallOutputItem,
     InferenceInput,
+    InferenceOutput,
     ModelContext,
     ModelMessageItem,
     UserMessage,
 )
+from agentfsm.providers.function import FunctionProvider
+from agentfsm.testing import call, calls, text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "peers"))
 from harness import (
@@ -114,6 +118,8 @@ OPEN_CALL: Final = 10_000
 no output: the loop repairs it, and the request it then sends is no longer the
 loop's own context."""
 CONTEXT_ROUNDS: Final = 5
+TOOL_ROUNDS: Final = (3, 30, 300)
+"""Tool calls per run of the long-loop table: one a model turn, then the answer."""
 COUNT_RUNS: Final = 50
 """Runs counted for commits and bytes per run."""
 
@@ -526,6 +532,7 @@ async def workload(dbs: Databases, rounds: int, seconds: float) -> None:
         print(f"LangGraph: skipped, {LANGGRAPH_PYTHON} missing (make bench-durable)")
         lg_text = lg_cpu_text = "nan"
     await context_table(dbs, CONTEXT_ROUNDS if rounds > 1 else 1, seconds)
+    await long_loops_table(dbs, CONTEXT_ROUNDS if rounds > 1 else 1, seconds)
     print(
         f"cpu_durable_vs_floor={durable_cpu:.2f} "
         f"cpu_langgraph_sqlite_vs_agentfsm_sqlite={lg_cpu_text}"
@@ -626,6 +633,98 @@ async def context_table(dbs: Databases, rounds: int, seconds: float) -> None:
     )
 
 
+def long_provider(tool_calls: int) -> FunctionProvider:
+    """A model that asks for `add` once a turn until the context holds
+    `tool_calls` outputs, then answers."""
+
+    def model(request: InferenceInput) -> InferenceOutput:
+        done = sum(isinstance(i, FunctionCallOutputItem) for i in request.context.items)
+        return calls(call("add", a=done, b=1)) if done < tool_calls else text(ANSWER)
+
+    return FunctionProvider(model)
+
+
+async def long_round(
+    runs: int, out: list[Sample], tool_calls: int, db: Path | None = None
+) -> Writes | None:
+    """`runs` loops of `tool_calls` tool calls each, in memory or on a SQLite
+    store at `db`; the store's commits and bytes per run."""
+    store = None if db is None else SQLiteStore(db)
+    providers = {"scripted": long_provider(tool_calls)}
+    runtime = (
+        agentfsm.Runtime(providers=providers)
+        if store is None
+        else agentfsm.Runtime(store=store, providers=providers)
+    )
+
+    async def one() -> None:
+        loop_id = runtime.run_loop(
+            "agent", PROMPT, inference_input(), max_turns=tool_calls + 1
+        )
+        result = await runtime.wait(loop_id)
+        assert result.outcome is agentfsm.Outcome.answered, result
+        assert result.tool_calls == tool_calls, result
+
+    async with runtime:
+        await one()  # a warm-up
+        before = store.statistics() if store is not None else None
+        with stopwatch(runs, out):
+            for _ in range(runs):
+                await one()
+        if store is None or before is None:
+            return None
+        after = store.statistics()
+    return Writes(
+        (after.commits - before.commits) / runs,
+        (after.bytes_written - before.bytes_written) / runs,
+    )
+
+
+async def long_loops_table(dbs: Databases, rounds: int, seconds: float) -> None:
+    """The durable cost per commit as a loop takes more transitions: flat if no
+    commit writes what an earlier one did (the path, the loop's constants)."""
+    print("\nthe durable cost as a loop grows longer (tool calls per run)")
+    rows = []
+    for n in TOOL_ROUNDS:
+
+        async def memory(runs: int, out: list[Sample], n: int = n) -> None:
+            await long_round(runs, out, n)
+
+        async def durable(runs: int, out: list[Sample], n: int = n) -> None:
+            await long_round(runs, out, n, db=dbs.next())
+
+        counted: list[Sample] = []
+        writes = await long_round(max(1, 30 // n), counted, n, db=dbs.next())
+        assert writes is not None
+        pair = [Subject("memory", "", memory), Subject("sqlite", "", durable)]
+        for s in pair:
+            await calibrate(s, seconds)
+        await interleaved(pair, rounds)
+        mem, dur = pair
+        cpu = dur.median("cpu_us") - mem.median("cpu_us")
+        rows.append(
+            [
+                f"{n:,}",
+                f"{writes.commits:,.0f}",
+                f"{dur.median('wall_us'):,.0f}",
+                f"{cpu:,.0f}",
+                f"{cpu / writes.commits:,.1f}",
+                f"{writes.bytes:,.0f}",
+                f"{writes.bytes / writes.commits:,.0f}",
+            ]
+        )
+    print(f"median of {rounds} interleaved rounds")
+    table(
+        ["tool calls", "commits", "sqlite µs", "durable cpu µs", "cpu µs/commit",
+         "bytes/run", "bytes/commit"],
+        rows,
+    )  # fmt: skip
+    print(
+        "  durable: sqlite - memory, per run; flat cpu µs/commit and bytes/commit: "
+        "a commit costs the same however long its loop is"
+    )
+
+
 async def breakdown(dbs: Databases, rounds: int, seconds: float) -> None:
     """Where the durable run's time goes, and the floor's, in the same rounds."""
     print("\nwhere the time goes: the store and the floor with parts taken out")
@@ -723,6 +822,9 @@ async def main() -> None:
     parser.add_argument(
         "--breakdown", action="store_true", help="where the store's time goes"
     )
+    parser.add_argument(
+        "--long-loops", action="store_true", help="the long-loop table alone"
+    )
     args = parser.parse_args()
     dbs = Databases()
     try:
@@ -731,6 +833,11 @@ async def main() -> None:
             return
         if args.breakdown:
             await breakdown(dbs, 1 if args.quick else ROUNDS, ROUND_SECONDS)
+            return
+        if args.long_loops:
+            await long_loops_table(
+                dbs, 1 if args.quick else CONTEXT_ROUNDS, ROUND_SECONDS
+            )
             return
         print(
             f"python {sys.version.split()[0]}, asyncio, agentfsm {agentfsm.__version__}, "
