@@ -372,9 +372,18 @@ class TestWrites:
             await store.commit(Commit(record, 0), "me")
         after = store.statistics()
         assert after.commits == committed.commits + 1
-        assert after.bytes_written == committed.bytes_written + len(
-            record.model_dump_json()
+        # What the commit wrote: its records row, and the loop's constants (a
+        # store new to the loop writes them again in its row).
+        ((row, constant),) = await sql(
+            conninfo,
+            f"SELECT length(r.record) + length(r.path), length(l.loop)"
+            f" FROM {schema}.records r JOIN {schema}.loops l USING (loop_id)"
+            " ORDER BY r.id DESC LIMIT 1",
         )
+        assert after.bytes_written == committed.bytes_written + row + constant
+        # Less than the record whole: what every record of the loop shares
+        # is in the loop's row, and a path step in one row only.
+        assert row < len(record.model_dump_json())
 
 
 async def wait_for_a_lock_wait(conninfo: str) -> None:
@@ -424,6 +433,20 @@ class TestLayout:
             pass
         await sql(conninfo, f"UPDATE {schema}.schema_version SET version = 99")
         with pytest.raises(StoreSchemaError, match=r"newer agentfsm \(store layout 99"):
+            async with Runtime(store=PostgresStore(conninfo, schema=schema)):
+                pass
+
+    async def test_a_layout_written_by_earlier_code_is_refused(
+        self, conninfo: str, schema: str
+    ) -> None:
+        """Layout 1 kept each record whole: this version does not read it (nor
+        add its tables to it)."""
+        async with PostgresStore(conninfo, schema=schema):
+            pass
+        await sql(conninfo, f"UPDATE {schema}.schema_version SET version = 1")
+        with pytest.raises(
+            StoreSchemaError, match=r"earlier agentfsm \(store layout 1"
+        ):
             async with Runtime(store=PostgresStore(conninfo, schema=schema)):
                 pass
 

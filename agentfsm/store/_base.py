@@ -44,9 +44,6 @@ __all__ = (
     "StoredLoop",
 )
 
-SCHEMA_VERSION = 1
-"""The layout a store writes; a store written by a newer layout is refused."""
-
 
 class StoreError(AgentFSMError):
     """A durable store could not be read or written."""

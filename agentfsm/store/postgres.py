@@ -49,6 +49,7 @@ committed).
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 from collections.abc import Callable, Sequence
@@ -65,7 +66,6 @@ from agentfsm.record import LoopRecord
 from agentfsm.results import LoopStatus
 
 from ._base import (
-    SCHEMA_VERSION,
     CallRecord,
     Commit,
     LoopLockedError,
@@ -77,6 +77,7 @@ from ._base import (
     checked_lease_ttl,
     commits_in_turn,
 )
+from ._rows import Paths, constant_text, path_of, record_of
 
 try:
     import psycopg
@@ -92,6 +93,10 @@ __all__ = ("PostgresStore",)
 _T = TypeVar("_T")
 _Conn = psycopg.Connection[Any]
 
+_LAYOUT: Final = 2
+"""The layout this store writes (its `schema_version` table). Layout 1 kept
+each record whole, its path too; it is not read."""
+
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 _TABLES = """
@@ -103,18 +108,26 @@ CREATE TABLE IF NOT EXISTS {s}.loops (
     seq bigint NOT NULL,
     owner text,
     lease_until timestamptz,
-    updated timestamptz NOT NULL
+    updated timestamptz NOT NULL,
+    loop text
 );
 CREATE INDEX IF NOT EXISTS loops_unfinished ON {s}.loops (loop_id)
     WHERE status <> 'done';
 CREATE INDEX IF NOT EXISTS loops_owner ON {s}.loops (owner)
     WHERE owner IS NOT NULL;
+-- Each record once, as it was written (a recovered loop's record of a seq
+-- written before is a later row); a record's text holds its path's length, and
+-- its row the path's steps since the loop's row before it (see
+-- agentfsm.store._rows).
 CREATE TABLE IF NOT EXISTS {s}.records (
+    id bigserial PRIMARY KEY,
     loop_id text NOT NULL,
     seq bigint NOT NULL,
     record text NOT NULL,
-    PRIMARY KEY (loop_id, seq)
+    path_from integer NOT NULL,
+    path text NOT NULL
 );
+CREATE INDEX IF NOT EXISTS records_loop ON {s}.records (loop_id, seq, id);
 CREATE TABLE IF NOT EXISTS {s}.items (
     loop_id text NOT NULL,
     position integer NOT NULL,
@@ -153,9 +166,11 @@ CREATE TABLE IF NOT EXISTS {s}.contexts (
 -- (and writes nothing).
 CREATE OR REPLACE FUNCTION {s}.commit_loop(
     p_loop_id text, p_agent_id text, p_status text, p_state text, p_seq bigint,
-    p_owner text, p_ttl float8, p_record text, p_first integer, p_items text[],
+    p_owner text, p_ttl float8, p_constant text, p_record text, p_path_from integer,
+    p_path text, p_first integer, p_items text[],
     p_replaced_at integer[], p_replaced text[], p_request integer, p_output text,
-    p_earlier_seq bigint[], p_earlier text[],
+    p_earlier_seq bigint[], p_earlier text[], p_earlier_path_from integer[],
+    p_earlier_path text[],
     p_intent_key text[], p_intent_request integer[], p_intent_position integer[],
     p_intent_tool text[], p_intent_call text[],
     p_ended_key text[], p_ended_output text[], p_ended_terminate boolean[]
@@ -165,25 +180,31 @@ DECLARE
 BEGIN
     -- The upsert takes the row's lock (until the transaction ends): every
     -- writer of this loop waits here, then sees this one's lease.
+    -- (p_constant: NULL when this store wrote the loop's row already.)
     INSERT INTO {s}.loops AS l (loop_id, agent_id, status, state, seq, owner,
-        lease_until, updated)
+        lease_until, updated, loop)
     VALUES (p_loop_id, p_agent_id, p_status, p_state, p_seq, p_owner,
-        clock_timestamp() + p_ttl * interval '1 second', clock_timestamp())
+        clock_timestamp() + p_ttl * interval '1 second', clock_timestamp(),
+        p_constant)
     ON CONFLICT (loop_id) DO UPDATE SET status = EXCLUDED.status,
         state = EXCLUDED.state, seq = EXCLUDED.seq, owner = EXCLUDED.owner,
-        lease_until = EXCLUDED.lease_until, updated = EXCLUDED.updated
+        lease_until = EXCLUDED.lease_until, updated = EXCLUDED.updated,
+        loop = coalesce(p_constant, l.loop)
     WHERE l.owner IS NULL OR l.owner = EXCLUDED.owner
         OR l.lease_until <= clock_timestamp();
     IF NOT FOUND THEN
         SELECT owner INTO holder FROM {s}.loops WHERE loop_id = p_loop_id;
         RETURN coalesce(holder, '?');
     END IF;
-    -- The records of the transitions since the last write, then this one's.
-    INSERT INTO {s}.records (loop_id, seq, record)
-    SELECT p_loop_id, e.seq, e.record FROM unnest(p_earlier_seq, p_earlier) AS e(seq, record)
-    ON CONFLICT (loop_id, seq) DO UPDATE SET record = EXCLUDED.record;
-    INSERT INTO {s}.records (loop_id, seq, record) VALUES (p_loop_id, p_seq, p_record)
-    ON CONFLICT (loop_id, seq) DO UPDATE SET record = EXCLUDED.record;
+    -- The records of the transitions since the last write, then this one's,
+    -- in this order (each row's path steps follow the row before).
+    FOR i IN 1 .. coalesce(array_length(p_earlier, 1), 0) LOOP
+        INSERT INTO {s}.records (loop_id, seq, record, path_from, path)
+        VALUES (p_loop_id, p_earlier_seq[i], p_earlier[i], p_earlier_path_from[i],
+            p_earlier_path[i]);
+    END LOOP;
+    INSERT INTO {s}.records (loop_id, seq, record, path_from, path)
+    VALUES (p_loop_id, p_seq, p_record, p_path_from, p_path);
     -- The ledger: intents of the calls this transition starts, outputs of the
     -- calls ended since the last write.
     INSERT INTO {s}.calls (key, loop_id, request, position, tool, call_id, status,
@@ -309,6 +330,10 @@ class PostgresStore(LoopStore):
         self._conn: _Conn | None = None
         self._limiter: anyio.CapacityLimiter | None = None
         self._counted = threading.Lock()
+        self._named: set[str] = set()
+        """Loops whose row (with their constants) this store wrote; used in
+        the worker thread only, forgotten when a lease changes hands."""
+        self._paths = Paths()
         self._commits = 0
         self._bytes = 0
 
@@ -353,7 +378,7 @@ class PostgresStore(LoopStore):
     def _check_layout(self, conn: _Conn) -> None:
         with conn.transaction():
             version = self._version(conn)
-            if version is None or version < SCHEMA_VERSION:
+            if version is None:
                 # Two processes opening a new database at once: one creates the
                 # tables while the other waits here, then finds them.
                 conn.execute(
@@ -361,20 +386,27 @@ class PostgresStore(LoopStore):
                     (f"agentfsm.store:{self.schema}",),
                 )
                 version = self._version(conn)
-            if version is not None and version > SCHEMA_VERSION:
+            if version is not None and version > _LAYOUT:
                 raise StoreSchemaError(
                     f"{self._where} was written by a newer agentfsm (store layout "
-                    f"{version}; this one reads up to {SCHEMA_VERSION}): upgrade "
+                    f"{version}; this one reads up to {_LAYOUT}): upgrade "
                     "agentfsm to open it"
                 )
-            if version is None or version < SCHEMA_VERSION:
+            if version is not None and version < _LAYOUT:
+                raise StoreSchemaError(
+                    f"{self._where} was written by an earlier agentfsm (store "
+                    f"layout {version}; this one reads layout {_LAYOUT} only): "
+                    "finish its loops with that version, or give this one another "
+                    "schema"
+                )
+            if version is None:
                 s = self._sql.s
                 conn.execute(f"CREATE SCHEMA IF NOT EXISTS {s}")
                 conn.execute(_TABLES.format(s=s))
                 conn.execute(
                     f"INSERT INTO {s}.schema_version (version) VALUES (%s)"
                     " ON CONFLICT (only_row) DO UPDATE SET version = EXCLUDED.version",
-                    (SCHEMA_VERSION,),
+                    (_LAYOUT,),
                 )
 
     def _version(self, conn: _Conn) -> int | None:
@@ -484,7 +516,12 @@ class PostgresStore(LoopStore):
     ) -> Callable[[_Conn], tuple[None, int]]:
         """The transaction's body of `commit`."""
         record = commit.record
-        text = record.model_dump_json()
+        loop_id = record.loop_id
+        *earlier, (text, path_from, path) = self._paths.rows(
+            loop_id, [*commit.earlier, record]
+        )
+        # The loop's constants, for its row, unless this store wrote it.
+        constant = None if loop_id in self._named else constant_text(record)
         items = [item.model_dump_json() for item in commit.items]
         replaced = [
             (item.model_dump_json(), at) for at, item in (commit.replaced or {}).items()
@@ -494,9 +531,7 @@ class PostgresStore(LoopStore):
             if commit.inference is None
             else (commit.inference[0], commit.inference[1].model_dump_json())
         )
-        loop_id = record.loop_id
         sql = self._sql
-        earlier = [(r.seq, r.model_dump_json()) for r in commit.earlier]
         intents = commit.intents
         ended = [(key, out.model_dump_json(), term) for key, out, term in commit.ended]
 
@@ -511,14 +546,19 @@ class PostgresStore(LoopStore):
                     record.seq,
                     owner,
                     self.lease_ttl,
+                    constant,
                     text,
+                    path_from,
+                    path,
                     commit.first,
                     items,
                     [at for _, at in replaced],
                     [item for item, _ in replaced],
                     *(inference or (None, None)),
-                    [seq for seq, _ in earlier],
-                    [body for _, body in earlier],
+                    [r.seq for r in commit.earlier],
+                    [body for body, _, _ in earlier],
+                    [start for _, start, _ in earlier],
+                    [steps for _, _, steps in earlier],
                     [c.key for c in intents],
                     [c.request for c in intents],
                     [c.position for c in intents],
@@ -533,7 +573,9 @@ class PostgresStore(LoopStore):
                 raise LoopLockedError(loop_id, row[0])
             written = (
                 len(text)
-                + sum(len(body) for _, body in earlier)
+                + len(path)
+                + len(constant or "")
+                + sum(len(body) + len(steps) for body, _, steps in earlier)
                 + sum(map(len, items))
                 + sum(len(i) for i, _ in replaced)
                 + sum(len(out) for _, out, _ in ended)
@@ -541,19 +583,26 @@ class PostgresStore(LoopStore):
             )
             if inference is not None:
                 written += len(inference[1])
+            if record.status is LoopStatus.done:
+                self._named.discard(loop_id)  # it writes no more
+                self._paths.pop(loop_id)
+            else:
+                self._named.add(loop_id)
+                self._paths.wrote(loop_id, record.path)
             return None, written
 
         return write
 
     async def load(self, loop_id: str) -> StoredLoop | None:
         def read(conn: _Conn) -> StoredLoop | None:
-            # One statement: the record and the items of one snapshot.
+            # One statement: the record and the items of one snapshot (and the
+            # path's steps, of rows written before it: they never change).
             row = conn.execute(self._sql.load, (loop_id,)).fetchone()
             if row is None:
                 return None
-            text, owner, items = row
+            row_id, text, constant, owner, items = row
             return StoredLoop(
-                LoopRecord.model_validate_json(text),
+                self._record(conn, loop_id, row_id, text, constant),
                 [ContextItemAdapter.validate_json(item) for item in items],
                 owner,
             )
@@ -563,9 +612,21 @@ class PostgresStore(LoopStore):
     async def record_at(self, loop_id: str, seq: int) -> LoopRecord | None:
         def read(conn: _Conn) -> LoopRecord | None:
             row = conn.execute(self._sql.record_at, (loop_id, seq)).fetchone()
-            return None if row is None else LoopRecord.model_validate_json(row[0])
+            if row is None:
+                return None
+            return self._record(conn, loop_id, *row)
 
         return await self._run(read)
+
+    def _record(
+        self, conn: _Conn, loop_id: str, row_id: int, text: str, constant: str | None
+    ) -> LoopRecord:
+        """The record of the row `row_id` (`text`), made whole: the loop's
+        constants, and its path from the steps of its rows up to this one."""
+        if constant is None:
+            raise StoreError(f"the row of loop {loop_id} holds no record data")
+        path = path_of(conn.execute(self._sql.path, (loop_id, row_id)))
+        return record_of(json.loads(text), json.loads(constant), path)
 
     async def unfinished(self) -> list[str]:
         def read(conn: _Conn) -> list[str]:
@@ -700,6 +761,7 @@ class PostgresStore(LoopStore):
         sql = self._sql
 
         def write(conn: _Conn) -> tuple[str | None, int]:
+            self._forget(loop_id)  # another runtime may have written it
             row = conn.execute(sql.lock_loop, (loop_id,)).fetchone()
             if row is None:
                 return None, 0  # nothing to own: the loop's first commit takes it
@@ -711,6 +773,11 @@ class PostgresStore(LoopStore):
 
         return await self._run(lambda conn: self._write(conn, write, atomic=True))
 
+    def _forget(self, loop_id: str) -> None:
+        """What this store wrote of the loop's rows may not be what they hold."""
+        self._named.discard(loop_id)
+        self._paths.pop(loop_id)
+
     async def renew(self, owner: str) -> None:
         def write(conn: _Conn) -> tuple[None, int]:
             conn.execute(self._sql.renew, (self.lease_ttl, owner))
@@ -721,8 +788,12 @@ class PostgresStore(LoopStore):
     async def release(self, owner: str, loop_ids: Sequence[str] | None = None) -> None:
         def write(conn: _Conn) -> tuple[None, int]:
             if loop_ids is None:
+                self._named.clear()
+                self._paths.clear()
                 conn.execute(self._sql.release_all, (owner,))
             else:
+                for loop_id in loop_ids:
+                    self._forget(loop_id)
                 conn.execute(self._sql.release, (owner, list(loop_ids)))
             return None, 0
 
@@ -738,9 +809,9 @@ class _Statements:
         now = "clock_timestamp()"
         lease = f"{now} + %s * interval '1 second'"
         self.commit_loop = (
-            f"SELECT {s}.commit_loop(%s, %s, %s, %s, %s, %s, %s, %s, %s,"
+            f"SELECT {s}.commit_loop(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,"
             " %s::text[], %s::integer[], %s::text[], %s, %s,"
-            " %s::bigint[], %s::text[],"
+            " %s::bigint[], %s::text[], %s::integer[], %s::text[],"
             " %s::text[], %s::integer[], %s::integer[], %s::text[], %s::text[],"
             " %s::text[], %s::text[], %s::boolean[])"
         )
@@ -749,15 +820,22 @@ class _Statements:
             " ON CONFLICT (loop_id, request) DO UPDATE SET output = EXCLUDED.output"
         )
         self.load = (
-            f"SELECT r.record, CASE WHEN l.lease_until > {now} THEN l.owner END,"
+            "SELECT r.id, r.record, l.loop,"
+            f" CASE WHEN l.lease_until > {now} THEN l.owner END,"
             f" ARRAY(SELECT i.item FROM {s}.items i WHERE i.loop_id = l.loop_id"
             " ORDER BY i.position)"
             f" FROM {s}.loops l JOIN {s}.records r"
             " ON r.loop_id = l.loop_id AND r.seq = l.seq WHERE l.loop_id = %s"
+            " ORDER BY r.id DESC LIMIT 1"
         )
         self.record_at = (
-            f"SELECT record FROM {s}.records WHERE loop_id = %s AND seq <= %s"
-            " ORDER BY seq DESC LIMIT 1"
+            f"SELECT r.id, r.record, l.loop FROM {s}.records r JOIN {s}.loops l"
+            " ON l.loop_id = r.loop_id WHERE r.loop_id = %s AND r.seq <= %s"
+            " ORDER BY r.seq DESC, r.id DESC LIMIT 1"
+        )
+        self.path = (
+            f"SELECT path_from, path FROM {s}.records WHERE loop_id = %s AND id <= %s"
+            " ORDER BY id"
         )
         self.unfinished = (
             f"SELECT loop_id FROM {s}.loops WHERE status <> %s ORDER BY loop_id"

@@ -29,14 +29,14 @@ from typing import Any, Final, Literal, TypeVar
 
 import anyio
 import anyio.to_thread
-from pydantic import BaseModel, ConfigDict, TypeAdapter
+from pydantic import BaseModel, ConfigDict
 
 from agentfsm.events import AgentEvent, AgentEventAdapter
 from agentfsm.exceptions import ConfigurationError
 from agentfsm.inference import InferenceOutput
 from agentfsm.messages import ContextItem, ContextItemAdapter, FunctionCallOutputItem
 from agentfsm.record import LoopRecord
-from agentfsm.results import LoopStatus, PathStep
+from agentfsm.results import LoopStatus
 
 from ._base import (
     CallRecord,
@@ -49,6 +49,15 @@ from ._base import (
     StoreStatistics,
     checked_lease_ttl,
     commits_in_turn,
+)
+from ._rows import (
+    PATH_STEPS,
+    Paths,
+    constant_text,
+    path_of,
+    prefix_length,
+    record_of,
+    record_text,
 )
 
 __all__ = ("SQLiteStore",)
@@ -107,7 +116,7 @@ CREATE TABLE IF NOT EXISTS events (
 """The commit log (`log`): one row per commit, whatever it carries: the
 record, the records of the transitions written with it (`earlier`, a JSON
 array; a record is stored without what its loop's row holds, and with its
-path as a length: see `_record_text`), what the context and the model gave (`changes`: the items added
+path as a length: see `agentfsm.store._rows`), what the context and the model gave (`changes`: the items added
 from position `first`, the slots replaced, a truncation, a model output, whose
 request number is `request`), and the tool-call ledger's news (`ledger`: see
 `_fold_ledger`). A ledger write outside a commit (`begin_call`, `end_call`,
@@ -148,50 +157,6 @@ class _Changes(BaseModel):
     items: list[ContextItem]
     replaced: list[tuple[int, ContextItem]]
     inference: tuple[int, InferenceOutput] | None
-
-
-_CONSTANT: Final[set[str]] = {
-    "version",
-    "loop_id",
-    "agent_id",
-    "started_at",
-    "handlers",
-    "options",
-    "input",
-}
-"""What a loop's records share (the loop's row holds it, `loops.loop`): set
-when the loop is made. Its `input` differs only in `context_items`, which is
-the record's own (the input's context is the loop's)."""
-_IN_ROW: Final[set[str]] = _CONSTANT | {"path"}
-_PATH: Final = TypeAdapter(tuple[PathStep, ...])
-
-
-def _record_text(record: LoopRecord, path_length: int | None) -> str:
-    """A record as the log keeps it: without what the loop's row holds, and
-    with its path as its length (its first `path_length` steps of the path the
-    loop's rows' `path` columns make, see `_Paths`), or in full (None).
-
-    What it saves, measured on the benchmark's records (bench/bench_durable.py,
-    10 a run): their JSON took 106 µs a run and 24.6 KB whole, 70 µs and 13.4
-    KB so. And a path in full makes a loop's bytes grow with the square of its
-    transitions."""
-    if path_length is None:
-        return record.model_dump_json(exclude=_CONSTANT)
-    text = record.model_dump_json(exclude=_IN_ROW)
-    return f'{{"path":{path_length},{text[1:]}'
-
-
-def _record_of(
-    data: dict[str, Any], constant: dict[str, Any], path: list[Any]
-) -> LoopRecord:
-    """A stored record, from its text's data, its loop's row and the path its
-    loop's rows make up to its own."""
-    length = data["path"]
-    if isinstance(length, int):
-        data["path"] = path[:length]
-    data.update(constant)
-    data["input"] = {**constant["input"], "context_items": data["context_items"]}
-    return LoopRecord.model_validate(data)
 
 
 def _intent_entry(call: CallRecord, kind: str = "intent") -> str:
@@ -262,51 +227,6 @@ _LEDGER_ROWS: Final = (
 )
 
 
-class _Paths:
-    """The path each loop's log rows hold, as this store wrote them (used in
-    the worker thread only; forgotten when a lease changes hands): a row
-    holds the steps its record's path took since the loop's previous row
-    (`path_from` on), so a loop's rows hold each step once."""
-
-    __slots__ = ("_written",)
-
-    def __init__(self) -> None:
-        self._written: dict[str, tuple[int, PathStep | None]] = {}
-
-    def start(self, loop_id: str, path: tuple[PathStep, ...]) -> int:
-        """Where a row of the loop whose record has `path` starts its steps (0:
-        it holds the whole path)."""
-        known = self._written.get(loop_id)
-        if known is None:
-            return 0
-        length, last = known
-        # The same path, longer: its step at `length - 1` is the very one
-        # written (a path that lost steps, a recovery's, is written whole).
-        if length <= len(path) and (length == 0 or path[length - 1] is last):
-            return length
-        return 0
-
-    def wrote(self, loop_id: str, path: tuple[PathStep, ...]) -> None:
-        """A row holding `path` landed."""
-        self._written[loop_id] = (len(path), path[-1] if path else None)
-
-    def pop(self, loop_id: str) -> None:
-        self._written.pop(loop_id, None)
-
-    def clear(self) -> None:
-        self._written.clear()
-
-
-def _prefix_length(path: tuple[PathStep, ...], of: tuple[PathStep, ...]) -> int | None:
-    """`len(path)` if it is the start of `of` (its steps the very ones), else None."""
-    n = len(path)
-    if n > len(of):
-        return None
-    if n and of[n - 1] is not path[-1]:
-        return None
-    return n
-
-
 class _NotOwned(Exception):
     """The loop's row does not name this runtime: the lease must be taken."""
 
@@ -358,7 +278,7 @@ class SQLiteStore(LoopStore):
         """The status each loop's row holds, as this store last wrote it (a
         commit that keeps it writes only its log row). Used in the worker
         thread only; forgotten when a lease changes hands."""
-        self._paths = _Paths()
+        self._paths = Paths()
 
     def statistics(self) -> StoreStatistics:
         return StoreStatistics(commits=self._commits, bytes_written=self._bytes)
@@ -506,11 +426,7 @@ class SQLiteStore(LoopStore):
                 pass
         # The loop's constants, for its row, which the loop's first commit
         # makes (unknown to this store: the loop is new, or recovered).
-        constant = (
-            None
-            if loop_id in self._statuses
-            else record.model_dump_json(include=_CONSTANT)
-        )
+        constant = None if loop_id in self._statuses else constant_text(record)
 
         def write(db: sqlite3.Connection) -> int:
             now = time.time()
@@ -556,17 +472,17 @@ class SQLiteStore(LoopStore):
         record = commit.record
         path = record.path
         path_from = self._paths.start(record.loop_id, path)
-        text = _record_text(record, len(path))
+        text = record_text(record, len(path))
         earlier = (
             "["
             + ",".join(
-                _record_text(r, _prefix_length(r.path, path)) for r in commit.earlier
+                record_text(r, prefix_length(r.path, path)) for r in commit.earlier
             )
             + "]"
             if commit.earlier
             else None
         )
-        steps = _PATH.dump_json(path[path_from:]).decode()
+        steps = PATH_STEPS.dump_json(path[path_from:]).decode()
         changes = None
         request = None
         inference = commit.inference
@@ -687,15 +603,14 @@ class SQLiteStore(LoopStore):
         ).fetchone()
         if constant is None:
             raise StoreError(f"the row of loop {loop_id} holds no record data")
-        path: list[Any] = []
-        for start, steps in db.execute(
-            "SELECT path_from, path FROM log WHERE loop_id = ? AND id <= ?"
-            " AND path IS NOT NULL ORDER BY id",
-            (loop_id, row_id),
-        ):
-            del path[start:]
-            path.extend(json.loads(steps))
-        return _record_of(data, json.loads(constant), path)
+        path = path_of(
+            db.execute(
+                "SELECT path_from, path FROM log WHERE loop_id = ? AND id <= ?"
+                " AND path IS NOT NULL ORDER BY id",
+                (loop_id, row_id),
+            )
+        )
+        return record_of(data, json.loads(constant), path)
 
     async def unfinished(self) -> list[str]:
         def read() -> list[str]:

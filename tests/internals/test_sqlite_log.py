@@ -1,6 +1,6 @@
 """What SQLiteStore's log rows hold beyond a record's JSON: the ledger, a fold
 of its loop's `ledger` column (`agentfsm.store.sqlite._fold_ledger`), and the
-path, each step once (`_Paths`). tests/test_durable.py checks the calls and
+path, each step once (`Paths`). tests/test_durable.py checks the calls and
 records read back through every store."""
 
 from __future__ import annotations
@@ -13,13 +13,8 @@ from agentfsm.messages import FunctionCallOutputItem
 from agentfsm.results import PathStep
 from agentfsm.states import LoopState, Trigger
 from agentfsm.store import CallRecord, StoreError
-from agentfsm.store.sqlite import (
-    _done_entry,
-    _fold_ledger,
-    _intent_entry,
-    _Paths,
-    _prefix_length,
-)
+from agentfsm.store._rows import Paths, prefix_length
+from agentfsm.store.sqlite import _done_entry, _fold_ledger, _intent_entry
 
 CALL = CallRecord(
     key="k1",
@@ -94,7 +89,7 @@ CALL_TOOLS = PathStep(LoopState.inference, Trigger.call_tools, LoopState.functio
 
 
 def test_a_row_holds_the_steps_since_the_last_row_that_landed() -> None:
-    paths = _Paths()
+    paths = Paths()
     assert paths.start("L", (START,)) == 0  # a loop this store has not written
     paths.wrote("L", (START,))
     assert paths.start("L", (START, INFER)) == 1
@@ -107,7 +102,7 @@ def test_a_row_holds_the_steps_since_the_last_row_that_landed() -> None:
 
 
 def test_a_path_that_is_not_the_one_written_longer_is_written_whole() -> None:
-    paths = _Paths()
+    paths = Paths()
     paths.wrote("L", (START, INFER))
     assert paths.start("L", (START,)) == 0  # shorter: a step was taken back
     # As long, or longer, but not through the very step written last.
@@ -119,7 +114,7 @@ def test_a_path_that_is_not_the_one_written_longer_is_written_whole() -> None:
 
 def test_a_record_carried_with_a_later_one_is_its_path_s_start_or_whole() -> None:
     path = (START, INFER, CALL_TOOLS)
-    assert _prefix_length(path[:2], path) == 2
-    assert _prefix_length((), path) == 0
-    assert _prefix_length((START, INFER._replace()), path) is None
-    assert _prefix_length((*path, START), path) is None
+    assert prefix_length(path[:2], path) == 2
+    assert prefix_length((), path) == 0
+    assert prefix_length((START, INFER._replace()), path) is None
+    assert prefix_length((*path, START), path) is None
