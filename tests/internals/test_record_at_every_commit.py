@@ -32,7 +32,7 @@ from agentfsm import (
     after_turns,
     tool,
 )
-from agentfsm._loop import Loop
+from agentfsm._loop import Loop, snapshot
 from agentfsm.providers import ModelNext
 from agentfsm.record import LoopRecord
 from agentfsm.testing import ScriptedProvider, ScriptStep, call, calls, text
@@ -154,7 +154,12 @@ async def test_the_record_round_trips_at_every_commit(case: str) -> None:
     records: list[tuple[LoopRecord, LoopState, int]] = []
 
     def on_commit(loop: Loop) -> None:
-        records.append((loop.snapshot(), loop.state, len(loop.input.context.items)))
+        record = loop.snapshot()
+        # What a request's record is made of, made anew (`snapshot._STATIC`,
+        # whose last records the next commits reuse): the same record.
+        snapshot._STATIC.clear()
+        assert loop.snapshot() == record
+        records.append((record, loop.state, len(loop.input.context.items)))
 
     handler = how.get("handler")
     if handler == "abort":
