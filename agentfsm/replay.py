@@ -53,6 +53,7 @@ import anyio
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, InstanceOf, JsonValue
 
+from ._loop.intercept import APPROVAL_GATE
 from ._replay.compare import edge_of, first_mismatch
 from ._replay.doubles import ReplayProvider, recorded_tools
 from ._replay.recording import Recording, loop_events
@@ -81,9 +82,6 @@ __all__ = (
     "fork",
     "replay",
 )
-
-_GATE = "agentfsm._loop.intercept:approval_gate"
-"""The approval gate's name in a record: the loop adds it itself."""
 
 _CALLABLE_OPTIONS = ("stop_when", "tool_wrappers", "model_wrappers", "finish_turn")
 
@@ -300,7 +298,7 @@ def _setup(
     started = recording.started
     assert started.request is not None
     request = request_of(started.request, tools, structured_output, model=model)
-    recorded = [h for h in started.handlers if h != _GATE]
+    recorded = [h for h in started.handlers if h != APPROVAL_GATE]
     chosen: list[InterceptionHandler]
     if handlers is None:
         if recorded:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from agentfsm._loop.intercept import Paused, Resumed, approval_gate
+from agentfsm._loop.intercept import APPROVAL_GATE, Paused, Resumed
 from agentfsm._loop.loop import Loop
 from agentfsm._loop.repair import REPAIRED
 from agentfsm._loop.snapshot import schema_digest
@@ -48,8 +48,6 @@ if TYPE_CHECKING:
     from agentfsm._loop.steps import Step
 
 __all__ = ("Bindings", "RecoveryError", "restore")
-
-_GATE = callable_name(approval_gate)
 
 
 class RecoveryError(StoreError):
@@ -219,7 +217,7 @@ def restore(
     handlers = tuple(
         bindings.callable(record.loop_id, name)
         for name in record.handlers
-        if name != _GATE  # the loop puts the gate back itself
+        if name != APPROVAL_GATE  # the loop puts the gate back itself
     )
     loop = make(inference_input, handlers, rebuild.options())
     loop.loop_id = record.loop_id

@@ -31,6 +31,7 @@ from agentfsm.interception import (
     TransitionPayload,
 )
 from agentfsm.messages import ModelMessageItem, UserMessage
+from agentfsm.record import callable_name
 from agentfsm.results import LoopStatus
 from agentfsm.states import LoopState, Trigger
 
@@ -40,7 +41,7 @@ from .turn import infer_step, request_metadata
 if TYPE_CHECKING:
     from .loop import Loop
 
-__all__ = ("Paused", "Resumed", "approval_gate", "intercept")
+__all__ = ("APPROVAL_GATE", "Paused", "Resumed", "approval_gate", "intercept")
 
 
 class Paused(NamedTuple):
@@ -106,6 +107,11 @@ def approval_gate(pending: PendingTransition) -> Decision | None:
         return None
     names = ", ".join(sorted({c.name for c in waiting}))
     return Pause(f"approval required: {names}")
+
+
+APPROVAL_GATE: Final = callable_name(approval_gate)
+"""The approval gate's name in a record's handlers: a loop whose tools need
+approval adds the gate itself, so a rebuilt or replayed loop does not."""
 
 
 async def intercept(
