@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from contextvars import ContextVar, Token
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, Final, Self, TypeVar, Unpack
 
 import anyio
 from anyio.abc import TaskGroup
@@ -91,6 +91,11 @@ def current_runtime() -> Runtime:
             "`async with agentfsm.Runtime() as runtime:` (or use runtime.run_loop)"
         )
     return runtime
+
+
+_NOT_RUNNING: Final = (
+    "the runtime is not running: use `async with Runtime() as runtime:`"
+)
 
 
 class Runtime:
@@ -328,9 +333,7 @@ class Runtime:
             Exception: whatever entering `context` raised.
         """
         if self._tg is None or self._closing:
-            raise LoopStateError(
-                "the runtime is not running: use `async with Runtime() as runtime:`"
-            )
+            raise LoopStateError(_NOT_RUNNING)
         return await self._services.enter(context, name or type(context).__name__)
 
     def _spawn(self, loop: Loop) -> None:
@@ -413,9 +416,7 @@ class Runtime:
             LoopStateError: the runtime is not running.
         """
         if self._tg is None:
-            raise LoopStateError(
-                "the runtime is not running: use `async with Runtime() as runtime:`"
-            )
+            raise LoopStateError(_NOT_RUNNING)
         if not isinstance(inference_input, InferenceInput):
             raise ConfigurationError(
                 f"inference_input must be an InferenceInput, got {type(inference_input).__name__}"
@@ -471,9 +472,7 @@ class Runtime:
         if keeper is None:
             raise LoopStateError("recover() needs a durable store: Runtime(store=...)")
         if self._tg is None or self._closing:
-            raise LoopStateError(
-                "the runtime is not running: use `async with Runtime() as runtime:`"
-            )
+            raise LoopStateError(_NOT_RUNNING)
         primitives = self._primitives
 
         def make(
