@@ -167,6 +167,31 @@ async def die_when(
     return loop_id
 
 
+def spied(store: LoopStore, committed: dict[int, LoopRecord]) -> LoopStore:
+    """`store`, keeping each record it is given to commit in `committed`, by seq."""
+    commit_many = store.commit_many
+
+    async def spy(commits: Sequence[tuple[Commit, str]]) -> list[Exception | None]:
+        for commit, _ in commits:
+            for record in (*commit.earlier, commit.record):
+                committed[record.seq] = record
+        return await commit_many(commits)
+
+    store.commit_many = spy  # type: ignore[method-assign]
+    return store
+
+
+async def a_run_s_records(store_factory: Callable[[], LoopStore]) -> list[LoopRecord]:
+    """The records a short loop committed (`add`, then an answer), in order."""
+    committed: dict[int, LoopRecord] = {}
+    provider = ScriptedProvider([calls(call("add", a=1, b=2)), text("3")])
+    async with Runtime(
+        providers={"scripted": provider}, store=spied(store_factory(), committed)
+    ) as runtime:
+        await runtime.wait(runtime.run_loop("agent", "1+2?", request_with(add)))
+    return [committed[seq] for seq in sorted(committed)]
+
+
 async def paused_for_approval(store: LoopStore) -> str:
     """A loop that pays 5, paused for approval by a runtime that then exits."""
     async with Runtime(
@@ -208,7 +233,8 @@ class TestWhatIsStored:
 
             def intent(position: int, request: int = 1) -> CallRecord:
                 return CallRecord(
-                    key=f"{loop_id}-{request}-{position}",
+                    # (Any text: the SQLite store finds a key's entries by it.)
+                    key=f'{loop_id}-{request}-{position} clé "{position}"',
                     loop_id=loop_id,
                     request=request,
                     position=position,
@@ -331,27 +357,12 @@ class TestWhatIsStored:
         runtime, and a crash whose recovery took a step back off the path to
         pause over the call in flight."""
         committed: dict[int, LoopRecord] = {}
-
-        def spied(store: LoopStore) -> LoopStore:
-            commit_many = store.commit_many
-
-            async def spy(
-                commits: Sequence[tuple[Commit, str]],
-            ) -> list[Exception | None]:
-                for commit, _ in commits:
-                    for record in (*commit.earlier, commit.record):
-                        committed[record.seq] = record
-                return await commit_many(commits)
-
-            store.commit_many = spy  # type: ignore[method-assign]
-            return store
-
         if how == "paused and resumed":
-            loop_id = await paused_for_approval(spied(store_factory()))
+            loop_id = await paused_for_approval(spied(store_factory(), committed))
         else:
             GATE["block"] = anyio.Event()
             loop_id = await die_when(
-                spied(store_factory()),
+                spied(store_factory(), committed),
                 [calls(call("charge", call_id="c1", amount=5))],
                 lambda rt: rt.run_loop("agent", "charge 5", request_with(charge)),
                 running("charge"),
@@ -359,7 +370,7 @@ class TestWhatIsStored:
             del GATE["block"]
         async with Runtime(
             providers={"scripted": ScriptedProvider([text("done")])},
-            store=spied(store_factory()),
+            store=spied(store_factory(), committed),
             tools=TOOLS,
         ) as second:
             assert (await second.recover()).paused == [loop_id]
@@ -375,6 +386,108 @@ class TestWhatIsStored:
         if how == "crashed in a call":  # the step back, then the step again
             paths = [r.path for r in committed.values()]
             assert any(len(b) < len(a) for a, b in itertools.pairwise(paths))
+
+    async def test_a_run_s_records_keep_what_that_run_shared(
+        self, store_factory: Callable[[], LoopStore]
+    ) -> None:
+        """A runtime that takes a loop up may name its handlers otherwise (a
+        handler rebound to another callable): the records each runtime wrote
+        read back as written."""
+        last = (await a_run_s_records(store_factory))[-1]
+        running = LoopStatus.running
+        first = last.model_copy(
+            update={"seq": 100, "handlers": ("app:old",), "status": running}
+        )
+        then = last.model_copy(
+            update={"seq": 101, "handlers": ("app:new",), "status": running}
+        )
+        async with store_factory() as store:
+            await store.commit(Commit(first, 0), "A")
+            await store.release("A")
+        async with store_factory() as store:
+            assert await store.acquire(last.loop_id, "B") is None
+            await store.commit(Commit(then, 0), "B")
+            got = (
+                await store.record_at(last.loop_id, 100),
+                await store.load(last.loop_id),
+            )
+        assert got[0] == first
+        assert got[1] is not None
+        assert got[1].record == then
+
+    async def test_a_record_read_back_after_another_runtime_wrote_the_loop(
+        self, store_factory: Callable[[], LoopStore]
+    ) -> None:
+        """A runtime whose loop another took (its lease lapsed: the other
+        recovered the loop, took a step back off its path, paused it and
+        exited) commits again: what it wrote before is no longer the loop's
+        last rows, and its record reads back as committed."""
+        last = (await a_run_s_records(store_factory))[-1]
+        path = last.path
+        assert len(path) >= 4
+        running = LoopStatus.running
+        ours = last.model_copy(update={"seq": 100, "path": path[:3], "status": running})
+        theirs = last.model_copy(
+            update={"seq": 101, "path": path[:2], "status": LoopStatus.paused}
+        )
+        again = last.model_copy(
+            update={"seq": 102, "path": path[:4], "status": running}
+        )
+        async with store_factory() as a, store_factory() as b:
+            await a.commit(Commit(ours, 0), "A")
+            assert await b.acquire(last.loop_id, "B", replacing="A") is None
+            await b.commit(Commit(theirs, 0), "B")
+            await b.release("B")
+            await a.commit(Commit(again, 0), "A")
+            stored = await a.load(last.loop_id)
+            at = [await a.record_at(last.loop_id, seq) for seq in (100, 101, 102)]
+        assert stored is not None
+        assert stored.record == again
+        assert at == [ours, theirs, again]
+
+    async def test_instructions_changed_mid_loop_outlive_the_process(
+        self, store_factory: Callable[[], LoopStore]
+    ) -> None:
+        """A loop's context's instructions changed by a tool (as agents taking
+        turns on one conversation do): the records hold each commit's, and the
+        runtime that takes the loop up sends the changed ones."""
+        committed: dict[int, LoopRecord] = {}
+        context = ModelContext(instructions="be brief")
+
+        @tool
+        async def retitle(text: str) -> str:
+            """Change the instructions."""
+            context.instructions = text
+            return "ok"
+
+        request = InferenceInput(
+            model="scripted:m", context=context, tools=[retitle, pay]
+        )
+        script = [
+            calls(call("retitle", text="be thorough")),
+            calls(call("pay", amount=5)),
+        ]
+        async with Runtime(
+            providers={"scripted": ScriptedProvider(script)},
+            store=spied(store_factory(), committed),
+        ) as first:
+            loop_id = first.run_loop("agent", "go", request)
+            await wait_until(lambda: first.get(loop_id).status is LoopStatus.paused)
+        provider = ScriptedProvider([text("paid")])
+        async with Runtime(
+            providers={"scripted": provider},
+            store=spied(store_factory(), committed),
+            tools=[retitle, *TOOLS],
+        ) as second:
+            assert (await second.recover()).paused == [loop_id]
+            second.resume(loop_id, Proceed())
+            assert (await finished(second, loop_id)).outcome is Outcome.answered
+        async with store_factory() as store:
+            at = {seq: await store.record_at(loop_id, seq) for seq in committed}
+        assert at == committed
+        assert [r.input.instructions for r in committed.values()][-1] == "be thorough"
+        (sent,) = provider.requests
+        assert sent.context.instructions == "be thorough"
 
     async def test_a_loop_waited_for_has_its_end_in_the_store(
         self, tmp_path: Path

@@ -372,17 +372,16 @@ class TestWrites:
             await store.commit(Commit(record, 0), "me")
         after = store.statistics()
         assert after.commits == committed.commits + 1
-        # What the commit wrote: its records row, and the loop's constants (a
-        # store new to the loop writes them again in its row).
-        ((row, constant),) = await sql(
+        # What the commit wrote: its records row (a store new to the loop
+        # starts a run: the row holds what the run's records share too).
+        ((row, shared),) = await sql(
             conninfo,
-            f"SELECT length(r.record) + length(r.path), length(l.loop)"
-            f" FROM {schema}.records r JOIN {schema}.loops l USING (loop_id)"
-            " ORDER BY r.id DESC LIMIT 1",
+            f"SELECT length(record) + length(path), length(shared)"
+            f" FROM {schema}.records ORDER BY id DESC LIMIT 1",
         )
-        assert after.bytes_written == committed.bytes_written + row + constant
-        # Less than the record whole: what every record of the loop shares
-        # is in the loop's row, and a path step in one row only.
+        assert after.bytes_written == committed.bytes_written + row + shared
+        # Less than the record whole: what every record of the run shares
+        # is apart, and a path step in one row only.
         assert row < len(record.model_dump_json())
 
 

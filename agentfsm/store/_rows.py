@@ -1,14 +1,33 @@
-"""A loop's records as the SQL stores keep them: what all of a loop's records
-share (`CONSTANT`) once, in the loop's row, and each path step once, in the
-row of the commit that took it (`Paths`); a record's text holds the rest, and
-its path's length (`record_text`); `record_of` makes it whole again.
+"""A loop's records as the SQL stores keep them.
+
+A store writes a loop's rows in *runs*: from the row it writes when it takes the
+loop (a new loop, or one it acquired: recovered, resumed) to the one it writes
+last. Within a run the store knows what its earlier rows hold, so a row holds
+only what changed:
+
+- what every record of the run shares (`SHARED`: the loop's ids, start, input
+  request, options and handlers, which are fixed for as long as one process
+  runs the loop) is in the run's first row only (`shared_text`); a later run
+  writes it again (a recovery may rebind a handler under another name);
+- each path step is in the row of the commit that took it: a row holds the
+  steps since the row before (`Paths`: from `path_from` on), and a record its
+  path's length (`record_text`);
+- the rest of a record is its own: the input's instructions included (the
+  loop's context holds them, and a handler or `Agent.request` may change them).
+
+`record_of` makes a record whole again from its text, the latest shared text at
+or before its row, and the path its loop's rows make up to its row (`path_of`).
+
+A store may rely on what it wrote only while nobody else wrote the loop: a row
+that does is written only if the loop's row still names the store's runtime as
+its owner (no other runtime took the loop since); else the row holds it all.
 
 What it saves, measured with bench/bench_durable.py: the JSON of the
 benchmark's 10 records a run took 106 µs and 24.6 KB whole, 70 µs and 13.4 KB
-so; and a loop of 300 tool calls wrote 16.5 KB a commit (its paths, in every
+so; a loop of 300 tool calls wrote 16.5 KB a commit (its path, in every
 record), 1.9 KB so. Tests: tests/internals/test_sqlite_log.py,
 tests/test_durable.py (every record read back equals the one committed, on
-every store).
+every store, across runs).
 """
 
 from __future__ import annotations
@@ -19,19 +38,21 @@ from typing import Any, Final
 
 from pydantic import TypeAdapter
 
-from agentfsm.record import LoopRecord
+from agentfsm.record import LoopRecord, RequestRecord
 from agentfsm.results import PathStep
 
 __all__ = (
-    "CONSTANT",
     "PATH_STEPS",
+    "SHARED",
     "Paths",
+    "path_of",
     "prefix_length",
     "record_of",
     "record_text",
+    "shared_text",
 )
 
-CONSTANT: Final[set[str]] = {
+SHARED: Final[set[str]] = {
     "version",
     "loop_id",
     "agent_id",
@@ -40,31 +61,31 @@ CONSTANT: Final[set[str]] = {
     "options",
     "input",
 }
-"""What a loop's records share (the loop's row holds it, `loops.loop`): set
-when the loop is made. Its `input` differs only in `context_items`, which is
-the record's own (the input's context is the loop's)."""
-_IN_ROW: Final[set[str]] = CONSTANT | {"path"}
+"""What a run's records share: fixed while one process runs the loop. Of the
+input request, all but its `instructions` (the context's) and `context_items`
+(the record's own: the input's context is the loop's)."""
+_OWN_INPUT: Final = {"instructions", "context_items"}
+_EXCLUDED: Final[dict[str, Any]] = {
+    **dict.fromkeys(SHARED - {"input"}, True),
+    "input": set(RequestRecord.model_fields) - _OWN_INPUT,
+}
+_EXCLUDED_AND_PATH: Final[dict[str, Any]] = {**_EXCLUDED, "path": True}
 PATH_STEPS: Final = TypeAdapter(tuple[PathStep, ...])
 
 
 def record_text(record: LoopRecord, path_length: int | None) -> str:
-    """A record as the log keeps it: without what the loop's row holds, and
-    with its path as its length (its first `path_length` steps of the path the
-    loop's rows' `path` columns make, see `Paths`), or in full (None).
-
-    What it saves, measured on the benchmark's records (bench/bench_durable.py,
-    10 a run): their JSON took 106 µs a run and 24.6 KB whole, 70 µs and 13.4
-    KB so. And a path in full makes a loop's bytes grow with the square of its
-    transitions."""
+    """A record as a row keeps it: without what its run shares, and with its
+    path as its length (its first `path_length` steps of the path the loop's
+    rows make, see `Paths`), or in full (None)."""
     if path_length is None:
-        return record.model_dump_json(exclude=CONSTANT)
-    text = record.model_dump_json(exclude=_IN_ROW)
+        return record.model_dump_json(exclude=_EXCLUDED)
+    text = record.model_dump_json(exclude=_EXCLUDED_AND_PATH)
     return f'{{"path":{path_length},{text[1:]}'
 
 
-def constant_text(record: LoopRecord) -> str:
-    """What the loop's row holds of its records (`CONSTANT`), as JSON."""
-    return record.model_dump_json(include=CONSTANT)
+def shared_text(record: LoopRecord) -> str:
+    """What the records of a run share (`SHARED`), as JSON."""
+    return record.model_dump_json(include=SHARED)
 
 
 def path_of(rows: Iterable[tuple[int, str]]) -> list[Any]:
@@ -78,28 +99,37 @@ def path_of(rows: Iterable[tuple[int, str]]) -> list[Any]:
 
 
 def record_of(
-    data: dict[str, Any], constant: dict[str, Any], path: list[Any]
+    data: dict[str, Any], shared: dict[str, Any], path: list[Any]
 ) -> LoopRecord:
-    """A stored record, from its text's data, its loop's row and the path its
-    loop's rows make up to its own (`path_of`)."""
+    """A stored record, from its text's data, its run's shared text's and the
+    path its loop's rows make up to its own (`path_of`)."""
     length = data["path"]
     if isinstance(length, int):
         data["path"] = path[:length]
-    data.update(constant)
-    data["input"] = {**constant["input"], "context_items": data["context_items"]}
+    own_input = data.pop("input")
+    data.update(shared)
+    data["input"] = {**shared["input"], **own_input}
     return LoopRecord.model_validate(data)
 
 
+_Written = tuple[int, PathStep | None]
+"""A path's length and its last step."""
+
+
 class Paths:
-    """The path each loop's log rows hold, as this store wrote them (used in
-    the worker thread only; forgotten when a lease changes hands): a row
-    holds the steps its record's path took since the loop's previous row
-    (`path_from` on), so a loop's rows hold each step once."""
+    """The path each loop's rows hold, as this store wrote them in the loop's
+    current run (used in the worker thread only; forgotten when the run ends:
+    the store takes the loop again, gives it up, finishes it): a row holds the
+    steps its record's path took since the row before (`path_from` on)."""
 
     __slots__ = ("_written",)
 
     def __init__(self) -> None:
         self._written: dict[str, _Written] = {}
+
+    def __contains__(self, loop_id: str) -> bool:
+        """Whether the store wrote a row of the loop in its current run."""
+        return loop_id in self._written
 
     def start(self, loop_id: str, path: tuple[PathStep, ...]) -> int:
         """Where a row of the loop whose record has `path` starts its steps (0:
@@ -107,13 +137,13 @@ class Paths:
         return _start(self._written.get(loop_id), path)
 
     def rows(
-        self, loop_id: str, records: Sequence[LoopRecord]
+        self, loop_id: str, records: Sequence[LoopRecord], *, run: bool
     ) -> list[tuple[str, int, str]]:
         """A row for each of `records` (written in this order, each a row of
         its own): its text, where its steps start (`path_from`), and the steps
-        as JSON."""
+        as JSON; `run=False`: as the first rows of a run (the whole path)."""
         rows = []
-        known = self._written.get(loop_id)
+        known = self._written.get(loop_id) if run else None
         for record in records:
             path = record.path
             start = _start(known, path)
@@ -133,10 +163,6 @@ class Paths:
         self._written.clear()
 
 
-_Written = tuple[int, PathStep | None]
-"""A path's length and its last step (the very object)."""
-
-
 def _written(path: tuple[PathStep, ...]) -> _Written:
     return (len(path), path[-1] if path else None)
 
@@ -145,18 +171,21 @@ def _start(known: _Written | None, path: tuple[PathStep, ...]) -> int:
     if known is None:
         return 0
     length, last = known
-    # The same path, longer: its step at `length - 1` is the very one written
-    # (a path that lost steps, a recovery's, is written whole).
-    if length <= len(path) and (length == 0 or path[length - 1] is last):
+    # Within a run a loop's path only grows (the one step a recovery takes
+    # back is taken when its run starts): the written path is this one's
+    # start. Checked cheaply, not relied on: a path no longer than the written
+    # one, or not through its last step, is written whole.
+    if length <= len(path) and (length == 0 or path[length - 1] == last):
         return length
     return 0
 
 
 def prefix_length(path: tuple[PathStep, ...], of: tuple[PathStep, ...]) -> int | None:
-    """`len(path)` if it is the start of `of` (its steps the very ones), else None."""
+    """`len(path)` if it may be the start of `of` (as long at most, through the
+    same step there), else None (written in full)."""
     n = len(path)
     if n > len(of):
         return None
-    if n and of[n - 1] is not path[-1]:
+    if n and of[n - 1] != path[-1]:
         return None
     return n

@@ -77,7 +77,7 @@ from ._base import (
     checked_lease_ttl,
     commits_in_turn,
 )
-from ._rows import Paths, constant_text, path_of, record_of
+from ._rows import Paths, path_of, record_of, shared_text
 
 try:
     import psycopg
@@ -108,24 +108,24 @@ CREATE TABLE IF NOT EXISTS {s}.loops (
     seq bigint NOT NULL,
     owner text,
     lease_until timestamptz,
-    updated timestamptz NOT NULL,
-    loop text
+    updated timestamptz NOT NULL
 );
 CREATE INDEX IF NOT EXISTS loops_unfinished ON {s}.loops (loop_id)
     WHERE status <> 'done';
 CREATE INDEX IF NOT EXISTS loops_owner ON {s}.loops (owner)
     WHERE owner IS NOT NULL;
 -- Each record once, as it was written (a recovered loop's record of a seq
--- written before is a later row); a record's text holds its path's length, and
--- its row the path's steps since the loop's row before it (see
--- agentfsm.store._rows).
+-- written before is a later row): its text holds its path's length, its row
+-- the path's steps since the loop's row before it, and (the first row of a
+-- run) what the run's records share (see agentfsm.store._rows).
 CREATE TABLE IF NOT EXISTS {s}.records (
     id bigserial PRIMARY KEY,
     loop_id text NOT NULL,
     seq bigint NOT NULL,
     record text NOT NULL,
     path_from integer NOT NULL,
-    path text NOT NULL
+    path text NOT NULL,
+    shared text
 );
 CREATE INDEX IF NOT EXISTS records_loop ON {s}.records (loop_id, seq, id);
 CREATE TABLE IF NOT EXISTS {s}.items (
@@ -162,11 +162,12 @@ CREATE TABLE IF NOT EXISTS {s}.contexts (
 );
 -- A commit in one statement (one round trip; a statement is one transaction):
 -- the lease check, the loop's row, its record, the context's new items, a
--- recorded model output. Returns NULL when written, else the lease's holder
--- (and writes nothing).
+-- recorded model output. Returns NULL when written, else (and writes nothing)
+-- 'held:' and the lease's holder, or 'stale:' when the rows continue the
+-- caller's run (p_shared NULL) and another runtime took the loop since.
 CREATE OR REPLACE FUNCTION {s}.commit_loop(
     p_loop_id text, p_agent_id text, p_status text, p_state text, p_seq bigint,
-    p_owner text, p_ttl float8, p_constant text, p_record text, p_path_from integer,
+    p_owner text, p_ttl float8, p_shared text, p_record text, p_path_from integer,
     p_path text, p_first integer, p_items text[],
     p_replaced_at integer[], p_replaced text[], p_request integer, p_output text,
     p_earlier_seq bigint[], p_earlier text[], p_earlier_path_from integer[],
@@ -178,33 +179,41 @@ CREATE OR REPLACE FUNCTION {s}.commit_loop(
 DECLARE
     holder text;
 BEGIN
+    IF p_shared IS NULL THEN
+        -- The rows continue the caller's run: only if no other runtime took
+        -- the loop since (the row lock, until the transaction ends, keeps any
+        -- from taking it now).
+        SELECT owner INTO holder FROM {s}.loops WHERE loop_id = p_loop_id FOR UPDATE;
+        IF NOT FOUND OR holder IS DISTINCT FROM p_owner THEN
+            RETURN 'stale:';
+        END IF;
+    END IF;
     -- The upsert takes the row's lock (until the transaction ends): every
     -- writer of this loop waits here, then sees this one's lease.
-    -- (p_constant: NULL when this store wrote the loop's row already.)
     INSERT INTO {s}.loops AS l (loop_id, agent_id, status, state, seq, owner,
-        lease_until, updated, loop)
+        lease_until, updated)
     VALUES (p_loop_id, p_agent_id, p_status, p_state, p_seq, p_owner,
-        clock_timestamp() + p_ttl * interval '1 second', clock_timestamp(),
-        p_constant)
+        clock_timestamp() + p_ttl * interval '1 second', clock_timestamp())
     ON CONFLICT (loop_id) DO UPDATE SET status = EXCLUDED.status,
         state = EXCLUDED.state, seq = EXCLUDED.seq, owner = EXCLUDED.owner,
-        lease_until = EXCLUDED.lease_until, updated = EXCLUDED.updated,
-        loop = coalesce(p_constant, l.loop)
+        lease_until = EXCLUDED.lease_until, updated = EXCLUDED.updated
     WHERE l.owner IS NULL OR l.owner = EXCLUDED.owner
         OR l.lease_until <= clock_timestamp();
     IF NOT FOUND THEN
         SELECT owner INTO holder FROM {s}.loops WHERE loop_id = p_loop_id;
-        RETURN coalesce(holder, '?');
+        RETURN 'held:' || coalesce(holder, '?');
     END IF;
     -- The records of the transitions since the last write, then this one's,
-    -- in this order (each row's path steps follow the row before).
+    -- in this order (each row's path steps follow the row before); the first
+    -- holds what a run shares, if this one starts a run.
     FOR i IN 1 .. coalesce(array_length(p_earlier, 1), 0) LOOP
-        INSERT INTO {s}.records (loop_id, seq, record, path_from, path)
+        INSERT INTO {s}.records (loop_id, seq, record, path_from, path, shared)
         VALUES (p_loop_id, p_earlier_seq[i], p_earlier[i], p_earlier_path_from[i],
-            p_earlier_path[i]);
+            p_earlier_path[i], CASE WHEN i = 1 THEN p_shared END);
+        p_shared := NULL;
     END LOOP;
-    INSERT INTO {s}.records (loop_id, seq, record, path_from, path)
-    VALUES (p_loop_id, p_seq, p_record, p_path_from, p_path);
+    INSERT INTO {s}.records (loop_id, seq, record, path_from, path, shared)
+    VALUES (p_loop_id, p_seq, p_record, p_path_from, p_path, p_shared);
     -- The ledger: intents of the calls this transition starts, outputs of the
     -- calls ended since the last write.
     INSERT INTO {s}.calls (key, loop_id, request, position, tool, call_id, status,
@@ -330,10 +339,9 @@ class PostgresStore(LoopStore):
         self._conn: _Conn | None = None
         self._limiter: anyio.CapacityLimiter | None = None
         self._counted = threading.Lock()
-        self._named: set[str] = set()
-        """Loops whose row (with their constants) this store wrote; used in
-        the worker thread only, forgotten when a lease changes hands."""
         self._paths = Paths()
+        """What this store wrote of each loop in its run (see `_rows`); used
+        in the worker thread only."""
         self._commits = 0
         self._bytes = 0
 
@@ -350,6 +358,7 @@ class PostgresStore(LoopStore):
         if self._limiter is not None:
             return
         limiter = anyio.CapacityLimiter(1)
+        self._paths.clear()  # (another process may have written meanwhile)
         self._conn = await anyio.to_thread.run_sync(self._first_connection)
         self._limiter = limiter
 
@@ -517,11 +526,7 @@ class PostgresStore(LoopStore):
         """The transaction's body of `commit`."""
         record = commit.record
         loop_id = record.loop_id
-        *earlier, (text, path_from, path) = self._paths.rows(
-            loop_id, [*commit.earlier, record]
-        )
-        # The loop's constants, for its row, unless this store wrote it.
-        constant = None if loop_id in self._named else constant_text(record)
+        records = [*commit.earlier, record]
         items = [item.model_dump_json() for item in commit.items]
         replaced = [
             (item.model_dump_json(), at) for at, item in (commit.replaced or {}).items()
@@ -534,62 +539,69 @@ class PostgresStore(LoopStore):
         sql = self._sql
         intents = commit.intents
         ended = [(key, out.model_dump_json(), term) for key, out, term in commit.ended]
+        written = (
+            sum(map(len, items))
+            + sum(len(i) for i, _ in replaced)
+            + sum(len(out) for _, out, _ in ended)
+            + intent_bytes(intents)
+            + (0 if inference is None else len(inference[1]))
+        )
 
         def write(conn: _Conn) -> tuple[None, int]:
-            row = conn.execute(
-                sql.commit_loop,
-                (
-                    loop_id,
-                    record.agent_id,
-                    record.status.value,
-                    record.state.value,
-                    record.seq,
-                    owner,
-                    self.lease_ttl,
-                    constant,
-                    text,
-                    path_from,
-                    path,
-                    commit.first,
-                    items,
-                    [at for _, at in replaced],
-                    [item for item, _ in replaced],
-                    *(inference or (None, None)),
-                    [r.seq for r in commit.earlier],
-                    [body for body, _, _ in earlier],
-                    [start for _, start, _ in earlier],
-                    [steps for _, _, steps in earlier],
-                    [c.key for c in intents],
-                    [c.request for c in intents],
-                    [c.position for c in intents],
-                    [c.tool for c in intents],
-                    [c.call_id for c in intents],
-                    [key for key, _, _ in ended],
-                    [out for _, out, _ in ended],
-                    [term for _, _, term in ended],
-                ),
-            ).fetchone()
-            if row is not None and row[0] is not None:
-                raise LoopLockedError(loop_id, row[0])
-            written = (
-                len(text)
-                + len(path)
-                + len(constant or "")
-                + sum(len(body) + len(steps) for body, _, steps in earlier)
-                + sum(map(len, items))
-                + sum(len(i) for i, _ in replaced)
-                + sum(len(out) for _, out, _ in ended)
-                + intent_bytes(intents)
-            )
-            if inference is not None:
-                written += len(inference[1])
+            # The rows continue this store's run of the loop (see `_rows`),
+            # unless the store has none, or another runtime took the loop since.
+            run = loop_id in self._paths
+            while True:
+                rows = self._paths.rows(loop_id, records, run=run)
+                shared = None if run else shared_text(record)
+                (text, path_from, path) = rows[-1]
+                returned = conn.execute(
+                    sql.commit_loop,
+                    (
+                        loop_id,
+                        record.agent_id,
+                        record.status.value,
+                        record.state.value,
+                        record.seq,
+                        owner,
+                        self.lease_ttl,
+                        shared,
+                        text,
+                        path_from,
+                        path,
+                        commit.first,
+                        items,
+                        [at for _, at in replaced],
+                        [item for item, _ in replaced],
+                        *(inference or (None, None)),
+                        [r.seq for r in commit.earlier],
+                        [body for body, _, _ in rows[:-1]],
+                        [start for _, start, _ in rows[:-1]],
+                        [steps for _, _, steps in rows[:-1]],
+                        [c.key for c in intents],
+                        [c.request for c in intents],
+                        [c.position for c in intents],
+                        [c.tool for c in intents],
+                        [c.call_id for c in intents],
+                        [key for key, _, _ in ended],
+                        [out for _, out, _ in ended],
+                        [term for _, _, term in ended],
+                    ),
+                ).fetchone()
+                result = None if returned is None else returned[0]
+                if result is None:
+                    break
+                if result == "stale:" and run:
+                    run = False  # (nothing was written)
+                    continue
+                raise LoopLockedError(loop_id, result.removeprefix("held:"))
             if record.status is LoopStatus.done:
-                self._named.discard(loop_id)  # it writes no more
-                self._paths.pop(loop_id)
+                self._paths.pop(loop_id)  # it writes no more
             else:
-                self._named.add(loop_id)
                 self._paths.wrote(loop_id, record.path)
-            return None, written
+            return None, written + len(shared or "") + sum(
+                len(body) + len(steps) for body, _, steps in rows
+            )
 
         return write
 
@@ -600,9 +612,9 @@ class PostgresStore(LoopStore):
             row = conn.execute(self._sql.load, (loop_id,)).fetchone()
             if row is None:
                 return None
-            row_id, text, constant, owner, items = row
+            row_id, text, owner, items = row
             return StoredLoop(
-                self._record(conn, loop_id, row_id, text, constant),
+                self._record(conn, loop_id, row_id, text),
                 [ContextItemAdapter.validate_json(item) for item in items],
                 owner,
             )
@@ -618,15 +630,14 @@ class PostgresStore(LoopStore):
 
         return await self._run(read)
 
-    def _record(
-        self, conn: _Conn, loop_id: str, row_id: int, text: str, constant: str | None
-    ) -> LoopRecord:
-        """The record of the row `row_id` (`text`), made whole: the loop's
-        constants, and its path from the steps of its rows up to this one."""
-        if constant is None:
-            raise StoreError(f"the row of loop {loop_id} holds no record data")
+    def _record(self, conn: _Conn, loop_id: str, row_id: int, text: str) -> LoopRecord:
+        """The record of the row `row_id` (`text`), made whole: what its run
+        shares, and its path from the steps of its rows up to this one."""
+        shared = conn.execute(self._sql.shared, (loop_id, row_id)).fetchone()
+        if shared is None:
+            raise StoreError(f"no row of loop {loop_id} holds what its records share")
         path = path_of(conn.execute(self._sql.path, (loop_id, row_id)))
-        return record_of(json.loads(text), json.loads(constant), path)
+        return record_of(json.loads(text), json.loads(shared[0]), path)
 
     async def unfinished(self) -> list[str]:
         def read(conn: _Conn) -> list[str]:
@@ -775,7 +786,6 @@ class PostgresStore(LoopStore):
 
     def _forget(self, loop_id: str) -> None:
         """What this store wrote of the loop's rows may not be what they hold."""
-        self._named.discard(loop_id)
         self._paths.pop(loop_id)
 
     async def renew(self, owner: str) -> None:
@@ -788,7 +798,6 @@ class PostgresStore(LoopStore):
     async def release(self, owner: str, loop_ids: Sequence[str] | None = None) -> None:
         def write(conn: _Conn) -> tuple[None, int]:
             if loop_ids is None:
-                self._named.clear()
                 self._paths.clear()
                 conn.execute(self._sql.release_all, (owner,))
             else:
@@ -820,7 +829,7 @@ class _Statements:
             " ON CONFLICT (loop_id, request) DO UPDATE SET output = EXCLUDED.output"
         )
         self.load = (
-            "SELECT r.id, r.record, l.loop,"
+            "SELECT r.id, r.record,"
             f" CASE WHEN l.lease_until > {now} THEN l.owner END,"
             f" ARRAY(SELECT i.item FROM {s}.items i WHERE i.loop_id = l.loop_id"
             " ORDER BY i.position)"
@@ -829,9 +838,12 @@ class _Statements:
             " ORDER BY r.id DESC LIMIT 1"
         )
         self.record_at = (
-            f"SELECT r.id, r.record, l.loop FROM {s}.records r JOIN {s}.loops l"
-            " ON l.loop_id = r.loop_id WHERE r.loop_id = %s AND r.seq <= %s"
-            " ORDER BY r.seq DESC, r.id DESC LIMIT 1"
+            f"SELECT id, record FROM {s}.records WHERE loop_id = %s AND seq <= %s"
+            " ORDER BY seq DESC, id DESC LIMIT 1"
+        )
+        self.shared = (
+            f"SELECT shared FROM {s}.records WHERE loop_id = %s AND id <= %s"
+            " AND shared IS NOT NULL ORDER BY id DESC LIMIT 1"
         )
         self.path = (
             f"SELECT path_from, path FROM {s}.records WHERE loop_id = %s AND id <= %s"

@@ -53,11 +53,11 @@ from ._base import (
 from ._rows import (
     PATH_STEPS,
     Paths,
-    constant_text,
     path_of,
     prefix_length,
     record_of,
     record_text,
+    shared_text,
 )
 
 __all__ = ("SQLiteStore",)
@@ -76,8 +76,7 @@ CREATE TABLE IF NOT EXISTS loops (
     status TEXT NOT NULL,
     owner TEXT,
     lease_until REAL NOT NULL DEFAULT 0,
-    updated REAL NOT NULL,
-    loop TEXT
+    updated REAL NOT NULL
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS loops_status ON loops (status);
 CREATE TABLE IF NOT EXISTS log (
@@ -90,7 +89,8 @@ CREATE TABLE IF NOT EXISTS log (
     request INTEGER,
     ledger TEXT,
     path_from INTEGER,
-    path TEXT
+    path TEXT,
+    shared TEXT
 );
 CREATE INDEX IF NOT EXISTS log_loop ON log (loop_id, id);
 CREATE TABLE IF NOT EXISTS inferences (
@@ -115,13 +115,14 @@ CREATE TABLE IF NOT EXISTS events (
 """
 """The commit log (`log`): one row per commit, whatever it carries: the
 record, the records of the transitions written with it (`earlier`, a JSON
-array; a record is stored without what its loop's row holds, and with its
-path as a length: see `agentfsm.store._rows`), what the context and the model gave (`changes`: the items added
-from position `first`, the slots replaced, a truncation, a model output, whose
-request number is `request`), and the tool-call ledger's news (`ledger`: see
-`_fold_ledger`). A ledger write outside a commit (`begin_call`, `end_call`,
-`mark_uncertain`) is a row of its own, with no record (`seq` and `record`
-NULL).
+array), the path's steps since the row before (`path_from`, `path`), what the
+records of the store's run share (`shared`, in the run's first row: see
+`agentfsm.store._rows`), what the context and the model gave (`changes`: the
+items added from position `first`, the slots replaced, a truncation, a model
+output, whose request number is `request`), and the tool-call ledger's news
+(`ledger`: see `_fold_ledger`). A ledger write outside a commit
+(`begin_call`, `end_call`, `mark_uncertain`) is a row of its own, with no
+record (`seq` and `record` NULL).
 
 One row in one table is what makes a commit cheap: each table (and index) a
 transaction touches is a page more to write to the WAL. So a commit is one
@@ -135,11 +136,13 @@ bench/bench_durable.py's workload). Tests: tests/test_durable.py (the ledger
 through every store), tests/test_durable_crash.py."""
 
 _LOG_COLUMNS: Final = (
-    "loop_id, seq, record, earlier, changes, request, ledger, path_from, path"
+    "loop_id, seq, record, earlier, changes, request, ledger, path_from, path, shared"
 )
-_APPEND: Final = f"INSERT INTO log ({_LOG_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+_APPEND: Final = (
+    f"INSERT INTO log ({_LOG_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
 _APPEND_OWNED: Final = (
-    f"INSERT INTO log ({_LOG_COLUMNS}) SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?"
+    f"INSERT INTO log ({_LOG_COLUMNS}) SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?"
     " FROM loops WHERE loop_id = ? AND owner = ?"
 )
 """A commit's row, written only if the runtime holds the loop (one statement:
@@ -159,6 +162,14 @@ class _Changes(BaseModel):
     inference: tuple[int, InferenceOutput] | None
 
 
+# Every entry names its key as `_key_text` does: `begin_call` finds a key's
+# rows by that text.
+
+
+def _key_text(key: str) -> str:
+    return json.dumps(key, ensure_ascii=False)
+
+
 def _intent_entry(call: CallRecord, kind: str = "intent") -> str:
     return json.dumps(
         [kind, call.key, call.request, call.position, call.tool, call.call_id,
@@ -168,7 +179,7 @@ def _intent_entry(call: CallRecord, kind: str = "intent") -> str:
 
 
 def _done_entry(key: str, output: FunctionCallOutputItem, terminate: bool) -> str:
-    return f'["done",{json.dumps(key)},{output.model_dump_json()},{_BOOL[terminate]}]'
+    return f'["done",{_key_text(key)},{output.model_dump_json()},{_BOOL[terminate]}]'
 
 
 _BOOL: Final = {False: "false", True: "true"}
@@ -181,7 +192,8 @@ def _fold_ledger(loop_id: str, texts: Iterable[str]) -> dict[str, CallRecord]:
     - `["intent", key, request, position, tool, call_id, attempt]`: a call a
       commit starts; kept only if the key is new (a commit of a recovered loop
       may name a call the ledger knows);
-    - `["begun", ...the same]`: `begin_call`'s new attempt (status `started`);
+    - `["begun", ...the same]`: `begin_call`'s call, or new attempt of a known
+      one (status `started`, its `attempt`; the rest of its entry is kept);
     - `["done", key, output, terminate]`: its output;
     - `["uncertain", key]`: a recovery paused the loop over it.
     """
@@ -189,10 +201,15 @@ def _fold_ledger(loop_id: str, texts: Iterable[str]) -> dict[str, CallRecord]:
     for text in texts:
         for entry in json.loads(text):
             kind, key = entry[0], entry[1]
+            known = calls.get(key)
             if kind == "intent" or kind == "begun":
-                if kind == "intent" and key in calls:
-                    continue
                 _, _, request, position, tool, call_id, attempt = entry
+                if known is not None:
+                    if kind == "begun":  # a new attempt: the rest is as it was
+                        calls[key] = known.model_copy(
+                            update={"status": "started", "attempt": attempt}
+                        )
+                    continue
                 calls[key] = CallRecord(
                     key=key,
                     loop_id=loop_id,
@@ -204,7 +221,6 @@ def _fold_ledger(loop_id: str, texts: Iterable[str]) -> dict[str, CallRecord]:
                     attempt=attempt,
                 )
                 continue
-            known = calls.get(key)
             if known is None:
                 continue  # (no intent: nothing to update, as an UPDATE would do)
             if kind == "done":
@@ -289,6 +305,8 @@ class SQLiteStore(LoopStore):
         if self._db is not None:
             return
         self._limiter = anyio.CapacityLimiter(1)
+        self._statuses.clear()  # (another process may have written meanwhile)
+        self._paths.clear()
         self._db = await anyio.to_thread.run_sync(self._connect)
 
     def _connect(self) -> sqlite3.Connection:
@@ -401,20 +419,16 @@ class SQLiteStore(LoopStore):
         change (most commits), else a transaction."""
         record = commit.record
         loop_id = record.loop_id
-        row, written = self._log_row(commit)
         status = record.status.value
-        # The loop's row holds this status already (this store wrote it, and
-        # holds the lease): the commit need not write the row.
-        steady = self._statuses.get(loop_id) == status
-
-        def append_owned(db: sqlite3.Connection) -> bool:
-            """The log row, if this runtime holds the loop's lease."""
-            return bool(db.execute(_APPEND_OWNED, (*row, loop_id, owner)).rowcount)
-
-        if steady:
+        # This store wrote the loop's last rows (its run, see `_rows`), and the
+        # loop's row holds this status already: the commit is its log row.
+        run = loop_id in self._paths
+        row, written = self._log_row(commit, run=run)
+        if run and self._statuses.get(loop_id) == status:
 
             def append(db: sqlite3.Connection) -> int:
-                if append_owned(db):
+                # Only while this runtime holds the loop: nobody else wrote it.
+                if db.execute(_APPEND_OWNED, (*row, loop_id, owner)).rowcount:
                     return written
                 raise _NotOwned  # the lease was given up, or taken: take it
 
@@ -424,31 +438,28 @@ class SQLiteStore(LoopStore):
                 return
             except _NotOwned:
                 pass
-        # The loop's constants, for its row, which the loop's first commit
-        # makes (unknown to this store: the loop is new, or recovered).
-        constant = None if loop_id in self._statuses else constant_text(record)
 
         def write(db: sqlite3.Connection) -> int:
+            nonlocal row, written
+            held = db.execute(
+                "SELECT owner FROM loops WHERE loop_id = ?", (loop_id,)
+            ).fetchone()
+            if run and (held is None or held[0] != owner):
+                # Another runtime took the loop since this store's last row (and
+                # may have written it): the row starts a run, holding it all.
+                row, written = self._log_row(commit, run=False)
             now = time.time()
             # One statement takes the lease and writes the loop's row; it
             # changes nothing while another runtime holds a live lease.
             taken = db.execute(
                 "INSERT INTO loops (loop_id, agent_id, status, owner,"
-                " lease_until, updated, loop) VALUES (?, ?, ?, ?, ?, ?, ?)"
+                " lease_until, updated) VALUES (?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT (loop_id) DO UPDATE SET status = excluded.status,"
                 " owner = excluded.owner, lease_until = excluded.lease_until,"
-                " updated = excluded.updated, loop = coalesce(loops.loop, excluded.loop)"
+                " updated = excluded.updated"
                 " WHERE loops.owner IS NULL OR loops.owner = excluded.owner"
                 " OR loops.lease_until <= excluded.updated",
-                (
-                    loop_id,
-                    record.agent_id,
-                    status,
-                    owner,
-                    now + self.lease_ttl,
-                    now,
-                    constant,
-                ),
+                (loop_id, record.agent_id, status, owner, now + self.lease_ttl, now),
             ).rowcount
             if not taken:
                 (holder,) = db.execute(
@@ -456,22 +467,29 @@ class SQLiteStore(LoopStore):
                 ).fetchone()
                 raise LoopLockedError(loop_id, holder)
             db.execute(_APPEND, row)
-            return written + len(constant or "")
+            return written
 
         self._write(write)
         if status == LoopStatus.done.value:
-            self._statuses.pop(loop_id, None)  # it writes no more
-            self._paths.pop(loop_id)
+            self._forget(loop_id)  # it writes no more
         else:
             self._statuses[loop_id] = status
             self._paths.wrote(loop_id, record.path)
 
-    def _log_row(self, commit: Commit) -> tuple[tuple[object, ...], int]:
-        """A commit's `log` row (see `_SCHEMA`), and its bytes. The JSON is
-        joined from each part's own JSON, not made again."""
+    def _forget(self, loop_id: str) -> None:
+        """The loop's run ends here (see `_rows`)."""
+        self._statuses.pop(loop_id, None)
+        self._paths.pop(loop_id)
+
+    def _log_row(self, commit: Commit, *, run: bool) -> tuple[tuple[object, ...], int]:
+        """A commit's `log` row (see `_SCHEMA`), and its bytes: a row of the
+        loop's run (`run`), or the first of a run (holding what a run shares,
+        and the whole path). The JSON is joined from each part's own JSON, not
+        made again."""
         record = commit.record
         path = record.path
-        path_from = self._paths.start(record.loop_id, path)
+        path_from = self._paths.start(record.loop_id, path) if run else 0
+        shared = None if run else shared_text(record)
         text = record_text(record, len(path))
         earlier = (
             "["
@@ -514,7 +532,7 @@ class SQLiteStore(LoopStore):
                 + "]"
             )
         written = sum(
-            len(part or "") for part in (text, earlier, changes, ledger, steps)
+            len(part or "") for part in (text, earlier, changes, ledger, steps, shared)
         )
         row = (
             record.loop_id,
@@ -526,6 +544,7 @@ class SQLiteStore(LoopStore):
             ledger,
             path_from,
             steps,
+            shared,
         )
         return row, written
 
@@ -596,13 +615,15 @@ class SQLiteStore(LoopStore):
         db: sqlite3.Connection, loop_id: str, row_id: int, data: dict[str, Any]
     ) -> LoopRecord:
         """A record of the loop's log (`data`, its text's, from the row
-        `row_id`), made whole: its loop's constants, and its path from the
-        steps of the rows up to its own."""
-        (constant,) = db.execute(
-            "SELECT loop FROM loops WHERE loop_id = ?", (loop_id,)
+        `row_id`), made whole: what its run shares, and its path from the
+        steps of the rows up to its own (see `_rows`)."""
+        shared = db.execute(
+            "SELECT shared FROM log WHERE loop_id = ? AND id <= ?"
+            " AND shared IS NOT NULL ORDER BY id DESC LIMIT 1",
+            (loop_id, row_id),
         ).fetchone()
-        if constant is None:
-            raise StoreError(f"the row of loop {loop_id} holds no record data")
+        if shared is None:
+            raise StoreError(f"no row of loop {loop_id} holds what its records share")
         path = path_of(
             db.execute(
                 "SELECT path_from, path FROM log WHERE loop_id = ? AND id <= ?"
@@ -610,7 +631,7 @@ class SQLiteStore(LoopStore):
                 (loop_id, row_id),
             )
         )
-        return record_of(data, json.loads(constant), path)
+        return record_of(data, json.loads(shared[0]), path)
 
     async def unfinished(self) -> list[str]:
         def read() -> list[str]:
@@ -746,7 +767,7 @@ class SQLiteStore(LoopStore):
             rows = db.execute(
                 "SELECT ledger FROM log WHERE loop_id = ? AND ledger IS NOT NULL"
                 " AND instr(ledger, ?) > 0 ORDER BY id",
-                (call.loop_id, call.key),
+                (call.loop_id, _key_text(call.key)),
             )
             known = _fold_ledger(call.loop_id, (t for (t,) in rows)).get(call.key)
             if known is not None and known.status == "done":
@@ -773,7 +794,7 @@ class SQLiteStore(LoopStore):
         await self._append_ledger(loop_id, text)
 
     async def mark_uncertain(self, loop_id: str, keys: Sequence[str]) -> None:
-        text = json.dumps([["uncertain", key] for key in keys])
+        text = json.dumps([["uncertain", key] for key in keys], ensure_ascii=False)
         await self._append_ledger(loop_id, text)
 
     async def _append_ledger(self, loop_id: str, text: str) -> None:
@@ -790,8 +811,7 @@ class SQLiteStore(LoopStore):
     ) -> str | None:
         def write(db: sqlite3.Connection) -> int:
             now = time.time()
-            self._statuses.pop(loop_id, None)  # another runtime may have written it
-            self._paths.pop(loop_id)
+            self._forget(loop_id)  # another runtime may have written it
             row = db.execute(
                 "SELECT owner, lease_until FROM loops WHERE loop_id = ?", (loop_id,)
             ).fetchone()
@@ -832,8 +852,7 @@ class SQLiteStore(LoopStore):
                 )
             else:
                 for loop_id in loop_ids:
-                    self._statuses.pop(loop_id, None)
-                    self._paths.pop(loop_id)
+                    self._forget(loop_id)
                 db.executemany(
                     "UPDATE loops SET owner = NULL, lease_until = 0"
                     " WHERE owner = ? AND loop_id = ?",

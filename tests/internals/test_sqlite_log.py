@@ -9,12 +9,16 @@ import json
 
 import pytest
 
+from agentfsm import Runtime
 from agentfsm.messages import FunctionCallOutputItem
+from agentfsm.record import LoopRecord
 from agentfsm.results import PathStep
 from agentfsm.states import LoopState, Trigger
 from agentfsm.store import CallRecord, StoreError
 from agentfsm.store._rows import Paths, prefix_length
 from agentfsm.store.sqlite import _done_entry, _fold_ledger, _intent_entry
+from agentfsm.testing import ScriptedProvider, call, calls, text
+from tests.helpers import add, request
 
 CALL = CallRecord(
     key="k1",
@@ -53,13 +57,16 @@ def test_a_commit_naming_a_known_call_changes_nothing() -> None:
 
 
 def test_begun_is_a_new_attempt_even_of_a_known_call() -> None:
-    second = CALL.model_copy(update={"attempt": 2})
+    """As a ledger table's UPDATE of the status and the attempt: the rest of
+    the entry is as the intent wrote it."""
+    second = CALL.model_copy(update={"attempt": 2, "call_id": "other"})
     text = [
         *rows(_intent_entry(CALL)),
         '[["uncertain","k1"]]',
         *rows(_intent_entry(second, "begun")),
     ]
-    assert _fold_ledger("L", text) == {"k1": second}
+    assert _fold_ledger("L", text) == {"k1": CALL.model_copy(update={"attempt": 2})}
+    assert _fold_ledger("L", rows(_intent_entry(second, "begun"))) == {"k1": second}
 
 
 def test_an_output_or_uncertainty_of_an_unknown_call_is_nothing() -> None:
@@ -105,16 +112,43 @@ def test_a_path_that_is_not_the_one_written_longer_is_written_whole() -> None:
     paths = Paths()
     paths.wrote("L", (START, INFER))
     assert paths.start("L", (START,)) == 0  # shorter: a step was taken back
-    # As long, or longer, but not through the very step written last.
-    assert paths.start("L", (START, INFER._replace())) == 0
+    # As long, or longer, but not through the step written last.
+    assert paths.start("L", (START, CALL_TOOLS)) == 0
     assert paths.start("L", (START, CALL_TOOLS, INFER)) == 0
     paths.wrote("L", ())
     assert paths.start("L", (START,)) == 0
+
+
+async def records_of_a_run() -> list[LoopRecord]:
+    """The record at each commit of a loop calling `add` once, then answering."""
+    records: list[LoopRecord] = []
+    provider = ScriptedProvider([calls(call("add", a=1, b=2)), text("3")])
+    async with Runtime(providers={"scripted": provider}) as runtime:
+        runtime._on_commit = lambda loop: records.append(loop.snapshot())
+        await runtime.wait(runtime.run_loop("agent", "1+2?", request(add)))
+    return records
+
+
+async def test_rows_of_a_run_and_rows_starting_one() -> None:
+    """Each record a row of its own (the PostgreSQL store): the steps since
+    the row before; a run's first rows hold the whole path."""
+    first, second, third = (await records_of_a_run())[:3]
+    paths = Paths()
+    paths.wrote("L", first.path)
+    rows = paths.rows("L", [second, third], run=True)
+    assert [(start, len(json.loads(steps))) for _, start, steps in rows] == [
+        (1, 1),
+        (2, 1),
+    ]
+    assert json.loads(rows[0][0])["path"] == 2  # the record: its path's length
+    (whole,) = paths.rows("L", [second], run=False)
+    assert (whole[1], len(json.loads(whole[2]))) == (0, 2)
+    assert paths.start("L", second.path) == 1  # (rows() records nothing)
 
 
 def test_a_record_carried_with_a_later_one_is_its_path_s_start_or_whole() -> None:
     path = (START, INFER, CALL_TOOLS)
     assert prefix_length(path[:2], path) == 2
     assert prefix_length((), path) == 0
-    assert prefix_length((START, INFER._replace()), path) is None
+    assert prefix_length((START, CALL_TOOLS), path) is None
     assert prefix_length((*path, START), path) is None
