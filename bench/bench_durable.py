@@ -349,9 +349,22 @@ class LangGraphWorker:
 # a supported way to run it.
 
 
+class _Anyone:
+    """A value equal to any: the owner the loop's row names is the store's."""
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    def __ne__(self, other: object) -> bool:
+        return False
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 class _NoConnection:
-    """Stands in for the connection: no statement does anything, no row is found
-    (and every write reports one row changed, as a write the store owns does)."""
+    """Stands in for the connection: no statement does anything, a row found
+    holds a value equal to any (the loop's owner is the store's runtime), and
+    every write reports one row changed, as a write the store owns does."""
 
     rowcount = 1
 
@@ -361,8 +374,8 @@ class _NoConnection:
     def executemany(self, *args: Any) -> _NoConnection:
         return self
 
-    def fetchone(self) -> None:
-        return None
+    def fetchone(self) -> tuple[_Anyone]:
+        return (_Anyone(),)
 
 
 class InlineStore(SQLiteStore):
