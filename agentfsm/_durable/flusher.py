@@ -63,8 +63,12 @@ class Flusher:
         self.store = store
         self.owner = owner
         self._queue: list[Ticket] = []
-        self._writing: anyio.Event | None = None
-        """Set when the write in progress ends (None: nothing is being written)."""
+        self._writing = False
+        """A write is in progress."""
+        self._written: anyio.Event | None = None
+        """Set when the write in progress ends; made by the first task to wait
+        for it (most trips have nobody else waiting: an event a trip cost ~1.4
+        µs, 7 trips a benchmark run)."""
         self._wake = anyio.Event()
         """Set when a commit nobody waits for is queued (for `serve`)."""
         self._failed: dict[str, str] = {}
@@ -93,16 +97,18 @@ class Flusher:
 
     async def flush(self) -> None:
         """Write everything queued (the runtime exiting: before its leases go)."""
-        while self._queue or self._writing is not None:
+        while self._queue or self._writing:
             await self._turn()
 
     async def _turn(self) -> None:
         """Write the queue, or wait for the write in progress to end."""
-        writing = self._writing
-        if writing is None:
+        if not self._writing:
             await self._write()
-        else:
-            await writing.wait()
+            return
+        written = self._written
+        if written is None:
+            written = self._written = anyio.Event()
+        await written.wait()
 
     async def serve(self) -> None:
         """Write the commits nobody waits for (a task of the runtime's, until
@@ -110,7 +116,7 @@ class Flusher:
         write's end, which wakes it again if anything is left."""
         self._wake = anyio.Event()  # of this run's event loop
         while True:
-            if self._writing is None and self._queue:
+            if not self._writing and self._queue:
                 await self._write()
             await self._wake.wait()
             self._wake = anyio.Event()
@@ -141,7 +147,7 @@ class Flusher:
                 ticket.landed = True
         if not batch:
             return
-        done = self._writing = anyio.Event()
+        self._writing = True
         errors: list[Exception | None]
         try:
             with anyio.CancelScope(shield=True):
@@ -159,7 +165,9 @@ class Flusher:
                 ticket.landed = True
                 if error is not None:
                     self._failed_commit(ticket.commit, error)
-            self._writing = None
-            done.set()
+            self._writing = False
+            written, self._written = self._written, None
+            if written is not None:
+                written.set()
             if self._queue:
                 self._wake.set()  # queued meanwhile: for `serve`, if nobody waits
