@@ -202,14 +202,30 @@ async def agentfsm_round(
         if store is None
         else agentfsm.Runtime(store=store, providers={"scripted": scripted_provider()})
     )
-    async with runtime:
-        # One run first, untimed (a warm-up). `wait` returns once the loop's
-        # end has landed, so the timed region holds its runs' writes.
+
+    async def one() -> None:
         check(await runtime.wait(runtime.run_loop("agent", PROMPT, make())))
+
+    return await timed_runs(runtime, store, runs, out, one)
+
+
+async def timed_runs(
+    runtime: agentfsm.Runtime,
+    store: Any,
+    runs: int,
+    out: list[Sample],
+    one: Callable[[], Awaitable[None]],
+) -> Writes | None:
+    """In `runtime`: one run (`one`) untimed (a warm-up), then `runs` timed
+    into `out`; the store's commits and bytes per run (None without one).
+    `wait` returns once a loop's end has landed, so the timed region holds
+    its runs' writes."""
+    async with runtime:
+        await one()
         before = store.statistics() if store is not None else None
         with stopwatch(runs, out):
             for _ in range(runs):
-                check(await runtime.wait(runtime.run_loop("agent", PROMPT, make())))
+                await one()
         if store is None or before is None:
             return None
         after = store.statistics()
@@ -678,19 +694,7 @@ async def long_round(
         assert result.outcome is agentfsm.Outcome.answered, result
         assert result.tool_calls == tool_calls, result
 
-    async with runtime:
-        await one()  # a warm-up
-        before = store.statistics() if store is not None else None
-        with stopwatch(runs, out):
-            for _ in range(runs):
-                await one()
-        if store is None or before is None:
-            return None
-        after = store.statistics()
-    return Writes(
-        (after.commits - before.commits) / runs,
-        (after.bytes_written - before.bytes_written) / runs,
-    )
+    return await timed_runs(runtime, store, runs, out, one)
 
 
 async def long_loops_table(dbs: Databases, rounds: int, seconds: float) -> None:

@@ -203,6 +203,20 @@ async def paused_for_approval(store: LoopStore) -> str:
     return loop_id
 
 
+async def died_charging(store: LoopStore) -> str:
+    """A loop whose runtime was killed while `charge` (call c1, not
+    idempotent) ran: in flight in the store."""
+    GATE["block"] = anyio.Event()
+    loop_id = await die_when(
+        store,
+        [calls(call("charge", call_id="c1", amount=5))],
+        lambda rt: rt.run_loop("agent", "charge 5", request_with(charge)),
+        running("charge"),
+    )
+    del GATE["block"]
+    return loop_id
+
+
 async def finished(runtime: Runtime, loop_id: str) -> LoopResult:
     """`wait`, bounded: a loop left paused by mistake fails the test instead of
     hanging it (pytest-timeout cannot interrupt a trio run that waits)."""
@@ -360,14 +374,7 @@ class TestWhatIsStored:
         if how == "paused and resumed":
             loop_id = await paused_for_approval(spied(store_factory(), committed))
         else:
-            GATE["block"] = anyio.Event()
-            loop_id = await die_when(
-                spied(store_factory(), committed),
-                [calls(call("charge", call_id="c1", amount=5))],
-                lambda rt: rt.run_loop("agent", "charge 5", request_with(charge)),
-                running("charge"),
-            )
-            del GATE["block"]
+            loop_id = await died_charging(spied(store_factory(), committed))
         async with Runtime(
             providers={"scripted": ScriptedProvider([text("done")])},
             store=spied(store_factory(), committed),
@@ -778,14 +785,7 @@ class TestRecovery:
     async def test_a_call_in_flight_pauses_the_loop_naming_it(
         self, store_factory: Callable[[], LoopStore], decision: str
     ) -> None:
-        GATE["block"] = anyio.Event()
-        loop_id = await die_when(
-            store_factory(),
-            [calls(call("charge", call_id="c1", amount=5))],
-            lambda rt: rt.run_loop("agent", "charge 5", request_with(charge)),
-            running("charge"),
-        )
-        del GATE["block"]
+        loop_id = await died_charging(store_factory())
         async with Runtime(
             providers={"scripted": ScriptedProvider([text("done")])},
             store=store_factory(),
