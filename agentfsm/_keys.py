@@ -47,7 +47,15 @@ def idempotency_key(
     JSON: ~3.1 µs a key against 5.2 for `json.dumps` of the list, the same text
     (tests/internals/test_keys.py pins keys derived before)."""
     text = (
-        f"[{encode_basestring(loop_id)},{int(request)},{int(position)},"
+        f"[{encode_basestring(loop_id)},{_number(request)},{_number(position)},"
         f"{encode_basestring(name)},{encode_basestring(canonical_arguments(arguments))}]"
     )
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _number(value: int) -> str:
+    """An int as `json.dumps` writes it (any other value too: a bool is
+    `true`, not `1`)."""
+    if type(value) is int:
+        return int.__repr__(value)
+    return json.dumps(value)

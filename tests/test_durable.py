@@ -452,6 +452,45 @@ class TestWhatIsStored:
         assert stored.record == again
         assert at == [ours, theirs, again]
 
+    async def test_a_seq_written_twice_reads_as_last_written(
+        self, store_factory: Callable[[], LoopStore]
+    ) -> None:
+        """Two runtimes wrote seqs 102 to 104 (a lease that lapsed both ways):
+        `record_at` gives each as the last one written, whether a row holds it
+        or a later commit carried it."""
+        last = (await a_run_s_records(store_factory))[-1]
+        path = last.path
+
+        def at(seq: int, who: str, steps: int) -> LoopRecord:
+            return last.model_copy(
+                update={
+                    "seq": seq,
+                    "path": path[:steps],
+                    "status": LoopStatus.running,
+                    "handlers": (f"app:{who}",),
+                }
+            )
+
+        async with store_factory() as a, store_factory() as b:
+            await a.commit(Commit(at(101, "A", 1), 0), "A")
+            assert await b.acquire(last.loop_id, "B", replacing="A") is None
+            b_earlier = [at(102, "B", 1), at(103, "B", 2)]
+            await b.commit(Commit(at(104, "B", 2), 0, earlier=b_earlier), "B")
+            await b.release("B")
+            await a.commit(Commit(at(102, "A", 2), 0), "A")
+            a_earlier = [at(103, "A", 2), at(104, "A", 3)]
+            await a.commit(Commit(at(105, "A", 3), 0, earlier=a_earlier), "A")
+            read = {n: await a.record_at(last.loop_id, n) for n in (101, 102, 103, 104)}
+            stored = await a.load(last.loop_id)
+        assert read == {
+            101: at(101, "A", 1),
+            102: at(102, "A", 2),
+            103: at(103, "A", 2),
+            104: at(104, "A", 3),
+        }
+        assert stored is not None
+        assert stored.record == at(105, "A", 3)
+
     async def test_instructions_changed_mid_loop_outlive_the_process(
         self, store_factory: Callable[[], LoopStore]
     ) -> None:
@@ -815,6 +854,62 @@ class TestRecovery:
             assert RAN == ["charge 5"]
         else:
             assert RAN == ["charge 5", "charge 5"]
+
+    @pytest.mark.parametrize("resumed_by", ["the recovering runtime", "a third"])
+    async def test_a_call_done_beside_one_in_flight_is_not_run_again(
+        self, store_factory: Callable[[], LoopStore], resumed_by: str
+    ) -> None:
+        """A parallel batch: `add` ended (its output stored), `charge` ran
+        when the process died. Recovery pauses over `charge`; resumed with
+        Proceed, `charge` runs again and `add` does not, whichever runtime
+        resumes it (the batch goes into `function_call` anew: its intents
+        must not make `add` look new)."""
+        ended: list[str] = []
+        store = store_factory()
+        end_call = store.end_call
+
+        async def spy(
+            loop_id: str, key: str, output: FunctionCallOutputItem, terminate: bool
+        ) -> None:
+            await end_call(loop_id, key, output, terminate)
+            ended.append(output.call_id)
+
+        store.end_call = spy  # type: ignore[method-assign]
+        GATE["block"] = anyio.Event()
+        loop_id = await die_when(
+            store,
+            [
+                calls(
+                    call("add", call_id="c1", a=1, b=2),
+                    call("charge", call_id="c2", amount=5),
+                )
+            ],
+            lambda rt: rt.run_loop(
+                "agent", "go", request_with(add, charge), tool_execution="parallel"
+            ),
+            lambda rt, loop_id: "c1" in ended and "charge 5" in RAN,
+        )
+        del GATE["block"]
+        async with Runtime(
+            providers={"scripted": ScriptedProvider([text("done")])},
+            store=store_factory(),
+            tools=TOOLS,
+        ) as second:
+            assert (await second.recover()).paused == [loop_id]
+            if resumed_by == "the recovering runtime":
+                second.resume(loop_id, Proceed())
+                result = await finished(second, loop_id)
+        if resumed_by == "a third":
+            async with Runtime(
+                providers={"scripted": ScriptedProvider([text("done")])},
+                store=store_factory(),
+                tools=TOOLS,
+            ) as third:
+                assert (await third.recover()).paused == [loop_id]
+                third.resume(loop_id, Proceed())
+                result = await finished(third, loop_id)
+        assert result.outcome is Outcome.answered
+        assert sorted(RAN) == ["add 1 2", "charge 5", "charge 5"]
 
     async def test_a_recorded_model_output_is_not_sent_again(
         self, store_factory: Callable[[], LoopStore]

@@ -21,6 +21,7 @@ hypothesis drives examples and each one gets a fresh event loop.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from collections.abc import Awaitable, Callable
@@ -73,13 +74,20 @@ TIMEOUT = 10
 # ------------------------------------------------------------------ helpers
 
 
+CALL_IDS = itertools.count()
+"""The model's call ids: never the same twice (`check_ended` pairs each call
+with its output by id). Named by the context's size, a handler that rewrote
+the request with another context made the model name two calls `c0`."""
+
+
 def calling_then_answering(inference_input: InferenceInput) -> InferenceOutput:
     """Call `add` after a user message, answer after a tool's output: a loop
     that never runs out of script, whatever a handler makes it do."""
     items = inference_input.context.items
     if items and isinstance(items[-1], FunctionCallOutputItem):
         return text('{"x": 1}')
-    return calls(FunctionCallItem(call_id=f"c{len(items)}", name="add", arguments="{}"))
+    call_id = f"c{next(CALL_IDS)}"
+    return calls(FunctionCallItem(call_id=call_id, name="add", arguments="{}"))
 
 
 async def checkpointed(inference_input: InferenceInput) -> InferenceOutput:
@@ -266,6 +274,13 @@ resume_decisions = st.one_of(
     plan=st.lists(decisions, max_size=12),
     resumes=st.lists(resume_decisions, max_size=6),
     streaming=st.booleans(),
+)
+# Found once: requests rewritten with another context (the model saw an empty
+# one twice, and named two calls alike until `CALL_IDS`).
+@example(
+    plan=[None, Rewrite(payload=request()), None, Rewrite(payload=request())],
+    resumes=[],
+    streaming=False,
 )
 def test_any_interception_plan_and_resume_ends_the_loop(
     backend: str, plan: list[Any], resumes: list[Any], streaming: bool

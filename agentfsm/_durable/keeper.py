@@ -36,7 +36,7 @@ from agentfsm._loop.turn import tool_index
 from agentfsm.interception import ToolBatch
 from agentfsm.results import ErrorInfo, LoopStatus, PathStep
 from agentfsm.states import LoopState, Outcome, Trigger
-from agentfsm.store._base import Commit, LoopStore, StoredLoop
+from agentfsm.store._base import CallRecord, Commit, LoopStore, StoredLoop
 from agentfsm.tools import Tool
 
 from .events import EventKeeper
@@ -182,6 +182,10 @@ class Keeper:
             durable = loop.durable = Durable(self.flusher, len(stored.items))
             if loop.answer_at is not None and loop.answer_at < len(stored.items):
                 durable.answer = stored.items[loop.answer_at]
+            ledger = {
+                c.key: c for c in await self.store.calls(loop_id, loop.model_requests)
+            }
+            durable.ledgered = frozenset(ledger)
             uncertain: tuple[str, ...] = ()
             if loop.status is LoopStatus.running:
                 if loop.state in _INFERENCE:
@@ -189,7 +193,7 @@ class Keeper:
                         loop_id, loop.model_requests + 1
                     )
                 elif loop.state is LoopState.function_call:
-                    uncertain = await self._uncertain(loop)
+                    uncertain = await self._uncertain(loop, ledger)
             loop.emit(
                 "loop.recovered",
                 status="paused" if loop.status is LoopStatus.paused else "running",
@@ -205,7 +209,9 @@ class Keeper:
             start(loop)
         return report
 
-    async def _uncertain(self, loop: Loop) -> tuple[str, ...]:
+    async def _uncertain(
+        self, loop: Loop, ledger: dict[str, CallRecord]
+    ) -> tuple[str, ...]:
         """Pause a loop recovered in `function_call` over its calls in flight
         whose tools may not run twice; their call ids."""
         step = loop.step
@@ -213,9 +219,6 @@ class Keeper:
         batch = step[1]
         if not isinstance(batch, ToolBatch):
             return ()
-        ledger = {
-            c.key: c for c in await self.store.calls(loop.loop_id, loop.model_requests)
-        }
         tools = tool_index(loop)
         doubtful = []
         for position, call in enumerate(batch.calls):

@@ -81,6 +81,7 @@ class Durable:
         "flusher",
         "fresh",
         "inference",
+        "ledgered",
         "recorded",
         "store",
         "tickets",
@@ -104,6 +105,12 @@ class Durable:
         """Records of transitions into side-effect-free states, not written yet."""
         self.ended: list[tuple[str, FunctionCallOutputItem, bool]] = []
         """Calls ended, their outputs not written yet."""
+        self.ledgered: frozenset[str] = frozenset()
+        """Keys of the calls of its latest request the ledger held when the
+        loop was recovered: a call among them may have run (a batch parked
+        over its calls in flight runs again on its resume, and its done calls
+        must not): no intent is written for it with the commit into
+        `function_call`, and `begin_call` asks the ledger."""
         self.fresh: dict[int, tuple[FunctionCallItem, CallRecord]] = {}
         """The intents this process wrote with the commit into `function_call`,
         by position in the batch (their ledger entries are known: new)."""
@@ -254,8 +261,9 @@ class Durable:
         else:
             runs = runs[:1]
         for position, call in runs:
-            intent = self._intent(loop, call_key(loop, position, call), position, call)
-            self.fresh[position] = (call, intent)
+            key = call_key(loop, position, call)
+            if key not in self.ledgered:
+                self.fresh[position] = (call, self._intent(loop, key, position, call))
         return [intent for _, intent in self.fresh.values()]
 
     def _intent(

@@ -584,29 +584,31 @@ class SQLiteStore(LoopStore):
 
     async def record_at(self, loop_id: str, seq: int) -> LoopRecord | None:
         def read(db: sqlite3.Connection) -> LoopRecord | None:
-            found: tuple[int, dict[str, Any]] | None = None  # (row id, data)
+            # The record of the greatest seq up to `seq`; of several of one
+            # seq (a runtime wrote it again after another did), the last
+            # written: a row's own record, or one a later commit carried.
+            found: tuple[tuple[int, int], dict[str, Any]] | None = None
             row = db.execute(
-                "SELECT id, record FROM log WHERE loop_id = ? AND seq <= ?"
-                " AND record IS NOT NULL ORDER BY id DESC LIMIT 1",
+                "SELECT seq, id, record FROM log WHERE loop_id = ? AND seq <= ?"
+                " AND record IS NOT NULL ORDER BY seq DESC, id DESC LIMIT 1",
                 (loop_id, seq),
             ).fetchone()
             if row is not None:
-                found = (row[0], json.loads(row[1]))
-            # A record between that one and `seq` went with the next commit.
-            later = db.execute(
+                found = ((row[0], row[1]), json.loads(row[2]))
+            # The rows carrying records from before `seq` (their first, the
+            # oldest, is): one, but for a loop two runtimes wrote.
+            for row_id, earlier in db.execute(
                 "SELECT id, earlier FROM log WHERE loop_id = ? AND seq > ?"
-                " AND earlier IS NOT NULL ORDER BY id LIMIT 1",
-                (loop_id, seq),
-            ).fetchone()
-            if later is not None:
-                for data in json.loads(later[1]):
-                    if data["seq"] <= seq and (
-                        found is None or data["seq"] > found[1]["seq"]
-                    ):
-                        found = (later[0], data)
+                " AND earlier IS NOT NULL AND json_extract(earlier, '$[0].seq') <= ?",
+                (loop_id, seq, seq),
+            ):
+                for data in json.loads(earlier):
+                    at = (data["seq"], row_id)
+                    if data["seq"] <= seq and (found is None or at > found[0]):
+                        found = (at, data)
             if found is None:
                 return None
-            return self._stored_record(db, loop_id, *found)
+            return self._stored_record(db, loop_id, found[0][1], found[1])
 
         return await self._run(lambda: self._read(read))
 

@@ -5,7 +5,9 @@ kept them; a change to `_keys` that changes one breaks every loop in flight."""
 
 from __future__ import annotations
 
+import enum
 import hashlib
+import json
 
 import pytest
 
@@ -42,3 +44,30 @@ def test_the_key_is_the_digest_of_the_call_as_canonical_json() -> None:
     assert idempotency_key("L", 2, 3, "look_up", arguments) == (
         hashlib.sha256(text.encode()).hexdigest()
     )
+
+
+class Level(enum.IntEnum):
+    ONE = 1
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("L", True, False, "add", "{}"),
+        ("L", Level.ONE, 2**70, "add", "{}"),
+        ("l\u2028\x00é\U0001f600", 1, 0, 'we"ird\\name', '{"é": "\\u0000\\n"}'),
+        ("L", 1, 0, "add", '{"b": 1e400, "a": -0.0}'),
+    ],
+)
+def test_a_key_is_the_digest_of_json_dumps_of_the_call(
+    args: tuple[str, int, int, str, str],
+) -> None:
+    """The text hashed is `json.dumps` of the call as the first keys made it,
+    for any value a caller may pass."""
+    loop_id, request, position, name, arguments = args
+    text = json.dumps(
+        [loop_id, request, position, name, canonical_arguments(arguments)],
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+    assert idempotency_key(*args) == hashlib.sha256(text.encode()).hexdigest()
