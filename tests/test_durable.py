@@ -394,6 +394,44 @@ class TestWhatIsStored:
             paths = [r.path for r in committed.values()]
             assert any(len(b) < len(a) for a, b in itertools.pairwise(paths))
 
+    @pytest.mark.parametrize("how", ["a rewritten request", "a repaired context"])
+    async def test_records_whose_request_is_not_the_input_read_back_whole(
+        self, store_factory: Callable[[], LoopStore], how: str
+    ) -> None:
+        """A record leaves out the input request where the turn's request or
+        the step's payload is it; where they are other requests (a handler's
+        rewrite, a context repaired), they are kept and read back."""
+        committed: dict[int, LoopRecord] = {}
+        context = ModelContext()
+        handler: Any = None
+        if how == "a rewritten request":
+
+            def handler(pending: PendingTransition) -> Rewrite | None:
+                payload = pending.payload
+                if pending.trigger is Trigger.infer and isinstance(
+                    payload, InferenceInput
+                ):
+                    return Rewrite(
+                        payload=payload.model_copy(update={"temperature": 0.5})
+                    )
+                return None
+
+        else:  # a call with no output: each request is a repaired copy
+            context.append(UserMessage(content="earlier"))
+            context.append(FunctionCallItem(call_id="open", name="add", arguments="{}"))
+        provider = ScriptedProvider([calls(call("add", a=1, b=2)), text("3")])
+        async with Runtime(
+            providers={"scripted": provider},
+            store=spied(store_factory(), committed),
+        ) as runtime:
+            request = InferenceInput(model="scripted:m", context=context, tools=[add])
+            loop_id = runtime.run_loop("agent", "1+2?", request, handler)
+            assert (await runtime.wait(loop_id)).outcome is Outcome.answered
+        async with store_factory() as store:
+            at = {seq: await store.record_at(loop_id, seq) for seq in committed}
+        assert at == committed
+        assert any(r.turn.request != r.input for r in committed.values())
+
     async def test_a_run_s_records_keep_what_that_run_shared(
         self, store_factory: Callable[[], LoopStore]
     ) -> None:
