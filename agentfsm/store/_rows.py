@@ -23,9 +23,9 @@ that does is written only if the loop's row still names the store's runtime as
 its owner (no other runtime took the loop since); else the row holds it all.
 
 What it saves, measured with bench/bench_durable.py: the JSON of the
-benchmark's 10 records a run took 106 µs and 24.6 KB whole, 70 µs and 13.4 KB
-so; a loop of 300 tool calls wrote 16.5 KB a commit (its path, in every
-record), 1.9 KB so. Tests: tests/internals/test_sqlite_log.py,
+benchmark's 10 records a run took 106 µs and 24.6 KB whole, ~54 µs and ~7.5
+KB so; a loop of 300 tool calls wrote 16.5 KB a commit (its path, in every
+record), 1.3 KB so. Tests: tests/internals/test_sqlite_log.py,
 tests/test_durable.py (every record read back equals the one committed, on
 every store, across runs).
 """
