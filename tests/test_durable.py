@@ -432,6 +432,51 @@ class TestWhatIsStored:
         assert at == committed
         assert any(r.turn.request != r.input for r in committed.values())
 
+    async def test_a_new_loop_whose_id_the_store_holds_fails(
+        self, store_factory: Callable[[], LoopStore]
+    ) -> None:
+        """An id source that gives an id again across restarts (counter ids):
+        the new loop fails, naming the id, before any tool runs, and the loop
+        the store holds is left as it was (it did not lend the new one its
+        ledger: a call of the same key would have been answered by the old
+        loop's output, and not run)."""
+
+        def counter() -> Callable[[], str]:
+            ids = iter(range(1, 100))
+            return lambda: f"loop-{next(ids)}"
+
+        script = [calls(call("add", a=1, b=2), call("add", a=3, b=4)), text("done")]
+        async with Runtime(
+            providers={"scripted": ScriptedProvider(script)},
+            store=store_factory(),
+            ids=counter(),
+        ) as first:
+            request = request_with(add)
+            first_result = await first.wait(
+                first.run_loop("agent", "go", request, tool_execution="sequential")
+            )
+        async with Runtime(
+            providers={"scripted": ScriptedProvider(script)},
+            store=store_factory(),
+            ids=counter(),
+        ) as second:
+            request = request_with(add)
+            again = second.run_loop("agent", "go", request, tool_execution="sequential")
+            result = await finished(second, again)
+        assert first_result.outcome is Outcome.answered
+        assert again == first_result.loop_id == "loop-1"
+        assert result.outcome is Outcome.failed
+        assert result.reason is not None
+        assert "loop id 'loop-1' is a loop's the store holds already" in result.reason
+        assert RAN == ["add 1 2", "add 3 4"]  # none in the second runtime
+        async with store_factory() as store:
+            stored = await store.load("loop-1")
+        assert stored is not None
+        assert (stored.record.outcome, stored.record.started_at) == (
+            Outcome.answered,
+            first_result.started_at,
+        )
+
     async def test_a_run_s_records_keep_what_that_run_shared(
         self, store_factory: Callable[[], LoopStore]
     ) -> None:

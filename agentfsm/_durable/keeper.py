@@ -118,7 +118,7 @@ class Keeper:
 
     def adopt(self, loop: Loop) -> None:
         """Make a new loop durable."""
-        loop.durable = Durable(self.flusher)
+        loop.durable = Durable(self.flusher, new=True)
         self.bindings.learn(loop)
 
     @asynccontextmanager

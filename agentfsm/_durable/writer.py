@@ -82,6 +82,7 @@ class Durable:
         "fresh",
         "inference",
         "ledgered",
+        "new",
         "recorded",
         "store",
         "tickets",
@@ -89,8 +90,13 @@ class Durable:
         "written",
     )
 
-    def __init__(self, flusher: Flusher, written: int = 0) -> None:
+    def __init__(
+        self, flusher: Flusher, written: int = 0, *, new: bool = False
+    ) -> None:
         self.flusher = flusher
+        self.new = new
+        """The loop is `run_loop`'s, and has written nothing yet: its first
+        commit says so (`Commit.new`: the store refuses it if the id is taken)."""
         self.store: LoopStore = flusher.store
         self.written = written
         """How many context items the store holds (or will, once the commits
@@ -210,7 +216,9 @@ class Durable:
             self.deferred,
             self._intents(loop) if loop.state is LoopState.function_call else (),
             self.ended,
+            self.new,
         )
+        self.new = False
         self.inference = None
         self.deferred = []
         self.ended = []

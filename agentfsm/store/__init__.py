@@ -14,6 +14,7 @@ See `docs/durability.md` for what is stored, when, and what recovery does.
 from ._base import (
     CallRecord,
     Commit,
+    LoopIdTakenError,
     LoopLockedError,
     LoopStore,
     StoredLoop,
@@ -27,6 +28,7 @@ from .sqlite import SQLiteStore
 __all__ = (
     "CallRecord",
     "Commit",
+    "LoopIdTakenError",
     "LoopLockedError",
     "LoopStore",
     "MemoryStore",

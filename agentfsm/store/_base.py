@@ -36,6 +36,7 @@ from agentfsm.record import LoopRecord
 __all__ = (
     "CallRecord",
     "Commit",
+    "LoopIdTakenError",
     "LoopLockedError",
     "LoopStore",
     "StoreError",
@@ -51,6 +52,20 @@ class StoreError(AgentFSMError):
 
 class StoreSchemaError(StoreError):
     """The store was written by another version of agentfsm's store layout."""
+
+
+class LoopIdTakenError(StoreError):
+    """A new loop's id is a loop's the store holds already (an id source,
+    `Runtime(ids=...)`, gave it again): the new loop fails, and the store's
+    loop is left as it was."""
+
+    def __init__(self, loop_id: str) -> None:
+        super().__init__(
+            f"loop id {loop_id!r} is a loop's the store holds already: loop ids "
+            "must be unique across runtimes and restarts (an id source, "
+            "Runtime(ids=...), gave it again)"
+        )
+        self.loop_id = loop_id
 
 
 class LoopLockedError(StoreError):
@@ -112,6 +127,9 @@ class Commit:
     """Ledger intents of the calls the transition into `function_call` starts."""
     ended: Sequence[tuple[str, FunctionCallOutputItem, bool]] = ()
     """Calls ended since the last write: (key, output, terminate)."""
+    new: bool = False
+    """The first commit of a loop `run_loop` made: the store holds no loop of
+    its id (else it refuses the commit: `LoopIdTakenError`)."""
 
     @property
     def builds_on(self) -> bool:

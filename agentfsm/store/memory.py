@@ -20,6 +20,7 @@ from agentfsm.results import LoopStatus
 from ._base import (
     CallRecord,
     Commit,
+    LoopIdTakenError,
     LoopLockedError,
     LoopStore,
     StoredLoop,
@@ -61,6 +62,8 @@ class MemoryStore(LoopStore):
     async def commit(self, commit: Commit, owner: str) -> None:
         record = commit.record
         entry = self._loops.get(record.loop_id)
+        if commit.new and entry is not None:
+            raise LoopIdTakenError(record.loop_id)
         if entry is None:
             entry = self._loops[record.loop_id] = _Entry()
         self._take(record.loop_id, entry, owner)

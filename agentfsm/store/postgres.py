@@ -68,6 +68,7 @@ from agentfsm.results import LoopStatus
 from ._base import (
     CallRecord,
     Commit,
+    LoopIdTakenError,
     LoopLockedError,
     LoopStore,
     StoredLoop,
@@ -163,8 +164,9 @@ CREATE TABLE IF NOT EXISTS {s}.contexts (
 -- A commit in one statement (one round trip; a statement is one transaction):
 -- the lease check, the loop's row, its record, the context's new items, a
 -- recorded model output. Returns NULL when written, else (and writes nothing)
--- 'held:' and the lease's holder, or 'stale:' when the rows continue the
--- caller's run (p_shared NULL) and another runtime took the loop since.
+-- 'held:' and the lease's holder, 'stale:' when the rows continue the
+-- caller's run (p_shared NULL) and another runtime took the loop since, or
+-- 'taken:' when a new loop's id (p_new) is a loop's the store holds.
 CREATE OR REPLACE FUNCTION {s}.commit_loop(
     p_loop_id text, p_agent_id text, p_status text, p_state text, p_seq bigint,
     p_owner text, p_ttl float8, p_shared text, p_record text, p_path_from integer,
@@ -174,11 +176,15 @@ CREATE OR REPLACE FUNCTION {s}.commit_loop(
     p_earlier_path text[],
     p_intent_key text[], p_intent_request integer[], p_intent_position integer[],
     p_intent_tool text[], p_intent_call text[],
-    p_ended_key text[], p_ended_output text[], p_ended_terminate boolean[]
+    p_ended_key text[], p_ended_output text[], p_ended_terminate boolean[],
+    p_new boolean
 ) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
     holder text;
 BEGIN
+    IF p_new AND EXISTS (SELECT 1 FROM {s}.loops WHERE loop_id = p_loop_id) THEN
+        RETURN 'taken:';  -- a new loop's id is another loop's
+    END IF;
     IF p_shared IS NULL THEN
         -- The rows continue the caller's run: only if no other runtime took
         -- the loop since (the row lock, until the transaction ends, keeps any
@@ -586,6 +592,7 @@ class PostgresStore(LoopStore):
                         [key for key, _, _ in ended],
                         [out for _, out, _ in ended],
                         [term for _, _, term in ended],
+                        commit.new,
                     ),
                 ).fetchone()
                 result = None if returned is None else returned[0]
@@ -594,6 +601,8 @@ class PostgresStore(LoopStore):
                 if result == "stale:" and run:
                     run = False  # (nothing was written)
                     continue
+                if result == "taken:":
+                    raise LoopIdTakenError(loop_id)
                 raise LoopLockedError(loop_id, result.removeprefix("held:"))
             if record.status is LoopStatus.done:
                 self._paths.pop(loop_id)  # it writes no more
@@ -822,7 +831,7 @@ class _Statements:
             " %s::text[], %s::integer[], %s::text[], %s, %s,"
             " %s::bigint[], %s::text[], %s::integer[], %s::text[],"
             " %s::text[], %s::integer[], %s::integer[], %s::text[], %s::text[],"
-            " %s::text[], %s::text[], %s::boolean[])"
+            " %s::text[], %s::text[], %s::boolean[], %s)"
         )
         self.put_inference = (
             f"INSERT INTO {s}.inferences (loop_id, request, output) VALUES (%s, %s, %s)"

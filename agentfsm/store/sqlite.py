@@ -41,6 +41,7 @@ from agentfsm.results import LoopStatus
 from ._base import (
     CallRecord,
     Commit,
+    LoopIdTakenError,
     LoopLockedError,
     LoopStore,
     StoredLoop,
@@ -444,6 +445,8 @@ class SQLiteStore(LoopStore):
             held = db.execute(
                 "SELECT owner FROM loops WHERE loop_id = ?", (loop_id,)
             ).fetchone()
+            if commit.new and held is not None:
+                raise LoopIdTakenError(loop_id)
             if run and (held is None or held[0] != owner):
                 # Another runtime took the loop since this store's last row (and
                 # may have written it): the row starts a run, holding it all.
