@@ -238,7 +238,8 @@ class Keeper:
         loop.state = entered.source
         names = ", ".join(f"{c.call_id} ({c.name})" for _, c in doubtful)
         reason = (
-            f"uncertain tool outcome: the process stopped while {names} ran; "
+            f"uncertain tool outcome: the process stopped with {names} started "
+            "and no output recorded (each may or may not have run); "
             "resume with Proceed to run them again, or a Rewrite whose ToolBatch "
             "answers them (ToolBatch.answer) or denies them (ToolBatch.deny)"
         )
