@@ -115,6 +115,8 @@ def test_a_path_that_is_not_the_one_written_longer_is_written_whole() -> None:
     # As long, or longer, but not through the step written last.
     assert paths.start("L", (START, CALL_TOOLS)) == 0
     assert paths.start("L", (START, CALL_TOOLS, INFER)) == 0
+    # Through the same last step, but not the same path before it.
+    assert paths.start("L", (CALL_TOOLS, INFER, START)) == 0
     paths.wrote("L", ())
     assert paths.start("L", (START,)) == 0
 
@@ -151,4 +153,5 @@ def test_a_record_carried_with_a_later_one_is_its_path_s_start_or_whole() -> Non
     assert prefix_length(path[:2], path) == 2
     assert prefix_length((), path) == 0
     assert prefix_length((START, CALL_TOOLS), path) is None
+    assert prefix_length((INFER, INFER), (START, INFER, CALL_TOOLS)) is None
     assert prefix_length((*path, START), path) is None
