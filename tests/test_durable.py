@@ -52,6 +52,7 @@ from agentfsm.store import (
     StoreSchemaError,
 )
 from agentfsm.testing import EventRecorder, ScriptedProvider, call, calls, text
+from agentfsm.tools import Tool
 from tests.helpers import items_of, wait_until
 
 RAN: list[str] = []
@@ -217,6 +218,24 @@ async def died_charging(store: LoopStore) -> str:
     return loop_id
 
 
+async def resumed_elsewhere(
+    store: LoopStore,
+    loop_id: str,
+    provider: ScriptedProvider | None = None,
+    tools: list[Tool] = TOOLS,
+) -> LoopResult:
+    """A new runtime on `store` recovers the loop (paused), resumes it with
+    Proceed, and returns how it ended (the model answers "done")."""
+    async with Runtime(
+        providers={"scripted": provider or ScriptedProvider([text("done")])},
+        store=store,
+        tools=tools,
+    ) as runtime:
+        assert (await runtime.recover()).paused == [loop_id]
+        runtime.resume(loop_id, Proceed())
+        return await finished(runtime, loop_id)
+
+
 async def finished(runtime: Runtime, loop_id: str) -> LoopResult:
     """`wait`, bounded: a loop left paused by mistake fails the test instead of
     hanging it (pytest-timeout cannot interrupt a trio run that waits)."""
@@ -375,14 +394,7 @@ class TestWhatIsStored:
             loop_id = await paused_for_approval(spied(store_factory(), committed))
         else:
             loop_id = await died_charging(spied(store_factory(), committed))
-        async with Runtime(
-            providers={"scripted": ScriptedProvider([text("done")])},
-            store=spied(store_factory(), committed),
-            tools=TOOLS,
-        ) as second:
-            assert (await second.recover()).paused == [loop_id]
-            second.resume(loop_id, Proceed())
-            result = await finished(second, loop_id)
+        result = await resumed_elsewhere(spied(store_factory(), committed), loop_id)
         assert result.outcome is Outcome.answered
         async with store_factory() as store:
             stored = await store.load(loop_id)
@@ -603,14 +615,10 @@ class TestWhatIsStored:
             loop_id = first.run_loop("agent", "go", request)
             await wait_until(lambda: first.get(loop_id).status is LoopStatus.paused)
         provider = ScriptedProvider([text("paid")])
-        async with Runtime(
-            providers={"scripted": provider},
-            store=spied(store_factory(), committed),
-            tools=[retitle, *TOOLS],
-        ) as second:
-            assert (await second.recover()).paused == [loop_id]
-            second.resume(loop_id, Proceed())
-            assert (await finished(second, loop_id)).outcome is Outcome.answered
+        result = await resumed_elsewhere(
+            spied(store_factory(), committed), loop_id, provider, [retitle, *TOOLS]
+        )
+        assert result.outcome is Outcome.answered
         async with store_factory() as store:
             at = {seq: await store.record_at(loop_id, seq) for seq in committed}
         assert at == committed
@@ -750,12 +758,7 @@ class TestPauses:
             else:
                 first.steer(loop_id, "in euros")
         provider = ScriptedProvider([text("paid"), text("receipt sent")])
-        async with Runtime(
-            providers={"scripted": provider}, store=store_factory(), tools=TOOLS
-        ) as second:
-            assert (await second.recover()).paused == [loop_id]
-            second.resume(loop_id, Proceed())
-            result = await finished(second, loop_id)
+        result = await resumed_elsewhere(store_factory(), loop_id, provider)
         assert result.outcome is Outcome.answered
         seen = [
             [i.content for i in r.context.items if isinstance(i, UserMessage)]
@@ -973,24 +976,10 @@ class TestRecovery:
             lambda rt, loop_id: "c1" in ended and "charge 5" in RAN,
         )
         del GATE["block"]
-        async with Runtime(
-            providers={"scripted": ScriptedProvider([text("done")])},
-            store=store_factory(),
-            tools=TOOLS,
-        ) as second:
-            assert (await second.recover()).paused == [loop_id]
-            if resumed_by == "the recovering runtime":
-                second.resume(loop_id, Proceed())
-                result = await finished(second, loop_id)
-        if resumed_by == "a third":
-            async with Runtime(
-                providers={"scripted": ScriptedProvider([text("done")])},
-                store=store_factory(),
-                tools=TOOLS,
-            ) as third:
-                assert (await third.recover()).paused == [loop_id]
-                third.resume(loop_id, Proceed())
-                result = await finished(third, loop_id)
+        if resumed_by == "a third":  # one recovers it, pausing it, and exits
+            async with Runtime(store=store_factory(), tools=TOOLS) as second:
+                assert (await second.recover()).paused == [loop_id]
+        result = await resumed_elsewhere(store_factory(), loop_id)
         assert result.outcome is Outcome.answered
         assert sorted(RAN) == ["add 1 2", "charge 5", "charge 5"]
 

@@ -168,15 +168,9 @@ class Durable:
         """
         if self.failed is not None:
             raise self.failed
-        waited = list(self.tickets)  # not any queued meanwhile
-        if not waited:
-            return
-        await self.flusher.wait(waited[-1])
-        del self.tickets[: len(waited)]  # the oldest: the queue keeps its order
-        for ticket in waited:
-            if ticket.error is not None:
-                self.failed = ticket.error
-                raise ticket.error
+        if self.tickets:  # (the loop queues none while it waits)
+            await self.flusher.wait(self.tickets[-1])
+            self.check()
 
     def queued(self, loop: Loop) -> None:
         """A steering or follow-up message was queued for the paused loop: its
