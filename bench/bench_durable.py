@@ -378,20 +378,28 @@ class _Anyone:
 
 
 class _NoConnection:
-    """Stands in for the connection: no statement does anything, a row found
-    holds a value equal to any (the loop's owner is the store's runtime), and
-    every write reports one row changed, as a write the store owns does."""
+    """Stands in for the connection: no statement does anything, a loop's row
+    is found once the loop has written one (`seen`), holding a value equal to
+    any (the loop's owner is the store's runtime), and every write reports one
+    row changed, as a write the store owns does."""
 
     rowcount = 1
 
-    def execute(self, *args: Any) -> _NoConnection:
+    def __init__(self, seen: set[object]) -> None:
+        self._seen = seen
+        self._found = False
+
+    def execute(self, sql: str, params: tuple[Any, ...] = ()) -> _NoConnection:
+        if sql.startswith("SELECT owner FROM loops"):
+            self._found = params[0] in self._seen
+            self._seen.add(params[0])
         return self
 
     def executemany(self, *args: Any) -> _NoConnection:
         return self
 
-    def fetchone(self) -> tuple[_Anyone]:
-        return (_Anyone(),)
+    def fetchone(self) -> tuple[_Anyone] | None:
+        return (_Anyone(),) if self._found else None
 
 
 class InlineStore(SQLiteStore):
@@ -405,8 +413,12 @@ class NoSQLStore(SQLiteStore):
     """Everything but the SQL: the records built and serialized, the hop made,
     and no statement run."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._seen: set[object] = set()
+
     def _write(self, fn: Callable[[Any], int], *, transaction: bool = True) -> None:
-        fn(_NoConnection())
+        fn(_NoConnection(self._seen))
         self._commits += 1
 
 

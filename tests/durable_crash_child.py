@@ -5,9 +5,9 @@ requests, 3 tool calls) as a durable loop on a SQLite store.
     python durable_crash_child.py recover DB SIDE_EFFECTS LOOP_ID
 
 `run` starts the loop and prints its id; with KILL_AT (`commit:N`,
-`begin_call:N`, `end_call:N` or `mid_tool:N`) the process SIGKILLs itself right
-after the N-th write of that kind, or in the middle of the N-th tool call
-(after its side effect). `recover` takes the loop up in a new process and
+`begin_call:N`, `end_call:N`, `mid_tool:N` or `ask:N`) the process SIGKILLs
+itself right after the N-th write of that kind, in the middle of the N-th tool
+call (after its side effect), or as the N-th request reaches the model. `recover` takes the loop up in a new process and
 prints how it ended as JSON: a loop paused over an uncertain call is resolved
 the way an operator would, by looking at the side-effect file.
 
@@ -92,7 +92,9 @@ SCRIPT = [
 
 def model(request: InferenceInput) -> InferenceOutput:
     """The script's step for this point of the conversation (whichever process
-    sends the request): the number of tool outputs so far."""
+    sends the request): the number of tool outputs so far. It never awaits: the
+    commit that carries the last call's output is still queued as it is asked."""
+    reached("ask")
     done = sum(isinstance(i, FunctionCallOutputItem) for i in request.context.items)
     return SCRIPT[done]
 

@@ -31,11 +31,13 @@ ROOT = CHILD.parent.parent
 
 # The writes of one run: 8 commits (into `inference` 4 times, into
 # `function_call` 3 times with the call's intent, and the end; the other
-# transitions' records and the calls' outputs go with them); and each call's
-# middle.
+# transitions' records and the calls' outputs go with them); each call's
+# middle; and each request after a call, the commit with the call's output
+# still queued (the model does not wait for it).
 POINTS = [
     *(f"commit:{n}" for n in range(1, 9)),
     *(f"mid_tool:{n}" for n in range(1, 4)),
+    *(f"ask:{n}" for n in range(2, 5)),
 ]
 CALLS = ["a 1", "b 2", "a 3"]  # what each call's side effect writes
 
@@ -65,14 +67,24 @@ def crash_and_recover(backend: str, point: str, where: Path) -> dict[str, Any]:
     return result
 
 
-def expected_effects(point: str) -> list[str]:
-    """Each call once; a `step_a` call killed in its middle (after its side
-    effect, before its output was recorded) twice: its policy is to retry."""
+def in_flight(point: str) -> int | None:
+    """The call that ran and has no output in the store at `point`, if any:
+    killed in its middle, or as the request after it was made."""
     kind, _, at = point.partition(":")
+    if kind == "mid_tool":
+        return int(at)
+    if kind == "ask":
+        return int(at) - 1
+    return None
+
+
+def expected_effects(point: str) -> list[str]:
+    """Each call once; a `step_a` call in flight at the crash (its side effect
+    made, its output not in the store) twice: its policy is to retry."""
     effects = []
     for n, line in enumerate(CALLS, 1):
         effects.append(line)
-        if kind == "mid_tool" and n == int(at) and line.startswith("a"):
+        if n == in_flight(point) and line.startswith("a"):
             effects.append(line)
     return effects
 
@@ -109,11 +121,11 @@ def test_every_crash_point_recovers_to_the_same_end(
         assert (result["outcome"], result["status"]) == ("answered", "done"), point
         assert result["items"] == expected["items"], point
         assert result["side_effects"] == expected_effects(point), point
-        # Killed in the middle of `step_b`, or right after the commit holding
+        # Killed with `step_b` in flight, or right after the commit holding
         # its intent (it had not started: the operator found no side effect and
         # ran it), the loop paused, naming the call.
         paused = result["report"]["paused"]
-        if point in ("mid_tool:2", "commit:4"):
+        if in_flight(point) == 2 or point == "commit:4":
             assert (len(paused), result["uncertain"]) == (1, ["c2"]), point
         else:
             assert paused == [], point

@@ -318,26 +318,33 @@ async def test_a_pause_after_a_failed_commit_fails_the_loop() -> None:
     assert SEEN == []
 
 
-async def test_the_outputs_a_commit_carries_land_before_the_model_is_asked(
-    tmp_path: Path,
+@pytest.mark.parametrize("awaits", [False, True], ids=["never awaits", "awaits"])
+async def test_the_outputs_a_commit_carries_land_while_the_model_is_asked(
+    tmp_path: Path, awaits: bool
 ) -> None:
-    """The commit into `inference` after a tool call carries its output: it
-    lands before the model is asked again (here, a provider that never awaits
-    and reads the store's file as it answers)."""
+    """The commit into `inference` after a tool call carries its output: the
+    request does not wait for it (a provider that never awaits finds the call
+    started), and it lands while the request is in flight (one that awaits
+    finds it done), before the loop goes on."""
     path = tmp_path / "loops.db"
     seen: list[list[tuple[str, str]]] = []
 
-    def model(request: InferenceInput) -> InferenceOutput:
-        if not any(
-            isinstance(i, FunctionCallOutputItem) for i in request.context.items
-        ):
-            return calls(call("lookup", key="k"))
+    def ledger() -> list[tuple[str, str]]:
         with sqlite3.connect(path) as db:
             rows = db.execute(
                 "SELECT ledger FROM log WHERE ledger NOT NULL ORDER BY id"
             )
-            ledger = _fold_ledger("(one loop)", [text for (text,) in rows])
-        seen.append([(c.tool, c.status) for c in ledger.values()])
+            entries = _fold_ledger("(one loop)", [text for (text,) in rows])
+        return [(c.tool, c.status) for c in entries.values()]
+
+    async def model(request: InferenceInput) -> InferenceOutput:
+        if not any(
+            isinstance(i, FunctionCallOutputItem) for i in request.context.items
+        ):
+            return calls(call("lookup", key="k"))
+        if awaits:
+            await anyio.sleep(0.05)
+        seen.append(ledger())
         return text("done")
 
     async with Runtime(
@@ -346,8 +353,9 @@ async def test_the_outputs_a_commit_carries_land_before_the_model_is_asked(
         loop_id = runtime.run_loop("agent", "look k up", request_of(lookup))
         with anyio.fail_after(5):
             result = await runtime.wait(loop_id)
+        assert ledger() == [("lookup", "done")]
     assert result.outcome is Outcome.answered
-    assert seen == [[("lookup", "done")]]
+    assert seen == [[("lookup", "done" if awaits else "started")]]
 
 
 async def test_a_loop_that_waits_for_no_write_holds_no_landed_ones() -> None:

@@ -10,16 +10,16 @@ event loop has a moment: in a real run, while the model's request is in
 flight.
 
 What it saves, measured with bench/bench_durable.py (the benchmark workload: 8
-commits a run): the loop waits for 7 of them. The first commit into
-`inference` carries no tool's output, so nobody waits for it, and it shares
-its trip to the thread with the commit into `function_call` that follows (a
-zero-latency model answers before the trip is made): 7 trips a run instead of
-8, ~90 us of a thread hop each on the benchmark's machine. The later commits
-into `inference` carry the tools' outputs, which land before the model is
-asked again: the loop waits for them (letting the request go out first, and
-the outputs land during it, measured ~25% faster on the benchmark, would save
-nothing a user of a real model notices, and would leave a finished call in
-flight for as long as a provider runs before its first await).
+commits a run): the loop waits for 3 of them (the intents, before each tool
+call) and for its writes before it ends. A commit into `inference` is not
+waited for (see `_durable.writer._AHEAD`): a zero-latency model answers before
+the flusher's task has had a moment, so the commit shares its trip to the
+thread with the commit into `function_call` that follows (the last one goes
+alone: a loop's writes land before its end is decided): 5 trips a run instead
+of 8, ~90-115 us of a
+thread hop each on the benchmark's machine (7 trips and 1.96x the floor when
+the loop waited for the tools' outputs before asking the model again; 5 trips
+and 1.62-1.78x now).
 Tests: tests/test_durable_flusher.py.
 
 The queue is one runtime's, so commits land in the order they were submitted:
