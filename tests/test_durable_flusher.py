@@ -385,18 +385,53 @@ async def test_a_loop_that_waits_for_no_write_holds_no_landed_ones() -> None:
 
 
 async def test_a_loop_whose_write_failed_does_not_end_as_it_chose() -> None:
-    """The commit into `inference` fails, and the model answers at once: the
-    loop's writes land before it ends, so it ends failed, not answered with
-    nothing of it stored."""
+    """The commit into `inference` fails, and the model answers after an
+    await (the commit is written meanwhile): the loop's writes land before it
+    ends, so it ends failed, not answered with nothing of it stored."""
     store = STORE["store"] = FailingStore(LoopState.inference)
-    provider = ScriptedProvider([text("hi")])
-    async with Runtime(providers={"scripted": provider}, store=store) as runtime:
+
+    async def model(request: InferenceInput) -> InferenceOutput:
+        await anyio.sleep(0.01)
+        return text("hi")
+
+    async with Runtime(
+        providers={"scripted": FunctionProvider(model)}, store=store
+    ) as runtime:
         loop_id = runtime.run_loop("agent", "hello", request())
         with anyio.fail_after(5):
             result = await runtime.wait(loop_id)
     assert result.outcome is Outcome.failed
     assert result.reason is not None
     assert "disk full" in result.reason
+
+
+async def test_a_commit_still_queued_as_the_loop_ends_goes_with_its_end(
+    log_output: list[dict[str, object]],
+) -> None:
+    """The model answers at once: the commit into `inference` has not been
+    sent as the loop ends, and goes to the store with its end's, in one trip.
+    When it fails, the end is not written either: the loop keeps its outcome
+    (as when its end's own write fails), and both failures are logged."""
+    store = STORE["store"] = FailingStore(LoopState.inference)
+    trips: list[list[str]] = []
+    commit_many = store.commit_many
+
+    async def counted(commits: Sequence[tuple[Commit, str]]) -> list[Exception | None]:
+        trips.append([c.record.state.value for c, _ in commits])
+        return await commit_many(commits)
+
+    store.commit_many = counted  # type: ignore[method-assign]
+    provider = ScriptedProvider([text("hi")])
+    async with Runtime(providers={"scripted": provider}, store=store) as runtime:
+        loop_id = runtime.run_loop("agent", "hello", request())
+        with anyio.fail_after(5):
+            result = await runtime.wait(loop_id)
+    assert trips == [["inference", "idle"]]
+    assert result.outcome is Outcome.answered
+    failures = [e for e in log_output if e["event"] == "store_write_failed"]
+    assert [f.get("status") for f in failures] == [None, None, "done"]
+    assert all("disk full at seq 3" in str(f["error"]) for f in failures)
+    assert await store.load(loop_id) is None
 
 
 class PauseStore(MemoryStore):

@@ -11,15 +11,14 @@ flight.
 
 What it saves, measured with bench/bench_durable.py (the benchmark workload: 8
 commits a run): the loop waits for 3 of them (the intents, before each tool
-call) and for its writes before it ends. A commit into `inference` is not
-waited for (see `_durable.writer._AHEAD`): a zero-latency model answers before
-the flusher's task has had a moment, so the commit shares its trip to the
-thread with the commit into `function_call` that follows (the last one goes
-alone: a loop's writes land before its end is decided): 5 trips a run instead
-of 8, ~90-115 us of a
-thread hop each on the benchmark's machine (7 trips and 1.96x the floor when
-the loop waited for the tools' outputs before asking the model again; 5 trips
-and 1.62-1.78x now).
+call) and for its writes as it ends. A commit into `inference` is not waited
+for (see `_durable.writer._AHEAD`): a zero-latency model answers before the
+flusher's task has had a moment, so the commit shares its trip to the thread
+with the next one waited for, the commit into `function_call` that follows or
+the loop's end (`Durable.ending`): 4 trips a run instead of 8, ~110 us of a
+thread hop each on the benchmark's machine (7 trips, and 1.96x the floor
+against 1.48x, when the loop waited for the tools' outputs before asking the
+model again and for its writes before its end was decided).
 Tests: tests/test_durable_flusher.py.
 
 The queue is one runtime's, so commits land in the order they were submitted:
@@ -46,10 +45,12 @@ _log = get_logger()
 class Ticket:
     """One commit in the queue; `error` once it failed."""
 
-    __slots__ = ("commit", "error", "landed")
+    __slots__ = ("commit", "error", "landed", "sent")
 
     def __init__(self, commit: Commit) -> None:
         self.commit: Final = commit
+        self.sent = False
+        """In a trip to the store (it may have landed)."""
         self.landed = False
         """Written (or failed: then `error` says why)."""
         self.error: Exception | None = None
@@ -137,6 +138,7 @@ class Flusher:
         failed = self._failed
         batch = []
         for ticket in queued:
+            ticket.sent = True
             why = failed.get(ticket.commit.record.loop_id)
             if why is None:
                 batch.append(ticket)
