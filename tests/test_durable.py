@@ -42,6 +42,8 @@ from agentfsm import (
 from agentfsm._keys import idempotency_key
 from agentfsm.events import LoopRecovered
 from agentfsm.exceptions import ConfigurationError
+from agentfsm.inference import InferenceOutput
+from agentfsm.providers.function import FunctionProvider
 from agentfsm.record import LoopRecord
 from agentfsm.store import (
     CallRecord,
@@ -49,6 +51,7 @@ from agentfsm.store import (
     LoopStore,
     MemoryStore,
     SQLiteStore,
+    StoreError,
     StoreSchemaError,
 )
 from agentfsm.testing import EventRecorder, ScriptedProvider, call, calls, text
@@ -303,6 +306,67 @@ class TestWhatIsStored:
         assert (ledger[2].output, ledger[2].terminate) == (out, True)
         assert ledger[0] == done
         assert [(c.position, c.request, c.status) for c in later] == [(0, 2, "started")]
+
+    async def test_loops_written_at_once_keep_each_its_own_rows(
+        self, store_factory: Callable[[], LoopStore], tmp_path: Path
+    ) -> None:
+        """Six loops whose commits interleave (the model awaits): each one's
+        record, context, ledger and earlier records read back as its own (the
+        SQLite store finds a loop's rows by their ids: each loop's are from its
+        number on, in the order written)."""
+        store = store_factory()
+
+        async def model(request: InferenceInput) -> InferenceOutput:
+            await anyio.sleep(0.001)
+            items = request.context.items
+            if not any(isinstance(i, FunctionCallOutputItem) for i in items):
+                n = int(str(getattr(items[0], "content", "")).split()[1])
+                return calls(call("add", call_id=f"c{n}", a=n, b=n))
+            return text(f"sum {items[-1].output}")  # type: ignore[union-attr]
+
+        async with Runtime(
+            providers={"scripted": FunctionProvider(model)}, store=store
+        ) as runtime:
+            loop_ids = [
+                runtime.run_loop("agent", f"double {n}", request_with(add))
+                for n in range(6)
+            ]
+            with anyio.fail_after(10):
+                results = [await runtime.wait(loop_id) for loop_id in loop_ids]
+            assert [r.answer.content for r in results] == [  # type: ignore[union-attr]
+                f"sum {2 * n}" for n in range(6)
+            ]
+            for n, loop_id in enumerate(loop_ids):
+                stored = await store.load(loop_id)
+                assert stored is not None
+                assert stored.record.loop_id == loop_id
+                assert stored.record.outcome is Outcome.answered
+                assert items_of(ModelContext(items=stored.items)) == [
+                    f"user:double {n}",
+                    f"call:c{n}",
+                    f"out:c{n}={2 * n}",
+                    f"model:sum {2 * n}",
+                ]
+                (entry,) = await store.calls(loop_id, 1)
+                assert (entry.call_id, entry.status) == (f"c{n}", "done")
+                assert entry.output is not None
+                assert entry.output.output == str(2 * n)
+                first = await store.record_at(loop_id, 2)
+                assert first is not None
+                assert (first.loop_id, first.state) == (
+                    loop_id,
+                    LoopState.context_update,
+                )
+        if isinstance(store, SQLiteStore):
+            import sqlite3
+
+            with sqlite3.connect(store.path) as db:
+                numbers = dict(
+                    db.execute("SELECT loop_id, number FROM loops").fetchall()
+                )
+                rows = db.execute("SELECT id, loop_id FROM log").fetchall()
+            assert sorted(numbers.values()) == list(range(1, 7))
+            assert all(numbers[loop_id] == row_id >> 32 for row_id, loop_id in rows)
 
     async def test_the_record_the_context_and_the_ledger(
         self, store_factory: Callable[[], LoopStore]
@@ -1068,7 +1132,7 @@ class TestRefusals:
             async with Runtime(store=SQLiteStore(path)):
                 pass
 
-    @pytest.mark.parametrize("layout", [1, 2])
+    @pytest.mark.parametrize("layout", [1, 2, 3])
     async def test_a_store_written_by_an_earlier_layout_is_refused(
         self, tmp_path: Path, layout: int
     ) -> None:
@@ -1082,6 +1146,29 @@ class TestRefusals:
         ):
             async with Runtime(store=SQLiteStore(path)):
                 pass
+
+    async def test_a_ledger_write_for_a_loop_the_store_does_not_hold_fails(
+        self, tmp_path: Path
+    ) -> None:
+        entry = CallRecord(
+            key="k",
+            loop_id="nobody",
+            request=1,
+            position=0,
+            tool="add",
+            call_id="c",
+            status="started",
+        )
+        out = FunctionCallOutputItem(call_id="c", output="3")
+        async with SQLiteStore(tmp_path / "loops.db") as store:
+            for write in (
+                store.begin_call(entry),
+                store.end_call("nobody", "k", out, False),
+                store.mark_uncertain("nobody", ["k"]),
+            ):
+                with pytest.raises(StoreError, match="no loop 'nobody' in the store"):
+                    await write
+            assert await store.calls("nobody", 1) == []
 
     def test_bad_arguments_are_refused_by_name(self, tmp_path: Path) -> None:
         with pytest.raises(ConfigurationError, match="store must be a LoopStore"):
