@@ -81,7 +81,7 @@ CREATE TABLE IF NOT EXISTS loops (
     lease_until REAL NOT NULL DEFAULT 0,
     updated REAL NOT NULL
 ) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS loops_status ON loops (status);
+CREATE INDEX IF NOT EXISTS loops_unfinished ON loops (owner) WHERE status != 'done';
 CREATE TABLE IF NOT EXISTS log (
     id INTEGER PRIMARY KEY,
     loop_id TEXT NOT NULL,
@@ -124,7 +124,9 @@ items added from position `first`, the slots replaced, a truncation, a model
 output, whose request number is `request`), and the tool-call ledger's news
 (`ledger`: see `_fold_ledger`). A ledger write outside a commit
 (`begin_call`, `end_call`, `mark_uncertain`) is a row of its own, with no
-record (`seq` and `record` NULL).
+record (`seq` and `record` NULL). The unfinished loops are indexed by owner
+(`loops_unfinished`, `'done'` being `LoopStatus.done`'s value): a runtime's
+lease renewal and `unfinished` read them, not every loop the file holds.
 
 One row in one table is what makes a commit cheap: each table (and index) a
 transaction touches is a page more to write to the WAL. So a commit is one
@@ -676,8 +678,8 @@ class SQLiteStore(LoopStore):
     async def unfinished(self) -> list[str]:
         def read() -> list[str]:
             rows = self._conn.execute(
-                "SELECT loop_id FROM loops WHERE status != ? ORDER BY loop_id",
-                (LoopStatus.done.value,),
+                "SELECT loop_id FROM loops INDEXED BY loops_unfinished"
+                " WHERE status != 'done' ORDER BY loop_id",
             )
             return [loop_id for (loop_id,) in rows]
 
