@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from agentfsm import (
@@ -413,14 +414,7 @@ async def test_a_commit_still_queued_as_the_loop_ends_goes_with_its_end(
     When it fails, the end is not written either: the loop keeps its outcome
     (as when its end's own write fails), and both failures are logged."""
     store = STORE["store"] = FailingStore(LoopState.inference)
-    trips: list[list[str]] = []
-    commit_many = store.commit_many
-
-    async def counted(commits: Sequence[tuple[Commit, str]]) -> list[Exception | None]:
-        trips.append([c.record.state.value for c, _ in commits])
-        return await commit_many(commits)
-
-    store.commit_many = counted  # type: ignore[method-assign]
+    trips = counted_trips(store)
     provider = ScriptedProvider([text("hi")])
     async with Runtime(providers={"scripted": provider}, store=store) as runtime:
         loop_id = runtime.run_loop("agent", "hello", request())
@@ -432,6 +426,45 @@ async def test_a_commit_still_queued_as_the_loop_ends_goes_with_its_end(
     assert [f.get("status") for f in failures] == [None, None, "done"]
     assert all("disk full at seq 3" in str(f["error"]) for f in failures)
     assert await store.load(loop_id) is None
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_loop_that_yields_between_two_commits_writes_them_in_one_trip() -> None:
+    """The model yields one event-loop turn before it answers (as the driver's
+    fairness checkpoint does, every ~10 ms): the commit into `inference`,
+    queued, still goes with the next one the loop waits for. (asyncio runs a
+    turn's tasks in the order they became ready; trio, in a random one: there
+    the commits share a trip some of the time.)"""
+    store = STORE["store"] = MemoryStore()
+    trips = counted_trips(store)
+
+    async def model(request: InferenceInput) -> InferenceOutput:
+        await anyio.lowlevel.checkpoint()
+        if any(isinstance(i, FunctionCallOutputItem) for i in request.context.items):
+            return text("3")
+        return calls(call("add", a=1, b=2))
+
+    async with Runtime(
+        providers={"scripted": FunctionProvider(model)}, store=store
+    ) as runtime:
+        loop_id = runtime.run_loop("agent", "add", request())
+        with anyio.fail_after(5):
+            result = await runtime.wait(loop_id)
+    assert result.outcome is Outcome.answered
+    assert trips == [["inference", "function_call"], ["inference", "idle"]]
+
+
+def counted_trips(store: MemoryStore) -> list[list[str]]:
+    """The states of the commits of each of the store's trips, as they come."""
+    trips: list[list[str]] = []
+    commit_many = store.commit_many
+
+    async def counted(commits: Sequence[tuple[Commit, str]]) -> list[Exception | None]:
+        trips.append([c.record.state.value for c, _ in commits])
+        return await commit_many(commits)
+
+    store.commit_many = counted  # type: ignore[method-assign]
+    return trips
 
 
 class PauseStore(MemoryStore):

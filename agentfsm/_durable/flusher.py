@@ -31,6 +31,7 @@ from __future__ import annotations
 from typing import Final
 
 import anyio
+import anyio.lowlevel
 
 from agentfsm._errors import error_text
 from agentfsm._logging import get_logger
@@ -117,10 +118,27 @@ class Flusher:
         write's end, which wakes it again if anything is left."""
         self._wake = anyio.Event()  # of this run's event loop
         while True:
-            if not self._writing and self._queue:
-                await self._write()
+            if self._free():
+                # An event-loop turn first: a loop that yielded between two
+                # commits (the driver's fairness checkpoint, every ~10 ms)
+                # comes to the next one it waits for and writes both in one
+                # trip (0.13 trips a benchmark run, ~14 µs, were this task's).
+                # A commit is written here only if it was queued for a whole
+                # turn: this task's turn may come after a loop that never
+                # yielded wrote it and queued the next. (trio runs a turn's
+                # tasks in a random order: there, some of the time.)
+                head = self._queue[0]
+                await anyio.lowlevel.checkpoint()
+                if self._free():
+                    if self._queue[0] is not head:
+                        continue  # written meanwhile; a turn for the next
+                    await self._write()
             await self._wake.wait()
             self._wake = anyio.Event()
+
+    def _free(self) -> bool:
+        """Commits are queued, and none is being written."""
+        return not self._writing and bool(self._queue)
 
     def _failed_commit(self, commit: Commit, error: Exception) -> None:
         loop_id = commit.record.loop_id
