@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined, to_json
 
-__all__ = ("defaults", "json_text", "trusted")
+__all__ = ("defaults", "json_of", "json_text", "trusted")
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -41,6 +41,13 @@ def trusted(cls: type[M], values: dict[str, Any], fields_set: set[str]) -> M:
     _setattr(model, "__pydantic_extra__", None)
     _setattr(model, "__pydantic_private__", None)
     return model
+
+
+def json_of(model: BaseModel, **options: Any) -> str:
+    """`model.model_dump_json(**options)`, from the model's serializer itself:
+    ~0.4 µs less a call (the method's own keyword handling), ~30 calls a commit
+    of a durable store's (bench/bench_durable.py)."""
+    return model.__pydantic_serializer__.to_json(model, **options).decode()
 
 
 def json_text(value: Any) -> str:

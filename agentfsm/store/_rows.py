@@ -39,6 +39,7 @@ from typing import Any, Final
 
 from pydantic import TypeAdapter
 
+from agentfsm._models import json_of
 from agentfsm.record import LoopRecord, RequestRecord
 from agentfsm.results import PathStep
 
@@ -107,7 +108,7 @@ def record_text(record: LoopRecord, path_length: int | None) -> str:
         record.turn.request is given,
         step is not None and step.payload is given,
     ]
-    text = record.model_dump_json(exclude=excluded)
+    text = json_of(record, exclude=excluded)
     if path_length is None:
         return text
     return f'{{"path":{path_length},{text[1:]}'
@@ -115,7 +116,7 @@ def record_text(record: LoopRecord, path_length: int | None) -> str:
 
 def shared_text(record: LoopRecord) -> str:
     """What the records of a run share (`SHARED`), as JSON."""
-    return record.model_dump_json(include=SHARED)
+    return json_of(record, include=SHARED)
 
 
 def path_of(rows: Iterable[tuple[int, str]]) -> list[Any]:

@@ -31,6 +31,7 @@ import anyio
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict
 
+from agentfsm._models import json_of
 from agentfsm.events import AgentEvent, AgentEventAdapter
 from agentfsm.exceptions import ConfigurationError
 from agentfsm.inference import InferenceOutput
@@ -214,7 +215,7 @@ def _intent_entry(call: CallRecord, kind: str = "intent") -> str:
 
 
 def _done_entry(key: str, output: FunctionCallOutputItem, terminate: bool) -> str:
-    return f'["done",{_key_text(key)},{output.model_dump_json()},{_BOOL[terminate]}]'
+    return f'["done",{_key_text(key)},{json_of(output)},{_BOOL[terminate]}]'
 
 
 _BOOL: Final = {False: "false", True: "true"}
@@ -545,15 +546,15 @@ class SQLiteStore(LoopStore):
         request = None
         inference = commit.inference
         if commit.items or commit.replaced or commit.truncate or inference:
-            items = ",".join(item.model_dump_json() for item in commit.items)
+            items = ",".join(map(json_of, commit.items))
             replaced = ",".join(
-                f"[{at},{item.model_dump_json()}]"
+                f"[{at},{json_of(item)}]"
                 for at, item in (commit.replaced or {}).items()
             )
             output = "null"
             if inference is not None:
                 request = inference[0]
-                output = f"[{request},{inference[1].model_dump_json()}]"
+                output = f"[{request},{json_of(inference[1])}]"
             truncate = "true" if commit.truncate else "false"
             changes = (
                 f'{{"first":{commit.first},"truncate":{truncate},"items":[{items}],'
@@ -571,9 +572,10 @@ class SQLiteStore(LoopStore):
                 )
                 + "]"
             )
-        written = sum(
-            len(part or "") for part in (text, earlier, changes, ledger, steps, shared)
-        )
+        written = len(text) + len(steps)
+        for part in (earlier, changes, ledger, shared):
+            if part is not None:
+                written += len(part)
         row = (
             record.loop_id,
             record.seq,
