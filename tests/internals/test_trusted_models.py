@@ -25,6 +25,7 @@ from agentfsm import (
 from agentfsm._loop.loop import _NO_USAGE
 from agentfsm.options import after_turns
 from agentfsm.providers import ModelNext
+from agentfsm.store import CallRecord, MemoryStore
 from agentfsm.testing import EventRecorder, ScriptedProvider, call, calls, text
 from agentfsm.tools import ToolNext
 from tests.helpers import add, request, wait_until
@@ -117,3 +118,28 @@ async def test_trusted_models_equal_validated_ones(
     assert len({e.type for e in events}) >= 10
     for event in events:
         assert_same(event)
+
+
+async def test_trusted_ledger_entries_equal_validated_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The intents a durable loop writes with its commits into `function_call`."""
+    built: list[BaseModel] = []
+    trusted = _models.trusted
+
+    def recording(cls: type[Any], values: dict[str, Any], fields_set: set[str]) -> Any:
+        model = trusted(cls, values, fields_set)
+        built.append(model)
+        return model
+
+    monkeypatch.setattr(_models, "trusted", recording)
+    script = [calls(call("add", a=1, b=2), call("add", a=3, b=4)), text("done")]
+    async with Runtime(
+        providers={"scripted": ScriptedProvider(script)}, store=MemoryStore()
+    ) as runtime:
+        result = await runtime.wait(runtime.run_loop("agent", "go", request(add)))
+    assert result.outcome == "answered"
+    intents = [m for m in built if isinstance(m, CallRecord)]
+    assert [(c.position, c.status) for c in intents] == [(0, "started"), (1, "started")]
+    for model in intents:
+        assert_same(model)
