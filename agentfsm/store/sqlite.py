@@ -179,6 +179,28 @@ _APPEND: Final = (
 _APPEND_OWNED: Final = f"{_APPEND} AND l.owner = ?11"
 """A commit's row, written only if the runtime holds the loop (one statement:
 its own transaction)."""
+_NEW_LOOP: Final = (
+    "INSERT INTO loops (loop_id, number, agent_id, status, owner, lease_until,"
+    " updated) VALUES (?, (SELECT coalesce(max(id) >> 32, 0) + 1 FROM log),"
+    " ?, ?, ?, ?, ?)"
+)
+"""A new loop's row. Its number is one more than the greatest in the log (its
+last id's)."""
+_NEW_STATUS: Final = (
+    "UPDATE loops SET status = ?, lease_until = ?, updated = ?"
+    " WHERE loop_id = ? AND owner = ?"
+)
+"""The loop's row, with a new status, while the runtime holds the loop."""
+_TAKE: Final = (
+    f"{_NEW_LOOP} ON CONFLICT (loop_id) DO UPDATE SET status = excluded.status,"
+    " owner = excluded.owner, lease_until = excluded.lease_until,"
+    " updated = excluded.updated"
+    " WHERE loops.owner IS NULL OR loops.owner = excluded.owner"
+    " OR loops.lease_until <= excluded.updated"
+)
+"""The loop's row, written as the runtime takes its lease (a recovered or
+resumed loop's): one statement, which changes nothing while another runtime
+holds a live lease on it (an update leaves its number as it was)."""
 _APPEND_LEDGER = (
     f"INSERT INTO log (id, loop_id, ledger) SELECT {_next_id('(l.number << 32)')},"
     " ?1, ?2 FROM loops AS l WHERE l.loop_id = ?1"
@@ -477,36 +499,28 @@ class SQLiteStore(LoopStore):
 
         def write(db: sqlite3.Connection) -> int:
             nonlocal row, written
-            held = db.execute(
-                "SELECT owner FROM loops WHERE loop_id = ?", (loop_id,)
-            ).fetchone()
-            if commit.new and held is not None:
-                raise LoopIdTakenError(loop_id)
-            if run and (held is None or held[0] != owner):
-                # Another runtime took the loop since this store's last row (and
-                # may have written it): the row starts a run, holding it all.
-                row, written = self._log_row(commit, run=False)
             now = time.time()
-            # One statement takes the lease and writes the loop's row; it
-            # changes nothing while another runtime holds a live lease. A new
-            # loop's number is one more than the greatest in the log (its last
-            # id's); an update leaves it as it was.
-            taken = db.execute(
-                "INSERT INTO loops (loop_id, number, agent_id, status, owner,"
-                " lease_until, updated) VALUES (?, (SELECT coalesce(max(id) >> 32,"
-                " 0) + 1 FROM log), ?, ?, ?, ?, ?)"
-                " ON CONFLICT (loop_id) DO UPDATE SET status = excluded.status,"
-                " owner = excluded.owner, lease_until = excluded.lease_until,"
-                " updated = excluded.updated"
-                " WHERE loops.owner IS NULL OR loops.owner = excluded.owner"
-                " OR loops.lease_until <= excluded.updated",
-                (loop_id, record.agent_id, status, owner, now + self.lease_ttl, now),
-            ).rowcount
-            if not taken:
-                (holder,) = db.execute(
-                    "SELECT owner FROM loops WHERE loop_id = ?", (loop_id,)
-                ).fetchone()
-                raise LoopLockedError(loop_id, holder)
+            lease = now + self.lease_ttl
+            if commit.new:  # its row is new too: a loop of its id is refused
+                try:
+                    db.execute(
+                        _NEW_LOOP,
+                        (loop_id, record.agent_id, status, owner, lease, now),
+                    )
+                except sqlite3.IntegrityError:
+                    raise LoopIdTakenError(loop_id) from None
+            elif not (
+                run
+                and db.execute(
+                    _NEW_STATUS, (status, lease, now, loop_id, owner)
+                ).rowcount
+            ):
+                self._take(db, commit, owner, lease, now)
+                if run:
+                    # Another runtime took the loop since this store's last row
+                    # (and may have written it): the row starts a run, holding
+                    # it all.
+                    row, written = self._log_row(commit, run=False)
             db.execute(_APPEND, row)  # (the loop's row is there: one row)
             return written
 
@@ -516,6 +530,28 @@ class SQLiteStore(LoopStore):
         else:
             self._statuses[loop_id] = status
             self._paths.wrote(loop_id, record.path)
+
+    def _take(
+        self,
+        db: sqlite3.Connection,
+        commit: Commit,
+        owner: str,
+        lease: float,
+        now: float,
+    ) -> None:
+        """Take the loop's lease and write its row (in a commit's transaction),
+        unless another runtime holds a live lease on it."""
+        record = commit.record
+        loop_id = record.loop_id
+        taken = db.execute(
+            _TAKE,
+            (loop_id, record.agent_id, record.status.value, owner, lease, now),
+        ).rowcount
+        if not taken:
+            (holder,) = db.execute(
+                "SELECT owner FROM loops WHERE loop_id = ?", (loop_id,)
+            ).fetchone()
+            raise LoopLockedError(loop_id, holder)
 
     def _forget(self, loop_id: str) -> None:
         """The loop's run ends here (see `_rows`)."""
