@@ -16,9 +16,10 @@ for (see `_durable.writer._AHEAD`): a zero-latency model answers before the
 flusher's task has had a moment, so the commit shares its trip to the thread
 with the next one waited for, the commit into `function_call` that follows or
 the loop's end (`Durable.ending`): 4 trips a run instead of 8, ~110 us of a
-thread hop each on the benchmark's machine (7 trips, and 1.96x the floor
-against 1.48x, when the loop waited for the tools' outputs before asking the
-model again and for its writes before its end was decided).
+thread hop each on the benchmark's machine. (When the loop waited for the
+tools' outputs before asking the model again and for its writes before its
+end was decided, a run made 7 trips: 1,698 against 1,277 us a run now, with
+the SQLite store's layout 3; 1.96x the floor against 1.55x.)
 Tests: tests/test_durable_flusher.py.
 
 The queue is one runtime's, so commits land in the order they were submitted:
@@ -70,7 +71,7 @@ class Flusher:
         self._written: anyio.Event | None = None
         """Set when the write in progress ends; made by the first task to wait
         for it (most trips have nobody else waiting: an event a trip cost ~1.4
-        µs, 7 trips a benchmark run)."""
+        µs, 4 trips a benchmark run)."""
         self._wake = anyio.Event()
         """Set when a commit nobody waits for is queued (for `serve`)."""
         self._failed: dict[str, str] = {}
