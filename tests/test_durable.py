@@ -508,6 +508,33 @@ class TestWhatIsStored:
         assert at == committed
         assert any(r.turn.request != r.input for r in committed.values())
 
+    async def test_a_new_loop_whose_id_the_store_holds_fails_with_no_tool_call(
+        self, store_factory: Callable[[], LoopStore]
+    ) -> None:
+        """The model answers at once: the new loop's first commit is still
+        queued as the loop ends, and its end waits for it (it would go with the
+        end's commit otherwise, and its failure be only logged): the loop
+        fails, naming the id."""
+
+        def counter() -> Callable[[], str]:
+            ids = iter(range(1, 100))
+            return lambda: f"loop-{next(ids)}"
+
+        results = []
+        for _ in range(2):
+            async with Runtime(
+                providers={"scripted": ScriptedProvider([text("hi")])},
+                store=store_factory(),
+                ids=counter(),
+            ) as runtime:
+                results.append(
+                    await runtime.wait(runtime.run_loop("agent", "go", request_with()))
+                )
+        assert results[0].outcome is Outcome.answered
+        assert results[1].loop_id == "loop-1"
+        assert results[1].outcome is Outcome.failed
+        assert "loop id 'loop-1' is a loop's the store holds" in str(results[1].reason)
+
     async def test_a_new_loop_whose_id_the_store_holds_fails(
         self, store_factory: Callable[[], LoopStore]
     ) -> None:

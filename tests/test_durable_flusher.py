@@ -21,6 +21,7 @@ from agentfsm import (
     InferenceOutput,
     LoopState,
     LoopStatus,
+    ModelMessageItem,
     ModelContext,
     Outcome,
     Pause,
@@ -90,15 +91,26 @@ class GatedStore(MemoryStore):
 
 
 class FailingStore(MemoryStore):
-    """A store that cannot take the commits into `fail_in`."""
+    """A store that cannot take the commits into `fail_in` (those made after
+    `requests` model requests only, if given), and says so after `delay`."""
 
-    def __init__(self, fail_in: LoopState) -> None:
+    def __init__(
+        self, fail_in: LoopState, *, requests: int | None = None, delay: float = 0
+    ) -> None:
         super().__init__()
         self.fail_in = fail_in
+        self.requests = requests
+        self.delay = delay
 
     async def commit(self, commit: Commit, owner: str) -> None:
-        if commit.record.state is self.fail_in:
-            raise OSError(f"disk full at seq {commit.record.seq}")
+        record = commit.record
+        if record.state is self.fail_in and self.requests in (
+            None,
+            record.model_requests,
+        ):
+            if self.delay:
+                await anyio.sleep(self.delay)
+            raise OSError(f"disk full at seq {record.seq}")
         await super().commit(commit, owner)
 
 
@@ -409,23 +421,71 @@ async def test_a_loop_whose_write_failed_does_not_end_as_it_chose() -> None:
 async def test_a_commit_still_queued_as_the_loop_ends_goes_with_its_end(
     log_output: list[dict[str, object]],
 ) -> None:
-    """The model answers at once: the commit into `inference` has not been
-    sent as the loop ends, and goes to the store with its end's, in one trip.
-    When it fails, the end is not written either: the loop keeps its outcome
-    (as when its end's own write fails), and both failures are logged."""
-    store = STORE["store"] = FailingStore(LoopState.inference)
+    """The model answers a follow-up at once: the commit into `inference` has
+    not been sent as the loop ends, and goes to the store with its end's, in
+    one trip. When it fails, the end is not written either: the loop keeps its
+    outcome (as when its end's own write fails), and both failures are
+    logged; the store keeps the loop's last commit."""
+    store = STORE["store"] = FailingStore(LoopState.inference, requests=1)
     trips = counted_trips(store)
-    provider = ScriptedProvider([text("hi")])
-    async with Runtime(providers={"scripted": provider}, store=store) as runtime:
+    asked = 0
+
+    async def model(request: InferenceInput) -> InferenceOutput:
+        nonlocal asked
+        asked += 1
+        if asked == 1:
+            await anyio.sleep(0.01)  # its commit is written meanwhile
+        return text(f"answer {asked}")
+
+    async with Runtime(
+        providers={"scripted": FunctionProvider(model)}, store=store
+    ) as runtime:
         loop_id = runtime.run_loop("agent", "hello", request())
+        runtime.follow_up(loop_id, "and then?")
         with anyio.fail_after(5):
             result = await runtime.wait(loop_id)
-    assert trips == [["inference", "idle"]]
+    assert trips == [["inference"], ["inference", "idle"]]
     assert result.outcome is Outcome.answered
+    assert result.answer == ModelMessageItem(content="answer 2")
     failures = [e for e in log_output if e["event"] == "store_write_failed"]
     assert [f.get("status") for f in failures] == [None, None, "done"]
-    assert all("disk full at seq 3" in str(f["error"]) for f in failures)
-    assert await store.load(loop_id) is None
+    assert all("disk full at seq" in str(f["error"]) for f in failures)
+    stored = await store.load(loop_id)
+    assert stored is not None
+    assert (stored.record.state, stored.record.model_requests) == (
+        LoopState.inference,
+        0,
+    )
+
+
+async def test_a_loop_ends_once_the_write_in_flight_lands() -> None:
+    """The commit into the second request's `inference` is being written (the
+    model awaited), a later one is queued, and the model answers at once as
+    the loop ends: the end waits for the write in flight, which fails, and
+    the loop fails (the queued one would have gone with the end)."""
+    store = STORE["store"] = FailingStore(LoopState.inference, requests=1, delay=0.05)
+    asked = 0
+
+    async def model(request: InferenceInput) -> InferenceOutput:
+        nonlocal asked
+        asked += 1
+        if asked < 3:
+            await anyio.sleep(0.01)
+        return text(f"answer {asked}")
+
+    async with Runtime(
+        providers={"scripted": FunctionProvider(model)}, store=store
+    ) as runtime:
+        loop_id = runtime.run_loop(
+            "agent", "hi", request(), follow_up_mode="one-at-a-time"
+        )
+        runtime.follow_up(loop_id, "and then?")
+        runtime.follow_up(loop_id, "and then?")
+        with anyio.fail_after(5):
+            result = await runtime.wait(loop_id)
+    assert asked == 3
+    assert result.outcome is Outcome.failed
+    assert "disk full" in str(result.reason)
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])

@@ -195,12 +195,21 @@ class Durable:
         `inference` before the answer: a trip less a run, ~100 us on the
         benchmark's machine). If one of those fails, the end is not written
         either, and the loop keeps its outcome, as when its end's own write
-        fails (logged, `store_write_failed`)."""
+        fails (logged, `store_write_failed`). But a new loop's first commit
+        is waited for: a store that holds a loop of its id refuses it
+        (`LoopIdTakenError`), and the loop fails."""
         tickets = self.tickets
-        if tickets and not tickets[-1].sent:
-            self.check()
-            return
-        await self.landed()
+        sent = None
+        for ticket in reversed(tickets):  # sent in order: the queued ones last
+            if ticket.sent:
+                sent = ticket
+                break
+            if ticket.commit.new:
+                await self.landed()
+                return
+        if sent is not None:
+            await self.flusher.wait(sent)
+        self.check()
 
     def queued(self, loop: Loop) -> None:
         """A steering or follow-up message was queued for the paused loop: its
