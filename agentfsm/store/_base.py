@@ -379,7 +379,11 @@ class LoopStore(ABC):
     async def begin_call(self, call: CallRecord) -> CallRecord:
         """Record the intent to run a call (status `started`) and return it; if
         the key is in the ledger already, return what it holds unchanged, except
-        a `started` or `uncertain` entry, which is taken as a new attempt."""
+        a `started` or `uncertain` entry, which is taken as a new attempt.
+
+        The runtime writes a loop's ledger once its first commit has landed; a
+        store may refuse a ledger write for a loop it does not hold
+        (`SQLiteStore` does, with a `StoreError` naming it)."""
 
     @abstractmethod
     async def end_call(
