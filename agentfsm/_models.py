@@ -44,9 +44,10 @@ def trusted(cls: type[M], values: dict[str, Any], fields_set: set[str]) -> M:
 
 
 def json_of(model: BaseModel, **options: Any) -> str:
-    """`model.model_dump_json(**options)`, from the model's serializer itself:
-    ~0.4 µs less a call (the method's own keyword handling), ~30 calls a commit
-    of a durable store's (bench/bench_durable.py)."""
+    """`model.model_dump_json(**options)`, from the model's serializer itself
+    (the same defaults; none of the models serialized has an alias): ~0.4 µs
+    less a call, the method's own keyword handling, and a durable store makes
+    ~26 calls a benchmark run (bench/bench_durable.py)."""
     return model.__pydantic_serializer__.to_json(model, **options).decode()
 
 

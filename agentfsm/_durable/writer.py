@@ -83,8 +83,9 @@ class Durable:
     Every write goes through the runtime's `Flusher`, in order. The loop waits
     for one to land before a tool runs (the commit into `function_call`, with
     the intents), as it pauses, before it ends, and before a ledger write of
-    its own; not after a commit into `inference` (`_AHEAD`), which the
-    next write waited for goes with when no trip was made meanwhile. A write that
+    its own; not after a commit into `inference` (`_AHEAD`), which goes to the
+    store with the next write the loop waits for, unless the flusher's task
+    wrote it meanwhile. A write that
     failed fails the loop at its next write or wait, and the loop writes
     nothing more (what follows it would leave a gap): the store keeps its
     last commit.
