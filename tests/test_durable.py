@@ -132,6 +132,13 @@ def store_factory(
     return lambda: SQLiteStore(tmp_path / "loops.db")
 
 
+def counter_ids() -> Callable[[], str]:
+    """Loop ids `loop-1`, `loop-2`, ...: an id source that starts again with
+    each runtime (as a counter does at a restart)."""
+    ids = iter(range(1, 100))
+    return lambda: f"loop-{next(ids)}"
+
+
 def request_with(*tools: Any) -> InferenceInput:
     return InferenceInput(model="scripted:m", context=ModelContext(), tools=list(tools))
 
@@ -516,16 +523,12 @@ class TestWhatIsStored:
         end's commit otherwise, and its failure be only logged): the loop
         fails, naming the id."""
 
-        def counter() -> Callable[[], str]:
-            ids = iter(range(1, 100))
-            return lambda: f"loop-{next(ids)}"
-
         results = []
         for _ in range(2):
             async with Runtime(
                 providers={"scripted": ScriptedProvider([text("hi")])},
                 store=store_factory(),
-                ids=counter(),
+                ids=counter_ids(),
             ) as runtime:
                 results.append(
                     await runtime.wait(runtime.run_loop("agent", "go", request_with()))
@@ -544,15 +547,11 @@ class TestWhatIsStored:
         ledger: a call of the same key would have been answered by the old
         loop's output, and not run)."""
 
-        def counter() -> Callable[[], str]:
-            ids = iter(range(1, 100))
-            return lambda: f"loop-{next(ids)}"
-
         script = [calls(call("add", a=1, b=2), call("add", a=3, b=4)), text("done")]
         async with Runtime(
             providers={"scripted": ScriptedProvider(script)},
             store=store_factory(),
-            ids=counter(),
+            ids=counter_ids(),
         ) as first:
             request = request_with(add)
             first_result = await first.wait(
@@ -561,7 +560,7 @@ class TestWhatIsStored:
         async with Runtime(
             providers={"scripted": ScriptedProvider(script)},
             store=store_factory(),
-            ids=counter(),
+            ids=counter_ids(),
         ) as second:
             request = request_with(add)
             again = second.run_loop("agent", "go", request, tool_execution="sequential")

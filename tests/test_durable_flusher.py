@@ -7,8 +7,9 @@ from __future__ import annotations
 import dataclasses
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -19,6 +20,7 @@ from agentfsm import (
     FunctionCallOutputItem,
     InferenceInput,
     InferenceOutput,
+    LoopResult,
     LoopState,
     LoopStatus,
     ModelContext,
@@ -35,7 +37,7 @@ from agentfsm import (
 from agentfsm.events import LoopIdle
 from agentfsm.exceptions import ConfigurationError
 from agentfsm.providers.function import FunctionProvider
-from agentfsm.store import Commit, LoopLockedError, MemoryStore, SQLiteStore
+from agentfsm.store import Commit, LoopLockedError, LoopStore, MemoryStore, SQLiteStore
 from agentfsm.store.sqlite import _fold_ledger
 from agentfsm.testing import EventRecorder, ScriptedProvider, call, calls, text
 from agentfsm.tools import Tool
@@ -112,6 +114,26 @@ class FailingStore(MemoryStore):
                 await anyio.sleep(self.delay)
             raise OSError(f"disk full at seq {record.seq}")
         await super().commit(commit, owner)
+
+
+async def run_to_end(
+    store: LoopStore,
+    model: Callable[[InferenceInput], Awaitable[InferenceOutput]],
+    prompt: str,
+    *,
+    follow_ups: int = 0,
+    **options: Any,
+) -> LoopResult:
+    """One loop of `model` (with `add`) on `store`, to its end (5 s at most);
+    `follow_ups` messages ("and then?") queued as it starts."""
+    async with Runtime(
+        providers={"scripted": FunctionProvider(model)}, store=store
+    ) as runtime:
+        loop_id = runtime.run_loop("agent", prompt, request(), **options)
+        for _ in range(follow_ups):
+            runtime.follow_up(loop_id, "and then?")
+        with anyio.fail_after(5):
+            return await runtime.wait(loop_id)
 
 
 def request() -> InferenceInput:
@@ -253,14 +275,7 @@ async def test_a_failed_commit_nobody_waited_for_stops_the_next_turn() -> None:
         await anyio.sleep(0.001)  # a request in flight: the event loop runs on
         return text(f"answer {len(sent)}")
 
-    async with Runtime(
-        providers={"scripted": FunctionProvider(model)}, store=store
-    ) as runtime:
-        loop_id = runtime.run_loop("agent", "hi", request())
-        runtime.follow_up(loop_id, "and then?")
-        runtime.follow_up(loop_id, "and then?")
-        with anyio.fail_after(5):
-            result = await runtime.wait(loop_id)
+    result = await run_to_end(store, model, "hi", follow_ups=2)
     assert result.outcome is Outcome.failed
     assert result.reason is not None
     assert "disk full at seq 3" in result.reason
@@ -294,19 +309,14 @@ async def test_no_commit_after_a_failed_one_even_in_a_later_trip(
         await anyio.sleep(0.001)
         return calls(call("add", a=1, b=2))
 
-    async with Runtime(
-        providers={"scripted": FunctionProvider(model)}, store=store
-    ) as runtime:
-        loop_id = runtime.run_loop("agent", "add 1 and 2", request())
-        with anyio.fail_after(5):
-            result = await runtime.wait(loop_id)
+    result = await run_to_end(store, model, "add 1 and 2")
     assert result.outcome is Outcome.failed
     assert result.reason is not None
     assert "disk error" in result.reason
     assert SEEN == []
     async with SQLiteStore(tmp_path / "loops.db") as again:
-        assert await again.load(loop_id) is None
-        assert await again.calls(loop_id, 1) == []
+        assert await again.load(result.loop_id) is None
+        assert await again.calls(result.loop_id, 1) == []
 
 
 async def test_a_pause_after_a_failed_commit_fails_the_loop() -> None:
@@ -338,7 +348,7 @@ async def test_the_outputs_a_commit_carries_land_while_the_model_is_asked(
     """The commit into `inference` after a tool call carries its output: the
     request does not wait for it (a provider that never awaits finds the call
     started), and it lands while the request is in flight (one that awaits
-    finds it done), before the loop goes on."""
+    sees it land, and answers only then), before the loop goes on."""
     path = tmp_path / "loops.db"
     seen: list[list[tuple[str, str]]] = []
 
@@ -355,8 +365,11 @@ async def test_the_outputs_a_commit_carries_land_while_the_model_is_asked(
             isinstance(i, FunctionCallOutputItem) for i in request.context.items
         ):
             return calls(call("lookup", key="k"))
-        if awaits:
-            await anyio.sleep(0.05)
+        if awaits:  # until the output is in the store (a trip, however long)
+            for _ in range(1000):  # (5 s at most: the file is polled)
+                if ledger() == [("lookup", "done")]:
+                    break
+                await anyio.sleep(0.005)
         seen.append(ledger())
         return text("done")
 
@@ -407,12 +420,7 @@ async def test_a_loop_whose_write_failed_does_not_end_as_it_chose() -> None:
         await anyio.sleep(0.01)
         return text("hi")
 
-    async with Runtime(
-        providers={"scripted": FunctionProvider(model)}, store=store
-    ) as runtime:
-        loop_id = runtime.run_loop("agent", "hello", request())
-        with anyio.fail_after(5):
-            result = await runtime.wait(loop_id)
+    result = await run_to_end(store, model, "hello")
     assert result.outcome is Outcome.failed
     assert result.reason is not None
     assert "disk full" in result.reason
@@ -437,20 +445,14 @@ async def test_a_commit_still_queued_as_the_loop_ends_goes_with_its_end(
             await anyio.sleep(0.01)  # its commit is written meanwhile
         return text(f"answer {asked}")
 
-    async with Runtime(
-        providers={"scripted": FunctionProvider(model)}, store=store
-    ) as runtime:
-        loop_id = runtime.run_loop("agent", "hello", request())
-        runtime.follow_up(loop_id, "and then?")
-        with anyio.fail_after(5):
-            result = await runtime.wait(loop_id)
+    result = await run_to_end(store, model, "hello", follow_ups=1)
     assert trips == [["inference"], ["inference", "idle"]]
     assert result.outcome is Outcome.answered
     assert result.answer == ModelMessageItem(content="answer 2")
     failures = [e for e in log_output if e["event"] == "store_write_failed"]
     assert [f.get("status") for f in failures] == [None, None, "done"]
     assert all("disk full at seq" in str(f["error"]) for f in failures)
-    stored = await store.load(loop_id)
+    stored = await store.load(result.loop_id)
     assert stored is not None
     assert (stored.record.state, stored.record.model_requests) == (
         LoopState.inference,
@@ -473,16 +475,9 @@ async def test_a_loop_ends_once_the_write_in_flight_lands() -> None:
             await anyio.sleep(0.01)
         return text(f"answer {asked}")
 
-    async with Runtime(
-        providers={"scripted": FunctionProvider(model)}, store=store
-    ) as runtime:
-        loop_id = runtime.run_loop(
-            "agent", "hi", request(), follow_up_mode="one-at-a-time"
-        )
-        runtime.follow_up(loop_id, "and then?")
-        runtime.follow_up(loop_id, "and then?")
-        with anyio.fail_after(5):
-            result = await runtime.wait(loop_id)
+    result = await run_to_end(
+        store, model, "hi", follow_ups=2, follow_up_mode="one-at-a-time"
+    )
     assert asked == 3
     assert result.outcome is Outcome.failed
     assert "disk full" in str(result.reason)
@@ -504,12 +499,7 @@ async def test_a_loop_that_yields_between_two_commits_writes_them_in_one_trip() 
             return text("3")
         return calls(call("add", a=1, b=2))
 
-    async with Runtime(
-        providers={"scripted": FunctionProvider(model)}, store=store
-    ) as runtime:
-        loop_id = runtime.run_loop("agent", "add", request())
-        with anyio.fail_after(5):
-            result = await runtime.wait(loop_id)
+    result = await run_to_end(store, model, "add")
     assert result.outcome is Outcome.answered
     assert trips == [["inference", "function_call"], ["inference", "idle"]]
 

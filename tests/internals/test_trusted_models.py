@@ -66,9 +66,8 @@ def assert_same(model: BaseModel) -> None:
     assert model.model_dump() == again.model_dump()
 
 
-async def test_trusted_models_equal_validated_ones(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def recorded_trusted(monkeypatch: pytest.MonkeyPatch) -> list[BaseModel]:
+    """The models `_models.trusted` builds from now on (for this test)."""
     built: list[BaseModel] = []
     trusted = _models.trusted
 
@@ -78,6 +77,13 @@ async def test_trusted_models_equal_validated_ones(
         return model
 
     monkeypatch.setattr(_models, "trusted", recording)
+    return built
+
+
+async def test_trusted_models_equal_validated_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    built = recorded_trusted(monkeypatch)
     script = [
         calls(call("add", a=1, b=2), usage=USAGE),
         calls(call("guarded", x=4), usage=USAGE),
@@ -124,15 +130,7 @@ async def test_trusted_ledger_entries_equal_validated_ones(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The intents a durable loop writes with its commits into `function_call`."""
-    built: list[BaseModel] = []
-    trusted = _models.trusted
-
-    def recording(cls: type[Any], values: dict[str, Any], fields_set: set[str]) -> Any:
-        model = trusted(cls, values, fields_set)
-        built.append(model)
-        return model
-
-    monkeypatch.setattr(_models, "trusted", recording)
+    built = recorded_trusted(monkeypatch)
     script = [calls(call("add", a=1, b=2), call("add", a=3, b=4)), text("done")]
     async with Runtime(
         providers={"scripted": ScriptedProvider(script)}, store=MemoryStore()
