@@ -1,12 +1,11 @@
 """`SQLiteStore`: the embedded durable store (stdlib `sqlite3`, one file).
 
-One connection in WAL mode, used from one worker thread at a time
-(`anyio.to_thread.run_sync` with a one-thread limiter), so it runs on asyncio
-and trio alike and never blocks the event loop. Every write is one transaction: one
+One connection in WAL mode, used from one thread of the store's own
+(`_thread.StoreThread`, from `open` to `close`), so it runs on asyncio and trio
+alike and never blocks the event loop. Every write is one transaction: one
 statement, or `BEGIN IMMEDIATE` ... `COMMIT`. A cancelled caller cannot
 abandon a write: the thread runs it to the end, and the cancellation is
-delivered after it (anyio's `to_thread.run_sync` does not abandon its thread
-unless asked to).
+delivered after it.
 
 `durability="normal"` (`synchronous=NORMAL`): a commit survives the process
 crashing; a power loss may lose the last commits (never corrupt the file).
@@ -28,7 +27,6 @@ from functools import partial
 from typing import Any, Final, Literal, TypeVar
 
 import anyio
-import anyio.to_thread
 from pydantic import BaseModel, ConfigDict
 
 from agentfsm._models import json_of
@@ -61,6 +59,7 @@ from ._rows import (
     record_text,
     shared_text,
 )
+from ._thread import StoreThread
 
 __all__ = ("SQLiteStore",)
 
@@ -346,7 +345,7 @@ class SQLiteStore(LoopStore):
         self.lease_ttl = checked_lease_ttl(lease_ttl)
         self._busy_timeout = busy_timeout
         self._db: sqlite3.Connection | None = None
-        self._limiter: anyio.CapacityLimiter | None = None
+        self._thread = StoreThread(f"agentfsm-sqlite {self.path}")
         self._commits = 0
         self._bytes = 0
         self._statuses: dict[str, str] = {}
@@ -363,10 +362,16 @@ class SQLiteStore(LoopStore):
     async def open(self) -> None:
         if self._db is not None:
             return
-        self._limiter = anyio.CapacityLimiter(1)
         self._statuses.clear()  # (another process may have written meanwhile)
         self._paths.clear()
-        self._db = await anyio.to_thread.run_sync(self._connect)
+        thread = self._thread
+        if not thread.running:
+            thread.start()
+        try:
+            self._db = await thread.run(self._connect)
+        except BaseException:
+            thread.stop()
+            raise
 
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(
@@ -405,15 +410,18 @@ class SQLiteStore(LoopStore):
     async def close(self) -> None:
         db, self._db = self._db, None
         if db is not None:
-            with anyio.CancelScope(shield=True):
-                await self._run(db.close, db)
+            try:
+                with anyio.CancelScope(shield=True):
+                    await self._run(db.close, db)
+            finally:
+                self._thread.stop()  # after the calls given it so far
 
     async def _run(
         self, fn: Callable[[], _T], db: sqlite3.Connection | None = None
     ) -> _T:
-        if (db or self._db) is None or self._limiter is None:
+        if (db or self._db) is None or not self._thread.running:
             raise StoreError(f"the store {self.path} is not open")
-        return await anyio.to_thread.run_sync(fn, limiter=self._limiter)
+        return await self._thread.run(fn)
 
     def _read(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
         """Run `fn`, reads of several statements, in one read transaction (in
