@@ -15,7 +15,7 @@ import json
 from json.encoder import encode_basestring
 from typing import Final
 
-__all__ = ("canonical_arguments", "idempotency_key")
+__all__ = ("canonical_arguments", "idempotency_key", "number_text")
 
 _CANONICAL: Final = json.JSONEncoder(
     sort_keys=True, separators=(",", ":"), ensure_ascii=False
@@ -47,13 +47,13 @@ def idempotency_key(
     JSON: ~3.1 µs a key against 5.2 for `json.dumps` of the list, the same text
     (tests/internals/test_keys.py pins keys derived before)."""
     text = (
-        f"[{encode_basestring(loop_id)},{_number(request)},{_number(position)},"
+        f"[{encode_basestring(loop_id)},{number_text(request)},{number_text(position)},"
         f"{encode_basestring(name)},{encode_basestring(canonical_arguments(arguments))}]"
     )
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _number(value: int) -> str:
+def number_text(value: int) -> str:
     """An int as `json.dumps` writes it (any other value too: a bool is
     `true`, not `1`)."""
     if type(value) is int:

@@ -52,6 +52,7 @@ __all__ = (
     "record_of",
     "record_text",
     "shared_text",
+    "steps_text",
 )
 
 SHARED: Final[set[str]] = {
@@ -94,6 +95,24 @@ two or three times (its `input`, `turn.request`, an inference step's
 request's record once per context size). Left out, the benchmark's 10
 records a run are ~6 KB less."""
 PATH_STEPS: Final = TypeAdapter(tuple[PathStep, ...])
+_STEP: Final = TypeAdapter(PathStep)
+_STEP_TEXT: dict[PathStep, str] = {}
+"""Each step's JSON, made once: a loop takes the same few edges (a machine has
+a few dozen), and serialized anew a step cost ~0.8 µs a commit more (its three
+enums' values are Python properties)."""
+
+
+def steps_text(steps: Sequence[PathStep]) -> str:
+    """`PATH_STEPS.dump_json(steps)` as text (tests/internals/test_sqlite_log.py
+    checks they are the same)."""
+    texts = _STEP_TEXT
+    parts = []
+    for step in steps:
+        text = texts.get(step)
+        if text is None:
+            text = texts[step] = _STEP.dump_json(step).decode()
+        parts.append(text)
+    return f"[{','.join(parts)}]"
 
 
 def record_text(record: LoopRecord, path_length: int | None) -> str:
@@ -185,7 +204,7 @@ class Paths:
             path = record.path
             start = _start(known, path)
             text = record_text(record, len(path))
-            rows.append((text, start, PATH_STEPS.dump_json(path[start:]).decode()))
+            rows.append((text, start, steps_text(path[start:])))
             known = _written(path)
         return rows
 

@@ -15,7 +15,7 @@ from agentfsm.record import LoopRecord
 from agentfsm.results import PathStep
 from agentfsm.states import LoopState, Trigger
 from agentfsm.store import CallRecord, StoreError
-from agentfsm.store._rows import Paths, prefix_length
+from agentfsm.store._rows import PATH_STEPS, Paths, prefix_length, steps_text
 from agentfsm.store.sqlite import _done_entry, _fold_ledger, _intent_entry
 from agentfsm.testing import ScriptedProvider, call, calls, text
 from tests.helpers import add, request
@@ -155,3 +155,34 @@ def test_a_record_carried_with_a_later_one_is_its_path_s_start_or_whole() -> Non
     assert prefix_length((START, CALL_TOOLS), path) is None
     assert prefix_length((INFER, INFER), (START, INFER, CALL_TOOLS)) is None
     assert prefix_length((*path, START), path) is None
+
+
+def test_ledger_entries_are_the_json_of_their_parts() -> None:
+    """`_intent_entry` joins its text by hand: it is `json.dumps`'s."""
+    odd = CALL.model_copy(
+        update={"key": "k\u00e9\n", "tool": 'to"ol', "request": 12, "attempt": 3}
+    )
+    for call_ in (CALL, odd):
+        for kind in ("intent", "begun"):
+            assert _intent_entry(call_, kind) == json.dumps(
+                [kind, call_.key, call_.request, call_.position, call_.tool,
+                 call_.call_id, call_.attempt],
+                ensure_ascii=False,
+            )  # fmt: skip
+    assert json.loads(_done_entry("k\u00e9", OUT, False))[1] == "k\u00e9"
+
+
+def test_path_steps_text_is_their_json() -> None:
+    """`steps_text` makes each step's JSON once: the same as the adapter's."""
+    steps = (
+        PathStep(LoopState.idle, Trigger.start, LoopState.context_update),
+        PathStep(LoopState.inference, Trigger.call_tools, LoopState.function_call),
+        PathStep(
+            LoopState.inference,
+            Trigger.call_tools,
+            LoopState.idle,
+            rewritten_from=LoopState.function_call,
+        ),
+    )
+    for some in ((), steps[:1], steps, steps + steps):
+        assert steps_text(some) == PATH_STEPS.dump_json(some).decode()
