@@ -3,17 +3,17 @@
 `SQLiteStore` keeps one `sqlite3` connection, used from one thread at a time and
 never from the event loop's. Its calls go to a thread the store starts as it
 opens and ends as it closes, in the order they come (a FIFO queue), and the
-caller's event loop is told when each ends (`run_sync_soon`), on asyncio and
-trio alike.
+caller's event loop is told when each ends, on asyncio and trio alike; a
+cancelled caller waits for its call to end (the cancellation comes after).
 
-Why not `anyio.to_thread.run_sync` with a one-thread `CapacityLimiter` (what the
-store used until it was measured): a call through it takes two turns of the
-event loop before its function is handed over (its checkpoint, then the
-limiter's), and a `queue.Queue` of Python locks each way. On the benchmark
-workload (bench/bench_durable.py: 4 trips to the thread a run) that was ~37 µs
-a trip: 1,245 against 1,092 µs a run (12%), 1.45x against 1.27x the floor's
-bare loop plus plain commits (which go through `anyio.to_thread`, as the issue
-that defined it says). Tests: tests/internals/test_store_thread.py.
+Why not `anyio.to_thread.run_sync` with a one-thread `CapacityLimiter`, what
+the store used before: a call through it takes two turns of the event loop
+before its function is handed over (its checkpoint, then the limiter's), and a
+`queue.Queue` of Python locks each way. On the benchmark workload
+(bench/bench_durable.py: 4 trips to the thread a run) that was ~37 µs a trip:
+1,274 against 1,114 µs a run, A/B in 9 interleaved rounds (the floor it is
+measured against, the bare loop plus plain commits, still hops through
+`anyio.to_thread` for each). Tests: tests/internals/test_store_thread.py.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ _T = TypeVar("_T")
 
 class _Call(Generic[_T]):
     """One call, run in the thread; its caller waits for `done`, which the
-    thread has its event loop set when the call ends."""
+    thread has the caller's event loop set once the call has ended."""
 
     __slots__ = ("done", "error", "fn", "notify", "result")
 
