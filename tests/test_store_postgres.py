@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,12 @@ async def sql(conninfo: str, statement: str, *params: Any) -> list[tuple[Any, ..
             return cur.fetchall() if cur.description is not None else []
 
     return await anyio.to_thread.run_sync(run)
+
+
+def store_threads(store: PostgresStore) -> list[threading.Thread]:
+    """The store's thread, while it runs (by its name)."""
+    name = f"agentfsm-postgres {store._where}"
+    return [t for t in threading.enumerate() if t.name == name and t.is_alive()]
 
 
 async def a_finished_loop(store: LoopStore) -> LoopRecord:
@@ -454,6 +461,23 @@ class TestLayout:
         store = PostgresStore(f"host=127.0.0.1 port={port} dbname=loops user=me")
         with pytest.raises(StoreError, match=f"127.0.0.1:{port}/loops"):
             await store.open()
+        # Its thread ended with the failed open (none is left behind).
+        await wait_until(lambda: not store_threads(store))
+
+    async def test_the_store_runs_in_a_thread_of_its_own(
+        self, conninfo: str, schema: str
+    ) -> None:
+        store = PostgresStore(conninfo, schema=schema)
+        async with store:
+            (ours,) = store_threads(store)
+            assert await store.load("nobody") is None
+        ours.join(5)
+        assert not ours.is_alive()
+        with pytest.raises(StoreError, match="is not open"):
+            await store.load("nobody")
+        async with store:  # opened again: a new thread
+            assert await store.load("nobody") is None
+            assert len(store_threads(store)) == 1
 
     def test_bad_arguments_are_refused_by_name(self) -> None:
         with pytest.raises(ConfigurationError, match="conninfo must be a str"):

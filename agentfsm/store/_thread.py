@@ -1,10 +1,11 @@
 """`StoreThread`: one thread of its own that runs a store's blocking calls.
 
-`SQLiteStore` keeps one `sqlite3` connection, used from one thread at a time and
-never from the event loop's. Its calls go to a thread the store starts as it
-opens and ends as it closes, in the order they come (a FIFO queue), and the
-caller's event loop is told when each ends, on asyncio and trio alike; a
-cancelled caller waits for its call to end (the cancellation comes after).
+`SQLiteStore` and `PostgresStore` each keep one connection (`sqlite3`'s,
+psycopg's sync one), used from one thread and never from the event loop's. A
+store's calls go to a thread it starts as it opens and ends as it closes, in
+the order they come (a FIFO queue), and the caller's event loop is told when
+each ends, on asyncio and trio alike; a cancelled caller waits for its call to
+end (the cancellation comes after).
 
 Why not `anyio.to_thread.run_sync` with a one-thread `CapacityLimiter`, what
 the store used before: a call through it takes two turns of the event loop

@@ -2,9 +2,10 @@
 processes share (`pip install 'agentfsm[postgres]'`, psycopg 3).
 
 psycopg's `AsyncConnection` runs on asyncio only, so the store uses psycopg's
-sync API in a worker thread (`anyio.to_thread.run_sync`), and runs on asyncio
-and trio alike: one connection, used from one thread at a time (a one-thread
-`CapacityLimiter`), like the SQLite store. One connection, not a pool, because
+sync API in a thread of its own (`_thread.StoreThread`, from `open` to
+`close`, as the SQLite store does), and runs on asyncio and trio alike: one
+connection, used from that thread only, its calls in the order they come. One
+connection, not a pool, because
 the store's callers rely on the order in which they issue operations: the
 runtime wakes `wait()` before the loop's last save has landed, and a `load`
 issued after it must still see that save; `release`, when a runtime exits,
@@ -15,8 +16,7 @@ between runtimes is the server's: each process has its own connection.
 
 Every write is one transaction. A cancelled caller cannot abandon a write: the
 thread runs it to the end (commit or rollback), and the cancellation is
-delivered after it (`to_thread.run_sync` does not abandon its thread unless
-asked to).
+delivered after it.
 
 Two runtimes never run one loop. A lease is a row's `owner` and `lease_until`,
 dated by the server's clock (runtimes on hosts whose clocks differ agree on
@@ -57,7 +57,6 @@ from contextlib import nullcontext
 from typing import Any, Final, TypeVar
 
 import anyio
-import anyio.to_thread
 
 from agentfsm.exceptions import ConfigurationError
 from agentfsm.inference import InferenceOutput
@@ -79,6 +78,7 @@ from ._base import (
     commits_in_turn,
 )
 from ._rows import Paths, path_of, record_of, shared_text
+from ._thread import StoreThread
 
 try:
     import psycopg
@@ -343,11 +343,13 @@ class PostgresStore(LoopStore):
         self._where = _describe(params, schema)
         self._sql = _Statements(f'"{schema}"')
         self._conn: _Conn | None = None
-        self._limiter: anyio.CapacityLimiter | None = None
+        self._thread = StoreThread(f"agentfsm-postgres {self._where}")
+        self._opened: object | None = None
+        """Set while the store is open (a new object at each `open`)."""
         self._counted = threading.Lock()
         self._paths = Paths()
         """What this store wrote of each loop in its run (see `_rows`); used
-        in the worker thread only."""
+        in the store's thread only."""
         self._commits = 0
         self._bytes = 0
 
@@ -361,12 +363,18 @@ class PostgresStore(LoopStore):
     # ------------------------------------------------------------ connection
 
     async def open(self) -> None:
-        if self._limiter is not None:
+        if self._opened is not None:
             return
-        limiter = anyio.CapacityLimiter(1)
         self._paths.clear()  # (another process may have written meanwhile)
-        self._conn = await anyio.to_thread.run_sync(self._first_connection)
-        self._limiter = limiter
+        thread = self._thread
+        if not thread.running:
+            thread.start()
+        try:
+            self._conn = await thread.run(self._first_connection)
+        except BaseException:
+            thread.stop()
+            raise
+        self._opened = object()
 
     def _connect(self) -> _Conn:
         try:
@@ -436,8 +444,8 @@ class PostgresStore(LoopStore):
         return None if row is None else int(row[0])
 
     async def close(self) -> None:
-        limiter, self._limiter = self._limiter, None
-        if limiter is None:
+        opened, self._opened = self._opened, None
+        if opened is None:
             return
 
         def close() -> None:
@@ -445,18 +453,21 @@ class PostgresStore(LoopStore):
             if conn is not None:
                 conn.close()
 
-        # After the operation in its thread, if one is (through the limiter).
-        with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(close, limiter=limiter)
+        # After the operations given the thread before it.
+        try:
+            with anyio.CancelScope(shield=True):
+                await self._thread.run(close)
+        finally:
+            self._thread.stop()
 
     async def _run(self, fn: Callable[[_Conn], _T]) -> _T:
-        """Run `fn` on the connection, in the worker thread."""
-        limiter = self._limiter
-        if limiter is None:
+        """Run `fn` on the connection, in the store's thread."""
+        opened = self._opened
+        if opened is None:
             raise StoreError(f"the store {self._where} is not open")
 
         def work() -> _T:
-            if self._limiter is not limiter:  # closed while this one waited
+            if self._opened is not opened:  # closed while this one waited
                 raise StoreError(f"the store {self._where} is not open")
             conn = self._live()
             try:
@@ -464,7 +475,7 @@ class PostgresStore(LoopStore):
             except psycopg.Error as exc:
                 raise StoreError(f"{self._where}: {exc}") from exc
 
-        return await anyio.to_thread.run_sync(work, limiter=limiter)
+        return await self._thread.run(work)
 
     def _write(
         self,
@@ -474,7 +485,7 @@ class PostgresStore(LoopStore):
         atomic: bool = False,
         retries: int = 3,
     ) -> _T:
-        """Run `fn`, a write (in the worker thread); it returns its result and
+        """Run `fn`, a write (in the store's thread); it returns its result and
         the bytes it wrote. A write of one statement is one transaction as it
         is (the connection is in autocommit: no BEGIN and COMMIT round trips);
         one of several runs in a transaction (`atomic`). A deadlock or a
@@ -494,7 +505,7 @@ class PostgresStore(LoopStore):
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _live(self) -> _Conn:
-        """The connection (in the worker thread): a new one if the last
+        """The connection (in the store's thread): a new one if the last
         operation met a broken one (and raised)."""
         conn = self._conn
         if conn is None or conn.broken or conn.closed:
@@ -511,7 +522,7 @@ class PostgresStore(LoopStore):
     async def commit_many(
         self, commits: Sequence[tuple[Commit, str]]
     ) -> list[Exception | None]:
-        # One trip to the worker thread for all of them, a transaction each
+        # One trip to the store's thread for all of them, a transaction each
         # (on a new connection after one that broke: one loop's failure is not
         # the others').
         return await self._run(
@@ -519,7 +530,7 @@ class PostgresStore(LoopStore):
         )
 
     def _commit_in_thread(self, commit: Commit, owner: str) -> None:
-        """Write one commit, in the worker thread (its JSON is made here too,
+        """Write one commit, in the store's thread (its JSON is made here too,
         off the event loop)."""
         try:
             self._write(self._live(), self._commit_write(commit, owner))

@@ -431,7 +431,7 @@ class SQLiteStore(LoopStore):
 
     def _read(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
         """Run `fn`, reads of several statements, in one read transaction (in
-        the worker thread): they see one state of the file, whatever another
+        the store's thread): they see one state of the file, whatever another
         process commits meanwhile."""
         db = self._conn
         db.execute("BEGIN")
@@ -454,7 +454,7 @@ class SQLiteStore(LoopStore):
     def _write(
         self, fn: Callable[[sqlite3.Connection], int], *, transaction: bool = True
     ) -> None:
-        """Run `fn` in one transaction (in the worker thread); it returns the
+        """Run `fn` in one transaction (in the store's thread); it returns the
         bytes it wrote. `transaction=False`: `fn` is one statement, a
         transaction of its own."""
         db = self._conn
@@ -481,13 +481,13 @@ class SQLiteStore(LoopStore):
     async def commit_many(
         self, commits: Sequence[tuple[Commit, str]]
     ) -> list[Exception | None]:
-        # One trip to the worker thread for all of them, a transaction each.
+        # One trip to the store's thread for all of them, a transaction each.
         return await self._run(
             partial(commits_in_turn, commits, self._commit_in_thread)
         )
 
     def _commit_in_thread(self, commit: Commit, owner: str) -> None:
-        """Write one commit, in the worker thread (its JSON is made here too,
+        """Write one commit, in the store's thread (its JSON is made here too,
         off the event loop): one statement when the loop's row need not
         change (most commits), else a transaction."""
         record = commit.record
