@@ -4,6 +4,7 @@ future of the loop's, on trio through anyio: both are tested here)."""
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import anyio
 import anyio.to_thread
 import pytest
 
-from agentfsm.store import SQLiteStore, StoreError
+from agentfsm.store import SQLiteStore, StoreError, StoreSchemaError
 from agentfsm.store._thread import StoreThread, _Call
 
 
@@ -157,3 +158,16 @@ async def test_the_sqlite_store_runs_in_a_thread_of_its_own(tmp_path: Path) -> N
     async with store:  # opened again: a new thread
         assert await store.load("nobody") is None
         assert len(threads()) == 1
+
+
+async def test_a_failed_open_leaves_no_thread(tmp_path: Path) -> None:
+    path = tmp_path / "newer.db"
+    with sqlite3.connect(path) as db:
+        db.execute("PRAGMA user_version=99")
+    store = SQLiteStore(path)
+    with pytest.raises(StoreSchemaError, match="newer agentfsm"):
+        await store.open()
+    name = f"agentfsm-sqlite {path}"
+    for thread in [t for t in threading.enumerate() if t.name == name]:
+        thread.join(5)
+    assert not [t for t in threading.enumerate() if t.name == name]
