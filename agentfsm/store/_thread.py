@@ -20,9 +20,12 @@ measured against, the bare loop plus plain commits, still hops through
 from __future__ import annotations
 
 import asyncio  # noqa: TID251 - a faster way back on asyncio (see `_Call`); trio's goes through anyio
+import atexit
 import contextlib
+import contextvars
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 from functools import partial
 from typing import Generic, TypeVar, cast
@@ -36,13 +39,15 @@ _T = TypeVar("_T")
 
 
 class _Call(Generic[_T]):
-    """One call, run in the thread; its caller waits for `done`, which the
-    thread has the caller's event loop set once the call has ended."""
+    """One call, run in the thread (in a copy of its caller's context, as
+    `anyio.to_thread` runs one); its caller waits for `done`, which the thread
+    has the caller's event loop set once the call has ended."""
 
-    __slots__ = ("done", "error", "fn", "notify", "result")
+    __slots__ = ("context", "done", "error", "fn", "notify", "result")
 
     def __init__(self, fn: Callable[[], _T]) -> None:
         self.fn = fn
+        self.context = contextvars.copy_context()
         self.result: _T | None = None
         self.error: BaseException | None = None
         self.done: asyncio.Future[None] | anyio.Event
@@ -71,13 +76,33 @@ class _Call(Generic[_T]):
 
     def __call__(self) -> None:  # in the thread
         try:
-            self.result = self.fn()
+            self.result = self.context.run(self.fn)
         except BaseException as exc:  # noqa: BLE001 - raised in the caller
             self.error = exc
         # Its event loop may have ended (nobody waits): asyncio raises
-        # RuntimeError, anyio RunFinishedError.
-        with contextlib.suppress(RuntimeError):
+        # RuntimeError, anyio RunFinishedError (a RuntimeError). Nothing else
+        # is expected, and the thread must live on for the calls after it.
+        with contextlib.suppress(Exception):
             self.notify()
+
+    async def wait(self) -> None:
+        """Return once the call has ended, whatever cancellation comes: a
+        cancel scope's is delivered at the caller's next checkpoint, after
+        the call's result (as `anyio.to_thread.run_sync` does); a native
+        asyncio one (`task.cancel()`: `asyncio.timeout`, `asyncio.run`
+        ending), which comes once, is raised once the call has ended."""
+        done = self.done
+        with anyio.CancelScope(shield=True):
+            if isinstance(done, anyio.Event):
+                await done.wait()
+                return
+            try:
+                # Not the future itself: a native cancellation would cancel
+                # the future the thread sets.
+                await asyncio.shield(done)
+            except asyncio.CancelledError:
+                await done
+                raise
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
@@ -85,51 +110,91 @@ def _resolve(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
+_RUNNING: weakref.WeakSet[StoreThread] = weakref.WeakSet()
+"""The threads running: joined as the interpreter exits (`_join_all`)."""
+
+
 class StoreThread:
     """A thread that runs the calls given to `run`, one at a time, in order,
-    from `start` to `stop`."""
+    from `start` to `stop`.
+
+    A daemon, joined as the interpreter exits: a store never closed does not
+    keep the process from exiting, and the calls it was given still run (the
+    writes of a runtime whose task was cancelled natively, by Ctrl-C under
+    `asyncio.run`, say). Give `owner` to `start` to have the thread stop once
+    the owner is garbage (a store dropped without being closed).
+    """
 
     def __init__(self, name: str) -> None:
         self._name = name
-        self._calls: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._calls: queue.SimpleQueue[Callable[[], None] | None] | None = None
         self._thread: threading.Thread | None = None
 
     @property
     def running(self) -> bool:
         return self._thread is not None
 
-    def start(self) -> None:
-        # A daemon: a store never closed must not keep the process from
-        # exiting (a write cut short is rolled back by SQLite, never torn).
-        thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
+    def start(self, owner: object = None) -> None:
+        if self._thread is not None:
+            raise RuntimeError(f"{self._name} is running already")
+        # A queue of its own: a thread stopped and started again never has
+        # two serving one queue.
+        calls: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        thread = threading.Thread(
+            target=_serve, args=(calls,), name=self._name, daemon=True
+        )
         thread.start()
-        self._thread = thread
+        self._calls, self._thread = calls, thread
+        _RUNNING.add(self)
+        if owner is not None:
+            weakref.finalize(owner, calls.put, None)
 
     def stop(self) -> threading.Thread | None:
         """End the thread once the calls given it so far have run (it returns
         the thread, to join if you must see it gone)."""
         thread, self._thread = self._thread, None
-        if thread is not None:
-            self._calls.put(None)
+        calls, self._calls = self._calls, None
+        _RUNNING.discard(self)
+        if calls is not None:
+            calls.put(None)
         return thread
 
     async def run(self, fn: Callable[[], _T]) -> _T:
         """Run `fn` in the thread; return what it returns, or raise what it
-        raises. A cancelled caller does not abandon it: the cancellation is
-        delivered after it ends (one already delivered before it starts)."""
-        if self._thread is None:
+        raises. A call given the thread runs: a caller cancelled meanwhile
+        waits for it to end (after the calls given before it), and the
+        cancellation comes after (see `_Call.wait`); one cancelled already
+        gives it nothing."""
+        calls = self._calls
+        if calls is None:
             raise RuntimeError(f"{self._name} is not running")
         await anyio.lowlevel.checkpoint_if_cancelled()
         call = _Call(fn)
-        self._calls.put(call)
-        done = call.done
-        with anyio.CancelScope(shield=True):
-            await (done.wait() if isinstance(done, anyio.Event) else done)
-        if call.error is not None:
-            raise call.error
+        calls.put(call)
+        await call.wait()
+        error = call.error
+        if error is not None:
+            try:
+                raise error
+            finally:
+                del call, error  # (no cycle through this frame)
         return cast("_T", call.result)
 
-    def _serve(self) -> None:
-        calls = self._calls
-        while (call := calls.get()) is not None:
-            call()
+
+def _serve(calls: queue.SimpleQueue[Callable[[], None] | None]) -> None:
+    while True:
+        call = calls.get()
+        if call is None:
+            return
+        call()
+        del call  # not kept while the thread waits for the next
+
+
+@atexit.register
+def _join_all() -> None:
+    """As the interpreter exits: let each thread still running run the calls
+    it was given, then end."""
+    for store_thread in list(_RUNNING):
+        thread = store_thread.stop()
+        if thread is not None:
+            thread.join()

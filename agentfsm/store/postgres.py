@@ -346,6 +346,8 @@ class PostgresStore(LoopStore):
         self._thread = StoreThread(f"agentfsm-postgres {self._where}")
         self._opened: object | None = None
         """Set while the store is open (a new object at each `open`)."""
+        self._opening = 0
+        """`open` calls waiting for the connection."""
         self._counted = threading.Lock()
         self._paths = Paths()
         """What this store wrote of each loop in its run (see `_rows`); used
@@ -368,13 +370,23 @@ class PostgresStore(LoopStore):
         self._paths.clear()  # (another process may have written meanwhile)
         thread = self._thread
         if not thread.running:
-            thread.start()
+            thread.start(owner=self)  # (it ends with a store never closed)
+        self._opening += 1
         try:
-            self._conn = await thread.run(self._first_connection)
+            await thread.run(self._connect_once)
         except BaseException:
-            thread.stop()
+            if self._opening == 1 and self._opened is None:
+                thread.stop()  # no other `open` waits for it
             raise
-        self._opened = object()
+        finally:
+            self._opening -= 1
+        if self._opened is None:
+            self._opened = object()
+
+    def _connect_once(self) -> None:
+        """Connect (in the store's thread), unless an `open` before did."""
+        if self._conn is None:
+            self._conn = self._first_connection()
 
     def _connect(self) -> _Conn:
         try:

@@ -352,6 +352,8 @@ class SQLiteStore(LoopStore):
         self._busy_timeout = busy_timeout
         self._db: sqlite3.Connection | None = None
         self._thread = StoreThread(f"agentfsm-sqlite {self.path}")
+        self._opening = 0
+        """`open` calls waiting for the connection."""
         self._commits = 0
         self._bytes = 0
         self._statuses: dict[str, str] = {}
@@ -372,12 +374,21 @@ class SQLiteStore(LoopStore):
         self._paths.clear()
         thread = self._thread
         if not thread.running:
-            thread.start()
+            thread.start(owner=self)  # (it ends with a store never closed)
+        self._opening += 1
         try:
-            self._db = await thread.run(self._connect)
+            await thread.run(self._connect_once)
         except BaseException:
-            thread.stop()
+            if self._opening == 1 and self._db is None:
+                thread.stop()  # no other `open` waits for it
             raise
+        finally:
+            self._opening -= 1
+
+    def _connect_once(self) -> None:
+        """Connect (in the store's thread), unless an `open` before did."""
+        if self._db is None:
+            self._db = self._connect()
 
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(

@@ -4,8 +4,13 @@ future of the loop's, on trio through anyio: both are tested here)."""
 
 from __future__ import annotations
 
+import gc
 import sqlite3
+import subprocess
+import sys
 import threading
+import weakref
+from contextvars import ContextVar
 from pathlib import Path
 
 import anyio
@@ -14,6 +19,9 @@ import pytest
 
 from agentfsm.store import SQLiteStore, StoreError, StoreSchemaError
 from agentfsm.store._thread import StoreThread, _Call
+from tests.helpers import wait_until
+
+REQUEST: ContextVar[str] = ContextVar("request", default="unset")
 
 
 async def test_calls_run_in_the_thread_in_order_and_return_or_raise() -> None:
@@ -125,9 +133,10 @@ def test_a_call_whose_event_loop_ended_does_not_raise_in_the_thread(
     async def leave_it_running() -> None:
         # A call the event loop never waits for: its loop has ended by the time
         # it ends, and its notice has nowhere to go.
-        call = _Call(blocked)
-        thread._calls.put(call)
-        thread._calls.put(finished.set)
+        calls = thread._calls
+        assert calls is not None
+        calls.put(_Call(blocked))
+        calls.put(finished.set)
 
     try:
         anyio.run(leave_it_running, backend=backend)
@@ -171,3 +180,178 @@ async def test_a_failed_open_leaves_no_thread(tmp_path: Path) -> None:
     for thread in [t for t in threading.enumerate() if t.name == name]:
         thread.join(5)
     assert not [t for t in threading.enumerate() if t.name == name]
+
+
+async def test_a_call_waiting_its_turn_runs_though_its_caller_is_cancelled() -> None:
+    """A call given the thread is not lost (through a limiter, a write that
+    waited for a busy thread was dropped): its cancelled caller waits for it."""
+    thread = StoreThread("store-test")
+    thread.start()
+    started, release = threading.Event(), threading.Event()
+    ran: list[str] = []
+    returned: list[str] = []
+    scope = anyio.CancelScope()
+
+    def first() -> None:
+        started.set()
+        release.wait(5)
+        ran.append("first")
+
+    def second() -> str:
+        ran.append("second")
+        return "second"
+
+    async def second_caller() -> None:
+        with scope:
+            returned.append(await thread.run(second))
+            await anyio.sleep(5)  # the cancellation, now
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(thread.run, first)
+            assert await anyio.to_thread.run_sync(started.wait, 5)
+            tg.start_soon(second_caller)
+            calls = thread._calls
+            assert calls is not None
+            await wait_until(lambda: calls.qsize() == 1)  # the second, queued
+            scope.cancel()
+            await anyio.sleep(0.05)
+            assert returned == []  # its caller still waits
+            release.set()
+        assert scope.cancelled_caught
+        assert ran == ["first", "second"]
+        assert returned == ["second"]
+    finally:
+        release.set()
+        thread.stop()
+
+
+async def test_a_call_runs_in_its_callers_context() -> None:
+    thread = StoreThread("store-test")
+    thread.start()
+    try:
+        token = REQUEST.set("the caller's")
+        try:
+            assert await thread.run(REQUEST.get) == "the caller's"
+        finally:
+            REQUEST.reset(token)
+        assert await thread.run(REQUEST.get) == "unset"
+    finally:
+        thread.stop()
+
+
+async def test_a_thread_started_again_serves_only_its_own_calls() -> None:
+    thread = StoreThread("store-test")
+    thread.start()
+    started, release = threading.Event(), threading.Event()
+    ran_in: dict[str, int] = {}
+
+    def first() -> None:
+        started.set()
+        release.wait(5)
+        ran_in["first"] = threading.get_ident()
+
+    try:
+        old_calls = thread._calls
+        assert old_calls is not None
+        old_calls.put(first)
+        old_calls.put(lambda: ran_in.update(queued=threading.get_ident()))
+        assert await anyio.to_thread.run_sync(started.wait, 5)
+        old = thread.stop()
+        thread.start()  # while the old thread still has a call queued
+        new_ident = await thread.run(threading.get_ident)
+        release.set()
+        assert old is not None
+        old.join(5)
+        assert ran_in["first"] == ran_in["queued"] != new_ident
+    finally:
+        release.set()
+        thread.stop()
+
+
+async def test_a_sqlite_store_never_closed_is_collected_and_its_thread_ends(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "loops.db"
+    store = SQLiteStore(path)
+    await store.open()
+    assert await store.load("nobody") is None
+    (ours,) = [t for t in threading.enumerate() if t.name == f"agentfsm-sqlite {path}"]
+    collected = threading.Event()
+    weakref.finalize(store, collected.set)
+    del store
+    gc.collect()
+    assert collected.is_set()
+    ours.join(5)
+    assert not ours.is_alive()
+
+
+async def test_two_opens_at_once_one_cancelled_leave_the_store_open(
+    tmp_path: Path,
+) -> None:
+    store = SQLiteStore(tmp_path / "loops.db")
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(store.open)
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await store.open()
+    assert await store.load("nobody") is None
+    await store.close()
+    with pytest.raises(StoreError, match="is not open"):
+        await store.load("nobody")
+
+
+def test_the_calls_given_a_thread_still_run_as_the_interpreter_exits(
+    tmp_path: Path,
+) -> None:
+    """A write whose caller went away (a task cancelled natively as
+    `asyncio.run` ends, say) still lands: the thread is joined at exit."""
+    written = tmp_path / "written"
+    script = f"""
+import threading, time
+from agentfsm.store._thread import StoreThread
+thread = StoreThread("store-exit")
+thread.start()
+started = threading.Event()
+def slow_write():
+    started.set()
+    time.sleep(0.3)
+    open({str(written)!r}, "w").write("landed")
+thread._calls.put(slow_write)
+started.wait(5)
+"""  # the main thread ends here, the write in flight
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+    assert written.read_text() == "landed"
+
+
+def test_a_native_asyncio_cancellation_waits_for_the_call_then_comes() -> None:
+    """`task.cancel()` (asyncio.timeout, asyncio.run's end) comes once: the
+    caller waits for its call to end, then raises it (not swallowed)."""
+    import asyncio  # noqa: TID251 - a native asyncio cancellation, on purpose
+
+    started, release = threading.Event(), threading.Event()
+    ran: list[str] = []
+
+    def slow_write() -> None:
+        started.set()
+        release.wait(5)
+        ran.append("written")
+
+    async def main() -> None:
+        thread = StoreThread("store-test")
+        thread.start()
+        try:
+            task = asyncio.ensure_future(thread.run(slow_write))
+            assert await anyio.to_thread.run_sync(started.wait, 5)
+            task.cancel()
+            await asyncio.sleep(0.05)
+            assert not task.done()  # waiting for the call
+            release.set()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert ran == ["written"]
+        finally:
+            release.set()
+            thread.stop()
+
+    anyio.run(main, backend="asyncio")
