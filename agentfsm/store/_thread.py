@@ -27,8 +27,7 @@ import queue
 import threading
 import weakref
 from collections.abc import Callable
-from functools import partial
-from typing import Generic, TypeVar, cast
+from typing import Any, Generic, TypeVar, cast
 
 import anyio
 import anyio.lowlevel
@@ -43,36 +42,33 @@ class _Call(Generic[_T]):
     `anyio.to_thread` runs one); its caller waits for `done`, which the thread
     has the caller's event loop set once the call has ended."""
 
-    __slots__ = ("context", "done", "error", "fn", "notify", "result")
+    __slots__ = ("context", "done", "ended", "error", "fn", "loop", "result", "token")
 
     def __init__(self, fn: Callable[[], _T]) -> None:
         self.fn = fn
         self.context = contextvars.copy_context()
         self.result: _T | None = None
         self.error: BaseException | None = None
+        self.ended = False
+        """The call has ended (set in the caller's event loop, on asyncio)."""
         self.done: asyncio.Future[None] | anyio.Event
-        self.notify: Callable[[], object]
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.token: anyio.lowlevel.EventLoopToken | None = None
         try:
             task = asyncio.current_task()
         except RuntimeError:  # no asyncio loop runs here
             task = None
         if task is None:  # trio (or trio as asyncio's guest): through anyio
-            token = anyio.lowlevel.current_token()
-            event = anyio.Event()
-            self.done = event
-            self.notify = partial(
-                token.backend_class.run_sync_soon, event.set, (), token.native_token
-            )
+            self.token = anyio.lowlevel.current_token()
+            self.done = anyio.Event()
         else:
             # asyncio: a future of the loop's, set by a callback of the loop's.
             # anyio's token, Event and `run_sync_soon` (what trio's path uses)
             # cost ~8 µs a call more: 1,176 against 1,143 µs a benchmark run
             # (4 calls). Both paths are tested (tests/internals/test_store_thread.py
             # runs on asyncio and trio).
-            loop = task.get_loop()
-            future = loop.create_future()
-            self.done = future
-            self.notify = partial(loop.call_soon_threadsafe, _resolve, future)
+            self.loop = task.get_loop()
+            self.done = self.loop.create_future()
 
     def __call__(self) -> None:  # in the thread
         try:
@@ -83,7 +79,11 @@ class _Call(Generic[_T]):
         # RuntimeError, anyio RunFinishedError (a RuntimeError). Nothing else
         # is expected, and the thread must live on for the calls after it.
         with contextlib.suppress(Exception):
-            self.notify()
+            if self.loop is not None:
+                self.loop.call_soon_threadsafe(_ended, self)
+            elif self.token is not None and isinstance(self.done, anyio.Event):
+                token = self.token
+                token.backend_class.run_sync_soon(self.done.set, (), token.native_token)
 
     async def wait(self) -> None:
         """Return once the call has ended, whatever cancellation comes: a
@@ -97,17 +97,22 @@ class _Call(Generic[_T]):
                 await done.wait()
                 return
             try:
-                # Not the future itself: a native cancellation would cancel
-                # the future the thread sets.
-                await asyncio.shield(done)
-            except asyncio.CancelledError:
                 await done
+            except asyncio.CancelledError:
+                # A native cancellation cancelled the future: another, for
+                # `_ended` to set once the call has ended.
+                if not self.ended and self.loop is not None:
+                    self.done = self.loop.create_future()
+                    await self.done
                 raise
 
 
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():  # (a native asyncio cancellation may have come first)
-        future.set_result(None)
+def _ended(call: _Call[Any]) -> None:
+    """(In the caller's event loop, on asyncio.) The call has ended."""
+    call.ended = True
+    done = call.done
+    if isinstance(done, asyncio.Future) and not done.done():
+        done.set_result(None)
 
 
 _RUNNING: weakref.WeakSet[StoreThread] = weakref.WeakSet()
