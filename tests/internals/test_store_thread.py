@@ -5,12 +5,14 @@ future of the loop's, on trio through anyio: both are tested here)."""
 from __future__ import annotations
 
 import gc
+import os
 import sqlite3
 import subprocess
 import sys
 import threading
 import weakref
 from contextvars import ContextVar
+from functools import partial
 from pathlib import Path
 
 import anyio
@@ -18,7 +20,7 @@ import anyio.to_thread
 import pytest
 
 from agentfsm.store import SQLiteStore, StoreError, StoreSchemaError
-from agentfsm.store._thread import StoreThread, _Call
+from agentfsm.store._thread import _WAKERS, StoreThread, _Call
 from tests.helpers import wait_until
 
 REQUEST: ContextVar[str] = ContextVar("request", default="unset")
@@ -352,6 +354,56 @@ def test_a_native_asyncio_cancellation_waits_for_the_call_then_comes() -> None:
             assert ran == ["written"]
         finally:
             release.set()
+            thread.stop()
+
+    anyio.run(main, backend="asyncio")
+
+
+def test_on_asyncio_calls_end_through_the_loops_eventfd_closed_with_the_loop() -> None:
+    """Linux: the thread wakes an asyncio loop through an eventfd the loop
+    watches, one a loop, closed once the loop is garbage."""
+    import asyncio  # noqa: TID251 - the asyncio loop's own waker, on purpose
+
+    if not hasattr(os, "eventfd"):
+        pytest.skip("no eventfd here: calls end through call_soon_threadsafe")
+    fds: list[int] = []
+
+    async def main() -> None:
+        thread = StoreThread("store-test")
+        thread.start()
+        try:
+            for n in range(5):
+                assert await thread.run(partial(int, n)) == n
+            waker = _WAKERS[asyncio.get_running_loop()]
+            assert waker is not None
+            fds.append(waker.fd)
+            os.fstat(waker.fd)  # open while the loop lives
+        finally:
+            thread.stop()
+
+    anyio.run(main, backend="asyncio")
+    gc.collect()
+    with pytest.raises(OSError, match="Bad file descriptor"):
+        os.fstat(fds[0])
+
+
+def test_a_loop_that_cannot_watch_an_fd_gets_its_calls_back_all_the_same(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import asyncio  # noqa: TID251 - an asyncio loop without add_reader, on purpose
+
+    def refuse(*args: object) -> None:
+        raise NotImplementedError
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        monkeypatch.setattr(loop, "add_reader", refuse)
+        thread = StoreThread("store-test")
+        thread.start()
+        try:
+            assert await thread.run(lambda: "back") == "back"
+            assert _WAKERS[loop] is None  # through call_soon_threadsafe
+        finally:
             thread.stop()
 
     anyio.run(main, backend="asyncio")
