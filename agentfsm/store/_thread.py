@@ -82,9 +82,12 @@ class _Call(Generic[_T]):
             # runs on asyncio and trio).
             loop = self.loop = task.get_loop()
             self.done = loop.create_future()
-            self.waker = _WAKERS.get(loop, _NO_WAKER)
-            if self.waker is _NO_WAKER:
+            try:
+                self.waker = _WAKERS[loop]
+            except KeyError:  # the loop's first call
                 self.waker = _waker(loop)
+            except TypeError:  # a loop that cannot be weakly referenced
+                self.waker = None
 
     def __call__(self) -> None:  # in the thread
         try:
@@ -141,8 +144,8 @@ class _Waker:
     send, then two reads and an exception in the loop), the loop resumed
     ~47 µs after a call ended, ~37 this way (alone, 4 x 3,000 round trips);
     a benchmark run makes 4 (bench/bench_durable.py). The eventfd lives as
-    long as the loop (closed once the loop is garbage): a call holds its
-    waker until it has woken the loop, so no thread writes to a closed fd."""
+    long as the loop (closed once the loop is garbage), and a call holds its
+    loop until it has woken it: no thread writes to a closed fd."""
 
     __slots__ = ("ended", "fd")
 
@@ -167,7 +170,6 @@ _WAKERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Waker | None] = (
 )
 """Each asyncio event loop's waker (None: the loop cannot watch an fd, or the
 system has no eventfd: `call_soon_threadsafe`)."""
-_NO_WAKER: Any = object()
 
 
 def _waker(loop: asyncio.AbstractEventLoop) -> _Waker | None:
