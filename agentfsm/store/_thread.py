@@ -208,6 +208,8 @@ class StoreThread:
         self._name = name
         self._calls: queue.SimpleQueue[Callable[[], None] | None] | None = None
         self._thread: threading.Thread | None = None
+        self._opening = 0
+        """`open` calls waiting for their `connect`."""
 
     @property
     def running(self) -> bool:
@@ -237,6 +239,25 @@ class StoreThread:
         if calls is not None:
             calls.put(None)
         return thread
+
+    async def open(
+        self, owner: object, connect: Callable[[], None], opened: Callable[[], bool]
+    ) -> None:
+        """A store opening: start the thread, unless it runs (it stops once
+        `owner` is garbage, a store never closed), and run `connect` in it. If
+        that fails, stop the thread again, unless another `open` waits for it
+        or the store is `opened()` (another `open` connected it)."""
+        if self._thread is None:
+            self.start(owner)
+        self._opening += 1
+        try:
+            await self.run(connect)
+        except BaseException:
+            if self._opening == 1 and not opened():
+                self.stop()
+            raise
+        finally:
+            self._opening -= 1
 
     async def run(self, fn: Callable[[], _T]) -> _T:
         """Run `fn` in the thread; return what it returns, or raise what it

@@ -346,8 +346,6 @@ class PostgresStore(LoopStore):
         self._thread = StoreThread(f"agentfsm-postgres {self._where}")
         self._opened: object | None = None
         """Set while the store is open (a new object at each `open`)."""
-        self._opening = 0
-        """`open` calls waiting for the connection."""
         self._counted = threading.Lock()
         self._paths = Paths()
         """What this store wrote of each loop in its run (see `_rows`); used
@@ -368,18 +366,9 @@ class PostgresStore(LoopStore):
         if self._opened is not None:
             return
         self._paths.clear()  # (another process may have written meanwhile)
-        thread = self._thread
-        if not thread.running:
-            thread.start(owner=self)  # (it ends with a store never closed)
-        self._opening += 1
-        try:
-            await thread.run(self._connect_once)
-        except BaseException:
-            if self._opening == 1 and self._opened is None:
-                thread.stop()  # no other `open` waits for it
-            raise
-        finally:
-            self._opening -= 1
+        await self._thread.open(
+            self, self._connect_once, lambda: self._conn is not None
+        )
         if self._opened is None:
             self._opened = object()
 

@@ -352,8 +352,6 @@ class SQLiteStore(LoopStore):
         self._busy_timeout = busy_timeout
         self._db: sqlite3.Connection | None = None
         self._thread = StoreThread(f"agentfsm-sqlite {self.path}")
-        self._opening = 0
-        """`open` calls waiting for the connection."""
         self._commits = 0
         self._bytes = 0
         self._statuses: dict[str, str] = {}
@@ -372,18 +370,7 @@ class SQLiteStore(LoopStore):
             return
         self._statuses.clear()  # (another process may have written meanwhile)
         self._paths.clear()
-        thread = self._thread
-        if not thread.running:
-            thread.start(owner=self)  # (it ends with a store never closed)
-        self._opening += 1
-        try:
-            await thread.run(self._connect_once)
-        except BaseException:
-            if self._opening == 1 and self._db is None:
-                thread.stop()  # no other `open` waits for it
-            raise
-        finally:
-            self._opening -= 1
+        await self._thread.open(self, self._connect_once, lambda: self._db is not None)
 
     def _connect_once(self) -> None:
         """Connect (in the store's thread), unless an `open` before did."""

@@ -11,9 +11,12 @@ import subprocess
 import sys
 import threading
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 from functools import partial
 from pathlib import Path
+from typing import Self
 
 import anyio
 import anyio.to_thread
@@ -26,10 +29,45 @@ from tests.helpers import wait_until
 REQUEST: ContextVar[str] = ContextVar("request", default="unset")
 
 
-async def test_calls_run_in_the_thread_in_order_and_return_or_raise() -> None:
+@contextmanager
+def running() -> Iterator[StoreThread]:
+    """A thread for the test, stopped after it."""
     thread = StoreThread("store-test")
     thread.start()
     try:
+        yield thread
+    finally:
+        thread.stop()
+
+
+class Gate:
+    """Holds the thread in a call (`hold`) until `release`: released as the
+    test leaves it, whatever happened (a failing test does not wait 5 s)."""
+
+    def __init__(self) -> None:
+        self._held = threading.Event()
+        self._released = threading.Event()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def hold(self) -> None:  # in the thread
+        self._held.set()
+        self._released.wait(5)
+
+    def release(self) -> None:
+        self._released.set()
+
+    async def held(self) -> None:
+        """Return once the thread holds it."""
+        assert await anyio.to_thread.run_sync(self._held.wait, 5)
+
+
+async def test_calls_run_in_the_thread_in_order_and_return_or_raise() -> None:
+    with running() as thread:
         caller = threading.get_ident()
         ran: list[tuple[int, int]] = []
         given: list[int] = []
@@ -57,34 +95,28 @@ async def test_calls_run_in_the_thread_in_order_and_return_or_raise() -> None:
         with pytest.raises(ValueError, match="no such row"):
             await thread.run(fail)
         assert await thread.run(lambda: 7) == 7  # it goes on after one raised
-    finally:
-        thread.stop()
 
 
 async def test_a_cancelled_caller_does_not_abandon_its_call() -> None:
-    thread = StoreThread("store-test")
-    thread.start()
-    started, release = threading.Event(), threading.Event()
     done: list[str] = []
-
-    def slow_write() -> str:
-        started.set()
-        release.wait(5)
-        done.append("written")
-        return "ok"
-
     seen_after: list[tuple[str, list[str]]] = []
     scope = anyio.CancelScope()
 
-    async def cancel_once_started() -> None:
-        assert await anyio.to_thread.run_sync(started.wait, 5)
-        scope.cancel()
-        await anyio.sleep(0.05)  # the caller is still waiting
-        release.set()
+    with running() as thread, Gate() as gate:
 
-    try:
+        def slow_write() -> str:
+            gate.hold()
+            done.append("written")
+            return "ok"
+
+        async def cancel_once_held() -> None:
+            await gate.held()
+            scope.cancel()
+            await anyio.sleep(0.05)  # the caller is still waiting
+            gate.release()
+
         async with anyio.create_task_group() as tg:
-            tg.start_soon(cancel_once_started)
+            tg.start_soon(cancel_once_held)
             with scope:
                 returned = await thread.run(slow_write)
                 seen_after.append((returned, list(done)))
@@ -95,9 +127,6 @@ async def test_a_cancelled_caller_does_not_abandon_its_call() -> None:
             scope.cancel()
             await thread.run(lambda: done.append("never"))  # cancelled before
         assert done == ["written"]
-    finally:
-        release.set()
-        thread.stop()
 
 
 async def test_stop_ends_the_thread_after_the_calls_given_it() -> None:
@@ -124,29 +153,21 @@ async def test_stop_ends_the_thread_after_the_calls_given_it() -> None:
 def test_a_call_whose_event_loop_ended_does_not_raise_in_the_thread(
     backend: str,
 ) -> None:
-    thread = StoreThread("store-test")
-    thread.start()
-    gate = threading.Event()
     finished = threading.Event()
+    with running() as thread, Gate() as gate:
 
-    def blocked() -> None:
-        gate.wait(5)
+        async def leave_it_running() -> None:
+            # A call the event loop never waits for: its loop has ended by the
+            # time it ends, and its notice has nowhere to go.
+            calls = thread._calls
+            assert calls is not None
+            calls.put(_Call(gate.hold))
+            calls.put(finished.set)
 
-    async def leave_it_running() -> None:
-        # A call the event loop never waits for: its loop has ended by the time
-        # it ends, and its notice has nowhere to go.
-        calls = thread._calls
-        assert calls is not None
-        calls.put(_Call(blocked))
-        calls.put(finished.set)
-
-    try:
         anyio.run(leave_it_running, backend=backend)
-        gate.set()
+        gate.release()
         assert finished.wait(5)  # the thread went on to the next call
         assert thread.running
-    finally:
-        thread.stop()
 
 
 async def test_the_sqlite_store_runs_in_a_thread_of_its_own(tmp_path: Path) -> None:
@@ -187,31 +208,28 @@ async def test_a_failed_open_leaves_no_thread(tmp_path: Path) -> None:
 async def test_a_call_waiting_its_turn_runs_though_its_caller_is_cancelled() -> None:
     """A call given the thread is not lost (through a limiter, a write that
     waited for a busy thread was dropped): its cancelled caller waits for it."""
-    thread = StoreThread("store-test")
-    thread.start()
-    started, release = threading.Event(), threading.Event()
     ran: list[str] = []
     returned: list[str] = []
     scope = anyio.CancelScope()
-
-    def first() -> None:
-        started.set()
-        release.wait(5)
-        ran.append("first")
 
     def second() -> str:
         ran.append("second")
         return "second"
 
-    async def second_caller() -> None:
-        with scope:
-            returned.append(await thread.run(second))
-            await anyio.sleep(5)  # the cancellation, now
+    with running() as thread, Gate() as gate:
 
-    try:
+        def first() -> None:
+            gate.hold()
+            ran.append("first")
+
+        async def second_caller() -> None:
+            with scope:
+                returned.append(await thread.run(second))
+                await anyio.sleep(5)  # the cancellation, now
+
         async with anyio.create_task_group() as tg:
             tg.start_soon(thread.run, first)
-            assert await anyio.to_thread.run_sync(started.wait, 5)
+            await gate.held()
             tg.start_soon(second_caller)
             calls = thread._calls
             assert calls is not None
@@ -219,56 +237,42 @@ async def test_a_call_waiting_its_turn_runs_though_its_caller_is_cancelled() -> 
             scope.cancel()
             await anyio.sleep(0.05)
             assert returned == []  # its caller still waits
-            release.set()
+            gate.release()
         assert scope.cancelled_caught
         assert ran == ["first", "second"]
         assert returned == ["second"]
-    finally:
-        release.set()
-        thread.stop()
 
 
 async def test_a_call_runs_in_its_callers_context() -> None:
-    thread = StoreThread("store-test")
-    thread.start()
-    try:
+    with running() as thread:
         token = REQUEST.set("the caller's")
         try:
             assert await thread.run(REQUEST.get) == "the caller's"
         finally:
             REQUEST.reset(token)
         assert await thread.run(REQUEST.get) == "unset"
-    finally:
-        thread.stop()
 
 
 async def test_a_thread_started_again_serves_only_its_own_calls() -> None:
-    thread = StoreThread("store-test")
-    thread.start()
-    started, release = threading.Event(), threading.Event()
     ran_in: dict[str, int] = {}
+    with running() as thread, Gate() as gate:
 
-    def first() -> None:
-        started.set()
-        release.wait(5)
-        ran_in["first"] = threading.get_ident()
+        def first() -> None:
+            gate.hold()
+            ran_in["first"] = threading.get_ident()
 
-    try:
         old_calls = thread._calls
         assert old_calls is not None
         old_calls.put(first)
         old_calls.put(lambda: ran_in.update(queued=threading.get_ident()))
-        assert await anyio.to_thread.run_sync(started.wait, 5)
+        await gate.held()
         old = thread.stop()
         thread.start()  # while the old thread still has a call queued
         new_ident = await thread.run(threading.get_ident)
-        release.set()
+        gate.release()
         assert old is not None
         old.join(5)
         assert ran_in["first"] == ran_in["queued"] != new_ident
-    finally:
-        release.set()
-        thread.stop()
 
 
 async def test_a_sqlite_store_never_closed_is_collected_and_its_thread_ends(
@@ -331,30 +335,24 @@ def test_a_native_asyncio_cancellation_waits_for_the_call_then_comes() -> None:
     caller waits for its call to end, then raises it (not swallowed)."""
     import asyncio  # noqa: TID251 - a native asyncio cancellation, on purpose
 
-    started, release = threading.Event(), threading.Event()
     ran: list[str] = []
 
-    def slow_write() -> None:
-        started.set()
-        release.wait(5)
-        ran.append("written")
-
     async def main() -> None:
-        thread = StoreThread("store-test")
-        thread.start()
-        try:
+        with running() as thread, Gate() as gate:
+
+            def slow_write() -> None:
+                gate.hold()
+                ran.append("written")
+
             task = asyncio.ensure_future(thread.run(slow_write))
-            assert await anyio.to_thread.run_sync(started.wait, 5)
+            await gate.held()
             task.cancel()
             await asyncio.sleep(0.05)
             assert not task.done()  # waiting for the call
-            release.set()
+            gate.release()
             with pytest.raises(asyncio.CancelledError):
                 await task
             assert ran == ["written"]
-        finally:
-            release.set()
-            thread.stop()
 
     anyio.run(main, backend="asyncio")
 
@@ -369,17 +367,13 @@ def test_on_asyncio_calls_end_through_the_loops_eventfd_closed_with_the_loop() -
     fds: list[int] = []
 
     async def main() -> None:
-        thread = StoreThread("store-test")
-        thread.start()
-        try:
+        with running() as thread:
             for n in range(5):
                 assert await thread.run(partial(int, n)) == n
             waker = _WAKERS[asyncio.get_running_loop()]
             assert waker is not None
             fds.append(waker.fd)
             os.fstat(waker.fd)  # open while the loop lives
-        finally:
-            thread.stop()
 
     anyio.run(main, backend="asyncio")
     gc.collect()
@@ -398,12 +392,8 @@ def test_a_loop_that_cannot_watch_an_fd_gets_its_calls_back_all_the_same(
     async def main() -> None:
         loop = asyncio.get_running_loop()
         monkeypatch.setattr(loop, "add_reader", refuse)
-        thread = StoreThread("store-test")
-        thread.start()
-        try:
+        with running() as thread:
             assert await thread.run(lambda: "back") == "back"
             assert _WAKERS[loop] is None  # through call_soon_threadsafe
-        finally:
-            thread.stop()
 
     anyio.run(main, backend="asyncio")
