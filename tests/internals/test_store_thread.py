@@ -293,14 +293,27 @@ async def test_a_sqlite_store_never_closed_is_collected_and_its_thread_ends(
 
 
 async def test_two_opens_at_once_one_cancelled_leave_the_store_open(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """One `open` connects; another, cancelled meanwhile, fails: the thread
+    the first is using runs on."""
     store = SQLiteStore(tmp_path / "loops.db")
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(store.open)
-        with anyio.CancelScope() as scope:
-            scope.cancel()
-            await store.open()
+    connect = store._connect
+    with Gate() as gate:
+
+        def slow_connect() -> sqlite3.Connection:
+            gate.hold()
+            return connect()
+
+        monkeypatch.setattr(store, "_connect", slow_connect)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(store.open)
+            await gate.held()  # the first open's connect runs in the thread
+            with anyio.CancelScope() as scope:
+                scope.cancel()
+                await store.open()
+            assert scope.cancelled_caught
+            gate.release()
     assert await store.load("nobody") is None
     await store.close()
     with pytest.raises(StoreError, match="is not open"):
