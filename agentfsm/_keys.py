@@ -28,10 +28,9 @@ def canonical_arguments(arguments: str) -> str:
     """A call's arguments as canonical JSON (sorted keys, no spaces), or as
     given when they are not JSON (the call will fail the same way again)."""
     try:
-        value = json.loads(arguments)
-    except ValueError:
+        return _CANONICAL.encode(json.loads(arguments))
+    except (ValueError, RecursionError):  # (nested past the parser's depth, too)
         return arguments
-    return _CANONICAL.encode(value)
 
 
 def idempotency_key(
@@ -50,7 +49,8 @@ def idempotency_key(
         f"[{encode_basestring(loop_id)},{number_text(request)},{number_text(position)},"
         f"{encode_basestring(name)},{encode_basestring(canonical_arguments(arguments))}]"
     )
-    return hashlib.sha256(text.encode()).hexdigest()
+    # (A lone surrogate in the arguments is hashed as its code point's bytes.)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def number_text(value: int) -> str:

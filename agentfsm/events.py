@@ -51,6 +51,7 @@ __all__ = (
     "ForkOrigin",
     "InferenceCompleted",
     "InferenceStream",
+    "LoopDetached",
     "LoopFailed",
     "LoopIdle",
     "LoopPaused",
@@ -341,6 +342,21 @@ class LoopFailed(_Event):
 
 
 @final
+class LoopDetached(_Event):
+    """The loop stopped in this process without ending: its store could not
+    take a write, another runtime took it (its lease went stale), or the
+    runtime closed while it ran. The store keeps it as of its last commit
+    (`state` is where it was here), and the runtime that takes it up
+    (`Runtime.recover`) goes on from there; no `loop.idle` follows here."""
+
+    type: Literal["loop.detached"] = "loop.detached"
+    reason: str
+    """Why, naming the store and the cause."""
+    error_type: str | None = None
+    """The class name of the store's error, if one stopped it."""
+
+
+@final
 class LoopIdle(_Event):
     """The loop ended in `idle`, with its outcome and totals."""
 
@@ -368,6 +384,7 @@ AgentEvent: TypeAlias = Annotated[
     | FunctionCallCompleted
     | ModelAnswer
     | LoopFailed
+    | LoopDetached
     | LoopIdle,
     Field(discriminator="type"),
 ]

@@ -25,7 +25,13 @@ AgentFSMError                  base for everything raised by agentfsm
 ├── BusFull                    publish_nowait() would have to wait for a backpressure subscriber
 ├── BusClosed                  subscribing to a closed bus
 ├── EventLogError              an event log could not be written, or holds a line that is no event
-└── GraphvizError              graphviz's `dot` (SVG/PNG diagrams) is not installed or failed
+├── GraphvizError              graphviz's `dot` (SVG/PNG diagrams) is not installed or failed
+└── StoreError                 a durable store could not be read or written (names it and the cause)
+    ├── StoreSchemaError       not an agentfsm store, or one of another layout
+    ├── LoopIdTakenError       a new loop's id is a stored loop's
+    ├── LoopLockedError        another runtime holds the loop's lease
+    │   └── LeaseLostError     this runtime's lease is stale: another took the loop, or it ended
+    └── LoopDetachedError      `wait()`: the loop stopped in this runtime without ending
 ```
 
 Errors inside a loop never escape into the runtime's task group: the loop takes
@@ -48,6 +54,10 @@ __all__ = (
     "ConfigurationError",
     "EventLogError",
     "GraphvizError",
+    "LeaseLostError",
+    "LoopDetachedError",
+    "LoopIdTakenError",
+    "LoopLockedError",
     "LoopAborted",
     "LoopFailedError",
     "LoopStateError",
@@ -57,6 +67,8 @@ __all__ = (
     "NoToolCallError",
     "ProviderError",
     "ProviderTimeout",
+    "StoreError",
+    "StoreSchemaError",
     "StructuredOutputError",
     "ToolArgumentsError",
     "ToolCancelled",
@@ -238,3 +250,75 @@ class EventLogError(AgentFSMError):
 
 class GraphvizError(AgentFSMError):
     """Graphviz's `dot` program, which renders SVG and PNG diagrams, is missing or failed."""
+
+
+class StoreError(AgentFSMError):
+    """A durable store could not be read or written. The message names the
+    store (its file or server) and the cause."""
+
+
+class StoreSchemaError(StoreError):
+    """The store was written by another version of agentfsm's store layout, or
+    is not an agentfsm store at all (it is left as it was)."""
+
+
+class LoopIdTakenError(StoreError):
+    """A new loop's id is a loop's the store holds already (an id source,
+    `Runtime(ids=...)`, gave it again): the new loop fails, and the store's
+    loop is left as it was."""
+
+    def __init__(self, loop_id: str) -> None:
+        super().__init__(
+            f"loop id {loop_id!r} is a loop's the store holds already: loop ids "
+            "must be unique across runtimes and restarts (an id source, "
+            "Runtime(ids=...), gave it again)"
+        )
+        self.loop_id = loop_id
+
+
+class LoopLockedError(StoreError):
+    """Another runtime holds the loop's lease: two runtimes never run one loop."""
+
+    def __init__(self, loop_id: str, owner: str, message: str | None = None) -> None:
+        super().__init__(
+            message
+            or (
+                f"loop {loop_id} is owned by another runtime ({owner}); it runs "
+                "there until that runtime exits or its lease expires"
+            )
+        )
+        self.loop_id = loop_id
+        self.owner = owner
+
+
+class LeaseLostError(LoopLockedError):
+    """This runtime's lease on the loop is stale: another runtime took the loop
+    since (its epoch grew), or the loop ended. The loop stops in this process
+    and writes nothing more; it goes on (or went on) where it was taken."""
+
+    def __init__(self, loop_id: str, owner: str, why: str) -> None:
+        super().__init__(
+            loop_id,
+            owner,
+            f"this runtime's lease on loop {loop_id} is stale: {why}; the loop "
+            "stopped here and writes nothing more",
+        )
+
+
+class LoopDetachedError(StoreError):
+    """`Runtime.wait` (and `get`) of a durable loop that stopped in this runtime
+    without ending: its store could not take a write (`cause` is the store's
+    error, naming the store and why), another runtime took it (`cause` is a
+    `LeaseLostError`), or the runtime closed while it ran (`cause` None). The
+    store keeps the loop as of its last commit; `Runtime.recover` (here or in
+    another process) goes on from there. Never an outcome the store does not
+    hold."""
+
+    def __init__(self, loop_id: str, reason: str, cause: StoreError | None) -> None:
+        super().__init__(
+            f"loop {loop_id} stopped in this runtime without ending: {reason}; its "
+            "store keeps it as of its last commit, and recover() goes on from there"
+        )
+        self.loop_id = loop_id
+        self.reason = reason
+        self.cause = cause

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from .options import LoopOptions
 
 __all__ = (
+    "DecisionEntry",
     "DecisionRecord",
     "LoopRecord",
     "MessagesRecord",
@@ -295,3 +296,27 @@ class LoopRecord(BaseModel):
     """The structured answer as JSON data."""
     error: ErrorInfo | None = None
     ended_at: datetime | None = None
+
+
+class DecisionEntry(BaseModel):
+    """One decision about one transition, as the loop's store keeps it (the
+    audit trail: who decided what, and when), written before the decision took
+    effect: a handler's with the commit of the transition it decided about, a
+    resume's as the loop is resumed."""
+
+    model_config = _CONFIG
+
+    seq: int
+    """The seq of the transition decided about (`PendingTransition.seq`)."""
+    source: LoopState
+    trigger: Trigger
+    dest: LoopState
+    """Where the transition led when the decision was asked for."""
+    handler: str | None
+    """The interception handler that decided, by name; None for a decision
+    given through `Runtime.resume`."""
+    decision: DecisionRecord
+    by: str | None = None
+    """Who gave it (`Runtime.resume(..., by=...)`); None for a handler's."""
+    at: datetime
+    """When it was made (the runtime's clock)."""

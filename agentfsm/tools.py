@@ -532,6 +532,7 @@ class ToolCallContext:
         "_waiter",
         "agent_id",
         "call_id",
+        "fencing_token",
         "loop_id",
         "position",
         "request",
@@ -548,6 +549,7 @@ class ToolCallContext:
         position: int = 0,
         arguments: str = "",
         key: str | None = None,
+        fencing_token: int | None = None,
     ) -> None:
         self.loop_id = loop_id
         """The loop that made the call."""
@@ -561,6 +563,12 @@ class ToolCallContext:
         """The number of the model request that asked for the call (1 is the first)."""
         self.position = position
         """The call's position in that request's batch of calls."""
+        self.fencing_token = fencing_token
+        """The epoch of the runtime's lease on a durable loop (None without a
+        store): it grows each time another runtime takes the loop. Pass it,
+        with the idempotency key, to a system that can refuse a write whose
+        token is older than one it has seen, so that a runtime that stalled
+        past its lease cannot act after the loop moved on."""
         self._arguments = arguments
         self._key = key
         self._cancelled = False

@@ -4,10 +4,11 @@ requests, 3 tool calls) as a durable loop on a SQLite store.
     python durable_crash_child.py run DB SIDE_EFFECTS [KILL_AT]
     python durable_crash_child.py recover DB SIDE_EFFECTS LOOP_ID
 
-`run` starts the loop and prints its id; with KILL_AT (`commit:N`,
-`begin_call:N`, `end_call:N`, `mid_tool:N` or `ask:N`) the process SIGKILLs
-itself right after the N-th write of that kind, in the middle of the N-th tool
-call (after its side effect), or as the N-th request reaches the model. `recover` takes the loop up in a new process and
+`run` starts the loop and prints its id; with KILL_AT (`commit:N`, a commit
+with a record, `ledger:N`, one without, `mid_tool:N` or `ask:N`) the process
+SIGKILLs itself right after the N-th write of that kind, in the middle of the
+N-th tool call (after its side effect), or as the N-th request reaches the
+model. `recover` takes the loop up in a new process and
 prints how it ended as JSON: a loop paused over an uncertain call is resolved
 the way an operator would, by looking at the side-effect file.
 
@@ -22,7 +23,6 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
 
 import anyio
 
@@ -100,22 +100,11 @@ def model(request: InferenceInput) -> InferenceOutput:
 
 
 class KillingStore(SQLiteStore):
-    def _commit_in_thread(self, commit: Commit, owner: str) -> None:
+    def _commit_one(self, commit: Commit) -> None:
         # Each commit's transaction, in the store's thread: the runtime writes
         # several in one trip (`_durable.flusher`); this dies between them.
-        super()._commit_in_thread(commit, owner)
-        reached("commit")
-
-    async def begin_call(self, call: Any) -> Any:
-        entry = await super().begin_call(call)
-        reached("begin_call")
-        return entry
-
-    async def end_call(
-        self, loop_id: str, key: str, output: Any, terminate: bool
-    ) -> None:
-        await super().end_call(loop_id, key, output, terminate)
-        reached("end_call")
+        super()._commit_one(commit)
+        reached("commit" if commit.record is not None else "ledger")
 
 
 def runtime() -> Runtime:

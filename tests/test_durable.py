@@ -48,8 +48,12 @@ from agentfsm.record import LoopRecord
 from agentfsm.store import (
     CallRecord,
     Commit,
+    Lease,
+    LeaseLostError,
+    LoopLockedError,
     LoopStore,
     MemoryStore,
+    SharedContexts,
     SQLiteStore,
     StoreError,
     StoreSchemaError,
@@ -57,6 +61,7 @@ from agentfsm.store import (
 from agentfsm.testing import EventRecorder, ScriptedProvider, call, calls, text
 from agentfsm.tools import Tool
 from tests.helpers import items_of, wait_until
+from tests.store_helpers import commit_of, spied
 
 RAN: list[str] = []
 """What the tools below did (each appends once per run of its body)."""
@@ -178,20 +183,6 @@ async def die_when(
     return loop_id
 
 
-def spied(store: LoopStore, committed: dict[int, LoopRecord]) -> LoopStore:
-    """`store`, keeping each record it is given to commit in `committed`, by seq."""
-    commit_many = store.commit_many
-
-    async def spy(commits: Sequence[tuple[Commit, str]]) -> list[Exception | None]:
-        for commit, _ in commits:
-            for record in (*commit.earlier, commit.record):
-                committed[record.seq] = record
-        return await commit_many(commits)
-
-    store.commit_many = spy  # type: ignore[method-assign]
-    return store
-
-
 async def a_run_s_records(store_factory: Callable[[], LoopStore]) -> list[LoopRecord]:
     """The records a short loop committed (`add`, then an answer), in order."""
     committed: dict[int, LoopRecord] = {}
@@ -259,60 +250,53 @@ def running(name: str) -> Callable[[Runtime, str], bool]:
 
 
 class TestWhatIsStored:
-    async def test_the_ledger_written_outside_commits(
+    async def test_the_ledger_holds_each_key_s_last_entry(
         self, store_factory: Callable[[], LoopStore]
     ) -> None:
-        """The ledger's own writes, after a loop's commits wrote some of it: a
-        done call is never begun again; a call begun again is a new attempt;
-        uncertain and done are kept; `calls` gives one request's, by position."""
-        store = store_factory()
-        provider = ScriptedProvider(
-            [calls(call("add", call_id="c1", a=1, b=2)), text("3")]
+        """Ledger entries go with commits, with a record or without one; what
+        the ledger holds for a key is its last entry; `calls` gives one
+        request's (or all the loop's) by position, none of an unknown loop."""
+        last = (await a_run_s_records(store_factory))[-1]
+        record = last.model_copy(
+            update={"loop_id": "ledgered", "status": LoopStatus.running}
         )
-        async with Runtime(providers={"scripted": provider}, store=store) as runtime:
-            loop_id = runtime.run_loop("agent", "1+2?", request_with(add))
-            await runtime.wait(loop_id)
-            (done,) = await store.calls(loop_id, 1)
+        lease = Lease("A", 1)
+        out = FunctionCallOutputItem(call_id="x0", output="v")
 
-            def intent(position: int, request: int = 1) -> CallRecord:
-                return CallRecord(
-                    # (Any text: the SQLite store finds a key's entries by it.)
-                    key=f'{loop_id}-{request}-{position} clé "{position}"',
-                    loop_id=loop_id,
-                    request=request,
-                    position=position,
-                    tool="lookup",
-                    call_id=f"x{position}",
-                    status="started",
+        def entry(position: int, request: int = 1, **changes: Any) -> CallRecord:
+            return CallRecord(
+                # (Any text in a key, quotes and all.)
+                key=f'{request}-{position} clé "{position}"',
+                loop_id="ledgered",
+                request=request,
+                position=position,
+                tool="lookup",
+                call_id=f"x{position}",
+                status="started",
+            ).model_copy(update=changes)
+
+        async with store_factory() as store:
+            await store.commit(
+                commit_of(record, lease, new=True, ledger=[entry(0), entry(1)])
+            )
+            done = entry(0, status="done", output=out, terminate=True, by="alice")
+            await store.commit(Commit("ledgered", lease, ledger=[done, entry(2)]))
+            await store.commit(
+                Commit(
+                    "ledgered",
+                    lease,
+                    ledger=[entry(2, status="uncertain"), entry(0, request=2)],
                 )
-
-            again = await store.begin_call(done)
-            first = await store.begin_call(intent(2))
-            second = await store.begin_call(intent(2))
-            await store.begin_call(intent(1))
-            await store.begin_call(intent(0, request=2))
-            await store.mark_uncertain(loop_id, [intent(2).key])
-            uncertain = await store.calls(loop_id, 1)
-            third = await store.begin_call(intent(2))
-            out = FunctionCallOutputItem(call_id="x2", output="v")
-            await store.end_call(loop_id, intent(2).key, out, True)
-            ledger = await store.calls(loop_id, 1)
-            later = await store.calls(loop_id, 2)
-        assert again == done  # done: unchanged, not a new attempt
-        assert (first.attempt, second.attempt, third.attempt) == (1, 2, 3)
-        assert [(c.position, c.status) for c in uncertain] == [
-            (0, "done"),
-            (1, "started"),
-            (2, "uncertain"),
-        ]
-        assert [(c.position, c.status, c.attempt) for c in ledger] == [
-            (0, "done", 1),
-            (1, "started", 1),
-            (2, "done", 3),
-        ]
-        assert (ledger[2].output, ledger[2].terminate) == (out, True)
-        assert ledger[0] == done
-        assert [(c.position, c.request, c.status) for c in later] == [(0, 2, "started")]
+            )
+            await store.commit(Commit("ledgered", lease, ledger=[entry(2, attempt=2)]))
+            first = await store.calls("ledgered", 1)
+            second = await store.calls("ledgered", 2)
+            every = await store.calls("ledgered")
+            none = await store.calls("nobody", 1)
+        assert first == [done, entry(1), entry(2, attempt=2)]
+        assert second == [entry(0, request=2)]
+        assert every == [*first, *second]
+        assert none == []
 
     async def test_loops_written_at_once_keep_each_its_own_rows(
         self, store_factory: Callable[[], LoopStore], tmp_path: Path
@@ -583,56 +567,62 @@ class TestWhatIsStored:
         self, store_factory: Callable[[], LoopStore]
     ) -> None:
         """A runtime that takes a loop up may name its handlers otherwise (a
-        handler rebound to another callable): the records each runtime wrote
+        handler rebound to another callable): the records each lease wrote
         read back as written."""
         last = (await a_run_s_records(store_factory))[-1]
         running = LoopStatus.running
         first = last.model_copy(
-            update={"seq": 100, "handlers": ("app:old",), "status": running}
+            update={
+                "loop_id": "shared",
+                "seq": 100,
+                "handlers": ("app:old",),
+                "status": running,
+            }
         )
-        then = last.model_copy(
-            update={"seq": 101, "handlers": ("app:new",), "status": running}
-        )
+        then = first.model_copy(update={"seq": 101, "handlers": ("app:new",)})
         async with store_factory() as store:
-            await store.commit(Commit(first, 0), "A")
+            await store.commit(commit_of(first, Lease("A", 1), new=True))
             await store.release("A")
         async with store_factory() as store:
-            assert await store.acquire(last.loop_id, "B") is None
-            await store.commit(Commit(then, 0), "B")
-            got = (
-                await store.record_at(last.loop_id, 100),
-                await store.load(last.loop_id),
-            )
+            lease = await store.acquire("shared", "B")
+            assert lease == Lease("B", 2)
+            await store.commit(commit_of(then, lease))
+            got = (await store.record_at("shared", 100), await store.load("shared"))
         assert got[0] == first
         assert got[1] is not None
         assert got[1].record == then
 
-    async def test_a_record_read_back_after_another_runtime_wrote_the_loop(
+    async def test_a_stale_lease_writes_nothing_and_a_new_one_reads_back_whole(
         self, store_factory: Callable[[], LoopStore]
     ) -> None:
         """A runtime whose loop another took (its lease lapsed: the other
         recovered the loop, took a step back off its path, paused it and
-        exited) commits again: what it wrote before is no longer the loop's
-        last rows, and its record reads back as committed."""
+        exited) can write nothing more with its old lease, even once the other
+        gave the loop up; taking it again (a new epoch), its commits start a
+        run of their own, and every record reads back as committed."""
         last = (await a_run_s_records(store_factory))[-1]
         path = last.path
         assert len(path) >= 4
         running = LoopStatus.running
-        ours = last.model_copy(update={"seq": 100, "path": path[:3], "status": running})
-        theirs = last.model_copy(
+        ours = last.model_copy(
+            update={"loop_id": "taken", "seq": 100, "path": path[:3], "status": running}
+        )
+        theirs = ours.model_copy(
             update={"seq": 101, "path": path[:2], "status": LoopStatus.paused}
         )
-        again = last.model_copy(
-            update={"seq": 102, "path": path[:4], "status": running}
-        )
+        again = ours.model_copy(update={"seq": 102, "path": path[:4]})
         async with store_factory() as a, store_factory() as b:
-            await a.commit(Commit(ours, 0), "A")
-            assert await b.acquire(last.loop_id, "B", replacing="A") is None
-            await b.commit(Commit(theirs, 0), "B")
+            await a.commit(commit_of(ours, Lease("A", 1), new=True))
+            taken = await b.acquire("taken", "B", replacing="A")
+            await b.commit(commit_of(theirs, taken))
             await b.release("B")
-            await a.commit(Commit(again, 0), "A")
-            stored = await a.load(last.loop_id)
-            at = [await a.record_at(last.loop_id, seq) for seq in (100, 101, 102)]
+            with pytest.raises(LeaseLostError, match="nobody holds it"):
+                await a.commit(commit_of(again, Lease("A", 1)))
+            lease = await a.acquire("taken", "A")
+            assert lease.epoch == taken.epoch + 1
+            await a.commit(commit_of(again, lease))
+            stored = await a.load("taken")
+            at = [await a.record_at("taken", seq) for seq in (100, 101, 102)]
         assert stored is not None
         assert stored.record == again
         assert at == [ours, theirs, again]
@@ -640,15 +630,16 @@ class TestWhatIsStored:
     async def test_a_seq_written_twice_reads_as_last_written(
         self, store_factory: Callable[[], LoopStore]
     ) -> None:
-        """Two runtimes wrote seqs 102 to 104 (a lease that lapsed both ways):
-        `record_at` gives each as the last one written, whether a row holds it
-        or a later commit carried it."""
+        """Two leases wrote seqs 102 to 104 (B took the loop from A, A took it
+        back and went on from its own record): `record_at` gives each as the
+        last one written, whether a row holds it or a later commit carried it."""
         last = (await a_run_s_records(store_factory))[-1]
         path = last.path
 
         def at(seq: int, who: str, steps: int) -> LoopRecord:
             return last.model_copy(
                 update={
+                    "loop_id": "twice",
                     "seq": seq,
                     "path": path[:steps],
                     "status": LoopStatus.running,
@@ -657,16 +648,31 @@ class TestWhatIsStored:
             )
 
         async with store_factory() as a, store_factory() as b:
-            await a.commit(Commit(at(101, "A", 1), 0), "A")
-            assert await b.acquire(last.loop_id, "B", replacing="A") is None
+            await a.commit(commit_of(at(101, "A", 1), Lease("A", 1), new=True))
+            taken = await b.acquire("twice", "B", replacing="A")
             b_earlier = [at(102, "B", 1), at(103, "B", 2)]
-            await b.commit(Commit(at(104, "B", 2), 0, earlier=b_earlier), "B")
+            await b.commit(commit_of(at(104, "B", 2), taken, earlier=b_earlier))
             await b.release("B")
-            await a.commit(Commit(at(102, "A", 2), 0), "A")
+            lease = await a.acquire("twice", "A")
+            await a.commit(commit_of(at(102, "A", 2), lease))
             a_earlier = [at(103, "A", 2), at(104, "A", 3)]
-            await a.commit(Commit(at(105, "A", 3), 0, earlier=a_earlier), "A")
-            read = {n: await a.record_at(last.loop_id, n) for n in (101, 102, 103, 104)}
-            stored = await a.load(last.loop_id)
+            last_of_a = at(105, "A", 3)
+            await a.commit(
+                Commit(
+                    "twice",
+                    lease,
+                    last_of_a.model_copy(update={"path": ()}),
+                    3,
+                    path[2:3],
+                    2,
+                    earlier=[
+                        (r.model_copy(update={"path": ()}), len(r.path))
+                        for r in a_earlier
+                    ],
+                )
+            )
+            read = {n: await a.record_at("twice", n) for n in (101, 102, 103, 104)}
+            stored = await a.load("twice")
         assert read == {
             101: at(101, "A", 1),
             102: at(102, "A", 2),
@@ -674,7 +680,7 @@ class TestWhatIsStored:
             104: at(104, "A", 3),
         }
         assert stored is not None
-        assert stored.record == at(105, "A", 3)
+        assert stored.record == last_of_a
 
     async def test_instructions_changed_mid_loop_outlive_the_process(
         self, store_factory: Callable[[], LoopStore]
@@ -1042,15 +1048,16 @@ class TestRecovery:
         must not make `add` look new)."""
         ended: list[str] = []
         store = store_factory()
-        end_call = store.end_call
+        commit_many = store.commit_many
 
-        async def spy(
-            loop_id: str, key: str, output: FunctionCallOutputItem, terminate: bool
-        ) -> None:
-            await end_call(loop_id, key, output, terminate)
-            ended.append(output.call_id)
+        async def spy(commits: Sequence[Commit]) -> list[Exception | None]:
+            errors = await commit_many(commits)
+            for commit, error in zip(commits, errors, strict=True):
+                if error is None:
+                    ended.extend(c.call_id for c in commit.ledger if c.status == "done")
+            return errors
 
-        store.end_call = spy  # type: ignore[method-assign]
+        store.commit_many = spy  # type: ignore[method-assign]
         GATE["block"] = anyio.Event()
         loop_id = await die_when(
             store,
@@ -1153,12 +1160,13 @@ class TestRefusals:
 
         path = tmp_path / "new.db"
         with sqlite3.connect(path) as db:
+            db.execute("PRAGMA application_id=1634104113")  # agentfsm's
             db.execute("PRAGMA user_version=99")
         with pytest.raises(StoreSchemaError, match="newer agentfsm"):
             async with Runtime(store=SQLiteStore(path)):
                 pass
 
-    @pytest.mark.parametrize("layout", [1, 2, 3])
+    @pytest.mark.parametrize("layout", [1, 2, 3, 4])
     async def test_a_store_written_by_an_earlier_layout_is_refused(
         self, tmp_path: Path, layout: int
     ) -> None:
@@ -1166,6 +1174,7 @@ class TestRefusals:
 
         path = tmp_path / "old.db"
         with sqlite3.connect(path) as db:
+            db.execute("CREATE TABLE loops (loop_id TEXT PRIMARY KEY)")
             db.execute(f"PRAGMA user_version={layout}")
         with pytest.raises(
             StoreSchemaError, match=rf"earlier agentfsm.*layout {layout}"
@@ -1173,8 +1182,8 @@ class TestRefusals:
             async with Runtime(store=SQLiteStore(path)):
                 pass
 
-    async def test_a_ledger_write_for_a_loop_the_store_does_not_hold_fails(
-        self, tmp_path: Path
+    async def test_a_commit_for_a_loop_the_store_does_not_hold_fails(
+        self, store_factory: Callable[[], LoopStore]
     ) -> None:
         entry = CallRecord(
             key="k",
@@ -1185,15 +1194,11 @@ class TestRefusals:
             call_id="c",
             status="started",
         )
-        out = FunctionCallOutputItem(call_id="c", output="3")
-        async with SQLiteStore(tmp_path / "loops.db") as store:
-            for write in (
-                store.begin_call(entry),
-                store.end_call("nobody", "k", out, False),
-                store.mark_uncertain("nobody", ["k"]),
-            ):
-                with pytest.raises(StoreError, match="no loop 'nobody' in the store"):
-                    await write
+        async with store_factory() as store:
+            with pytest.raises(StoreError, match="holds no loop 'nobody'"):
+                await store.commit(Commit("nobody", Lease("A", 1), ledger=[entry]))
+            with pytest.raises(StoreError, match="holds no loop 'nobody'"):
+                await store.acquire("nobody", "A")
             assert await store.calls("nobody", 1) == []
 
     def test_bad_arguments_are_refused_by_name(self, tmp_path: Path) -> None:
@@ -1228,25 +1233,49 @@ class TestLeases:
         assert result.outcome is Outcome.answered
         assert RAN == ["charge 5"]
 
-    async def test_a_commit_over_another_owners_lease_is_refused(
+    async def test_a_lease_is_fenced_and_an_ended_loop_never_taken_again(
         self, store_factory: Callable[[], LoopStore]
     ) -> None:
-        from agentfsm.store import Commit, LoopLockedError
-
+        """A runtime holds its loops' leases while it runs; another takes one
+        only once it is free (a new epoch each time), and the old lease writes
+        nothing more; an ended loop is never taken, nor written, again."""
         store = store_factory()
         async with Runtime(
             providers={"scripted": ScriptedProvider([text("hi")])}, store=store
         ) as runtime:
             loop_id = runtime.run_loop("agent", "hi", request_with())
             await runtime.wait(loop_id)
-            # The runtime holds its loops' leases while it runs.
-            assert await store.acquire(loop_id, "someone-else") == runtime._keeper.owner  # type: ignore[union-attr]
-        async with store:  # the runtime exited: its leases are free
+            owner = runtime._keeper.owner  # type: ignore[union-attr]
+        last = (await a_run_s_records(store_factory))[-1]
+        open_ = last.model_copy(
+            update={"loop_id": "open", "status": LoopStatus.running}
+        )
+        async with store_factory() as store:
             stored = await store.load(loop_id)
             assert stored is not None
-            assert await store.acquire(loop_id, "someone-else") is None
-            with pytest.raises(LoopLockedError, match="someone-else"):
-                await store.commit(Commit(stored.record, 0), "me")
+            assert stored.record.outcome is Outcome.answered
+            with pytest.raises(StoreError, match="has ended"):
+                await store.acquire(loop_id, "someone-else")
+            with pytest.raises(LeaseLostError, match="has ended"):
+                await store.commit(commit_of(stored.record, Lease(owner, 1)))
+            mine = Lease("me", 1)
+            await store.commit(commit_of(open_, mine, new=True))
+            with pytest.raises(
+                LoopLockedError, match="owned by another runtime \\(me\\)"
+            ):
+                await store.acquire("open", "someone-else")
+            assert await store.renew("me") == {"open": 1}
+            await store.release("me")
+            assert await store.renew("me") == {}
+            theirs = await store.acquire("open", "someone-else")
+            assert theirs == Lease("someone-else", 2)
+            with pytest.raises(LeaseLostError, match="someone-else holds it"):
+                await store.commit(Commit("open", mine))
+            ended = open_.model_copy(update={"status": LoopStatus.done, "seq": 500})
+            await store.commit(commit_of(ended, theirs))
+            with pytest.raises(LeaseLostError, match="has ended"):
+                await store.commit(Commit("open", theirs))
+            assert await store.renew("someone-else") == {}
 
 
 class TestEventStreams:
@@ -1354,6 +1383,7 @@ async def test_a_shared_context_is_kept_append_only(
 ) -> None:
     """What `agentfsm.temporal.StoreContexts` keeps a workflow's context in."""
     store = store_factory()
+    assert isinstance(store, SharedContexts)
     one, two, three = (UserMessage(content=t) for t in ("one", "two", "three"))
     async with store:
         assert await store.context("c") is None

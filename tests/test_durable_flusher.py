@@ -1,6 +1,8 @@
 """The runtime's writer of commits (`agentfsm._durable.flusher`): a commit into
 `inference` is not waited for, whoever waits writes the queue in one trip, the
-commits land in order, and a failed one fails its loop before any tool runs."""
+commits land in order, and a failed one stops its loop in this process before
+any tool runs (it is detached: the store keeps it as of its last good commit,
+and nothing the loop is told disagrees with it)."""
 
 from __future__ import annotations
 
@@ -24,7 +26,6 @@ from agentfsm import (
     LoopState,
     LoopStatus,
     ModelContext,
-    ModelMessageItem,
     Outcome,
     Pause,
     PendingTransition,
@@ -34,11 +35,17 @@ from agentfsm import (
     current_call,
     tool,
 )
-from agentfsm.events import LoopIdle
-from agentfsm.exceptions import ConfigurationError
+from agentfsm.exceptions import ConfigurationError, LoopDetachedError
 from agentfsm.providers.function import FunctionProvider
-from agentfsm.store import Commit, LoopLockedError, LoopStore, MemoryStore, SQLiteStore
-from agentfsm.store.sqlite import _fold_ledger
+from agentfsm.store import (
+    Commit,
+    Lease,
+    LoopIdTakenError,
+    LoopStore,
+    MemoryStore,
+    SQLiteStore,
+)
+from agentfsm.store._sql import fold_ledger
 from agentfsm.testing import EventRecorder, ScriptedProvider, call, calls, text
 from agentfsm.tools import Tool
 from tests.helpers import pause_tools, wait_until
@@ -65,6 +72,11 @@ def _clean() -> None:
     STORE.clear()
 
 
+def state_of(commit: Commit) -> LoopState | None:
+    """The state a commit's record is in (None: a commit without one)."""
+    return None if commit.record is None else commit.record.state
+
+
 class GatedStore(MemoryStore):
     """A store whose writes wait for `gate` (when set), and that notes the
     states of the commits of each trip (`trips`)."""
@@ -72,22 +84,18 @@ class GatedStore(MemoryStore):
     def __init__(self) -> None:
         super().__init__()
         self.gate: anyio.Event | None = None
-        self.trips: list[list[LoopState]] = []
+        self.trips: list[list[LoopState | None]] = []
         self.commits: list[Commit] = []
-        self.landed: list[LoopState] = []
+        self.landed: list[LoopState | None] = []
 
-    async def commit_many(
-        self, commits: Sequence[tuple[Commit, str]]
-    ) -> list[Exception | None]:
-        self.trips.append([c.record.state for c, _ in commits])
-        self.commits.extend(c for c, _ in commits)
+    async def commit_many(self, commits: Sequence[Commit]) -> list[Exception | None]:
+        self.trips.append([state_of(c) for c in commits])
+        self.commits.extend(commits)
         if self.gate is not None:
             await self.gate.wait()
         errors = await super().commit_many(commits)
         self.landed.extend(
-            c.record.state
-            for (c, _), e in zip(commits, errors, strict=True)
-            if e is None
+            state_of(c) for c, e in zip(commits, errors, strict=True) if e is None
         )
         return errors
 
@@ -104,16 +112,17 @@ class FailingStore(MemoryStore):
         self.requests = requests
         self.delay = delay
 
-    async def commit(self, commit: Commit, owner: str) -> None:
+    async def _write(self, commit: Commit) -> None:
         record = commit.record
-        if record.state is self.fail_in and self.requests in (
-            None,
-            record.model_requests,
+        if (
+            record is not None
+            and record.state is self.fail_in
+            and self.requests in (None, record.model_requests)
         ):
             if self.delay:
                 await anyio.sleep(self.delay)
             raise OSError(f"disk full at seq {record.seq}")
-        await super().commit(commit, owner)
+        await super()._write(commit)
 
 
 async def run_to_end(
@@ -134,6 +143,19 @@ async def run_to_end(
             runtime.follow_up(loop_id, "and then?")
         with anyio.fail_after(5):
             return await runtime.wait(loop_id)
+
+
+async def detached(
+    store: LoopStore,
+    model: Callable[[InferenceInput], Awaitable[InferenceOutput]],
+    prompt: str,
+    **options: Any,
+) -> LoopDetachedError:
+    """What `wait` raises for a loop of `model` on `store` that stops in its
+    runtime (`run_to_end`'s, which must raise)."""
+    with pytest.raises(LoopDetachedError) as raised:
+        await run_to_end(store, model, prompt, **options)
+    return raised.value
 
 
 def request() -> InferenceInput:
@@ -195,22 +217,27 @@ async def test_a_commit_nobody_waits_for_is_written_by_the_runtime() -> None:
     assert result.outcome is Outcome.answered
 
 
-async def test_a_failed_commit_fails_the_loop_before_any_tool_runs() -> None:
+async def test_a_failed_commit_stops_the_loop_before_any_tool_runs() -> None:
     """The commit into `inference` fails (the loop did not wait for it): the
-    loop fails at its next write, before the tool it asked for runs; it ends
-    in idle with the store's error, and writes nothing after the failure."""
+    loop stops at its next write, before the tool it asked for runs; it is
+    detached (`wait` raises, naming the store's error, and no `loop.idle` is
+    published), and writes nothing after the failure."""
     store = STORE["store"] = FailingStore(LoopState.inference)
     provider = ScriptedProvider([calls(call("add", a=1, b=2)), text("3")])
     async with Runtime(providers={"scripted": provider}, store=store) as runtime:
+        recorder = EventRecorder(runtime.bus)
         loop_id = runtime.run_loop("agent", "add 1 and 2", request())
-        with anyio.fail_after(5):
-            result = await runtime.wait(loop_id)
-    assert result.outcome is Outcome.failed
-    assert result.reason is not None
-    assert "disk full at seq 3" in result.reason  # the commit into `inference`
+        with anyio.fail_after(5), pytest.raises(LoopDetachedError) as raised:
+            await runtime.wait(loop_id)
+        with pytest.raises(LoopDetachedError):
+            runtime.get(loop_id)
+    assert "disk full at seq 3" in str(raised.value)  # the commit into `inference`
+    assert raised.value.loop_id == loop_id
     assert SEEN == []  # the tool never ran
     assert len(provider.requests) == 1
-    assert runtime.get(loop_id).state is LoopState.idle
+    types = [e.type for e in recorder.of_loop(loop_id)]
+    assert types[-1] == "loop.detached"
+    assert "loop.idle" not in types
     assert await store.load(loop_id) is None  # nothing landed after it
 
 
@@ -230,34 +257,28 @@ async def test_commits_land_in_order_and_none_after_a_failed_one_of_its_loop(
             await runtime.wait(first)
             await runtime.wait(second)
     # Every commit the two loops made, replayed into a SQLite store in one trip,
-    # after another owner took the first loop's lease.
-    # (Not as new loops': the first loop's id is in the store, by design.)
+    # after another runtime made a loop of the first one's id.
     commits = [
-        (dataclasses.replace(commit, new=False), "me")
+        commit
         for loop_id in (first, second)
         for commit in store.commits
-        if commit.record.loop_id == loop_id
+        if commit.loop_id == loop_id
     ]
     sqlite = SQLiteStore(tmp_path / "loops.db")
     async with sqlite:
-        await sqlite.commit(commits[0][0], "someone else")
+        await sqlite.commit(dataclasses.replace(commits[0], lease=Lease("else", 1)))
         errors = await sqlite.commit_many(commits)
-        ours = [
-            e
-            for (c, _), e in zip(commits, errors, strict=True)
-            if c.record.loop_id == first
-        ]
+        ours = [e for c, e in zip(commits, errors, strict=True) if c.loop_id == first]
         theirs = [
-            e
-            for (c, _), e in zip(commits, errors, strict=True)
-            if c.record.loop_id == second
+            e for c, e in zip(commits, errors, strict=True) if c.loop_id == second
         ]
-        assert all(isinstance(e, LoopLockedError) for e in ours)
+        assert all(isinstance(e, LoopIdTakenError) for e in ours)
         assert len({id(e) for e in ours}) == 1  # the first one's, for the rest
         assert theirs == [None] * len(theirs)
         kept = await sqlite.load(first)
         assert kept is not None
-        assert kept.record.seq == commits[0][0].record.seq
+        assert commits[0].record is not None
+        assert kept.record.seq == commits[0].record.seq
         done = await sqlite.load(second)
         assert done is not None
         assert done.record.status is LoopStatus.done
@@ -275,10 +296,8 @@ async def test_a_failed_commit_nobody_waited_for_stops_the_next_turn() -> None:
         await anyio.sleep(0.001)  # a request in flight: the event loop runs on
         return text(f"answer {len(sent)}")
 
-    result = await run_to_end(store, model, "hi", follow_ups=2)
-    assert result.outcome is Outcome.failed
-    assert result.reason is not None
-    assert "disk full at seq 3" in result.reason
+    error = await detached(store, model, "hi", follow_ups=2)
+    assert "disk full at seq 3" in str(error)
     assert len(sent) == 1
 
 
@@ -288,12 +307,12 @@ class SlowFailingStore(SQLiteStore):
 
     failed = False
 
-    def _commit_in_thread(self, commit: Commit, owner: str) -> None:
-        if commit.record.state is LoopState.inference and not self.failed:
+    def _commit_one(self, commit: Commit) -> None:
+        if state_of(commit) is LoopState.inference and not self.failed:
             self.failed = True
             time.sleep(0.05)
             raise OSError("disk error")
-        super()._commit_in_thread(commit, owner)
+        super()._commit_one(commit)
 
 
 async def test_no_commit_after_a_failed_one_even_in_a_later_trip(
@@ -309,19 +328,17 @@ async def test_no_commit_after_a_failed_one_even_in_a_later_trip(
         await anyio.sleep(0.001)
         return calls(call("add", a=1, b=2))
 
-    result = await run_to_end(store, model, "add 1 and 2")
-    assert result.outcome is Outcome.failed
-    assert result.reason is not None
-    assert "disk error" in result.reason
+    error = await detached(store, model, "add 1 and 2")
+    assert "disk error" in str(error)
     assert SEEN == []
     async with SQLiteStore(tmp_path / "loops.db") as again:
-        assert await again.load(result.loop_id) is None
-        assert await again.calls(result.loop_id, 1) == []
+        assert await again.load(error.loop_id) is None
+        assert await again.calls(error.loop_id, 1) == []
 
 
-async def test_a_pause_after_a_failed_commit_fails_the_loop() -> None:
+async def test_a_pause_after_a_failed_commit_detaches_the_loop() -> None:
     """A pause the store cannot take (an earlier write failed) would be lost
-    with the process: the loop fails instead of staying paused."""
+    with the process: the loop is detached, not shown paused."""
     store = STORE["store"] = FailingStore(LoopState.inference)
 
     async def hold(pending: PendingTransition) -> Decision | None:
@@ -335,9 +352,8 @@ async def test_a_pause_after_a_failed_commit_fails_the_loop() -> None:
     provider = ScriptedProvider([calls(call("add", a=1, b=2)), text("3")])
     async with Runtime(providers={"scripted": provider}, store=store) as runtime:
         loop_id = runtime.run_loop("agent", "add 1 and 2", request(), hold)
-        with anyio.fail_after(5):
-            result = await runtime.wait(loop_id)
-    assert result.outcome is Outcome.failed
+        with anyio.fail_after(5), pytest.raises(LoopDetachedError):
+            await runtime.wait(loop_id)
     assert SEEN == []
 
 
@@ -357,8 +373,8 @@ async def test_the_outputs_a_commit_carries_land_while_the_model_is_asked(
             rows = db.execute(
                 "SELECT ledger FROM log WHERE ledger NOT NULL ORDER BY id"
             )
-            entries = _fold_ledger("(one loop)", [text for (text,) in rows])
-        return [(c.tool, c.status) for c in entries.values()]
+            entries = fold_ledger("(one loop)", [text for (text,) in rows])
+        return [(c.tool, c.status) for c in entries.calls.values()]
 
     async def model(request: InferenceInput) -> InferenceOutput:
         if not any(
@@ -392,7 +408,7 @@ async def test_a_loop_that_waits_for_no_write_holds_no_landed_ones() -> None:
 
     async def model(request: InferenceInput) -> InferenceOutput:
         await anyio.sleep(0.001)
-        held.append(len(runtime._loops[loop_id].durable.tickets))  # type: ignore[union-attr]
+        held.append(len(runtime._loops[loop_id].journal.tickets))  # type: ignore[union-attr]
         return text("again")
 
     async with Runtime(
@@ -413,17 +429,15 @@ async def test_a_loop_that_waits_for_no_write_holds_no_landed_ones() -> None:
 async def test_a_loop_whose_write_failed_does_not_end_as_it_chose() -> None:
     """The commit into `inference` fails, and the model answers after an
     await (the commit is written meanwhile): the loop's writes land before it
-    ends, so it ends failed, not answered with nothing of it stored."""
+    ends, so it is detached, not answered with nothing of it stored."""
     store = STORE["store"] = FailingStore(LoopState.inference)
 
     async def model(request: InferenceInput) -> InferenceOutput:
         await anyio.sleep(0.01)
         return text("hi")
 
-    result = await run_to_end(store, model, "hello")
-    assert result.outcome is Outcome.failed
-    assert result.reason is not None
-    assert "disk full" in result.reason
+    error = await detached(store, model, "hello")
+    assert "disk full" in str(error)
 
 
 async def test_a_commit_still_queued_as_the_loop_ends_goes_with_its_end(
@@ -431,9 +445,9 @@ async def test_a_commit_still_queued_as_the_loop_ends_goes_with_its_end(
 ) -> None:
     """The model answers a follow-up at once: the commit into `inference` has
     not been sent as the loop ends, and goes to the store with its end's, in
-    one trip. When it fails, the end is not written either: the loop keeps its
-    outcome (as when its end's own write fails), and both failures are
-    logged; the store keeps the loop's last commit."""
+    one trip. When it fails, the end is not written either: the loop is
+    detached (no outcome is told that the store does not hold), both
+    failures are logged, and the store keeps the loop's last commit."""
     store = STORE["store"] = FailingStore(LoopState.inference, requests=1)
     trips = counted_trips(store)
     asked = 0
@@ -445,14 +459,13 @@ async def test_a_commit_still_queued_as_the_loop_ends_goes_with_its_end(
             await anyio.sleep(0.01)  # its commit is written meanwhile
         return text(f"answer {asked}")
 
-    result = await run_to_end(store, model, "hello", follow_ups=1)
+    error = await detached(store, model, "hello", follow_ups=1)
     assert trips == [["inference"], ["inference", "idle"]]
-    assert result.outcome is Outcome.answered
-    assert result.answer == ModelMessageItem(content="answer 2")
+    assert "disk full at seq" in str(error)
     failures = [e for e in log_output if e["event"] == "store_write_failed"]
-    assert [f.get("status") for f in failures] == [None, None, "done"]
+    assert len(failures) == 2
     assert all("disk full at seq" in str(f["error"]) for f in failures)
-    stored = await store.load(result.loop_id)
+    stored = await store.load(error.loop_id)
     assert stored is not None
     assert (stored.record.state, stored.record.model_requests) == (
         LoopState.inference,
@@ -475,12 +488,11 @@ async def test_a_loop_ends_once_the_write_in_flight_lands() -> None:
             await anyio.sleep(0.01)
         return text(f"answer {asked}")
 
-    result = await run_to_end(
+    error = await detached(
         store, model, "hi", follow_ups=2, follow_up_mode="one-at-a-time"
     )
     assert asked == 3
-    assert result.outcome is Outcome.failed
-    assert "disk full" in str(result.reason)
+    assert "disk full" in str(error)
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
@@ -509,8 +521,8 @@ def counted_trips(store: MemoryStore) -> list[list[str]]:
     trips: list[list[str]] = []
     commit_many = store.commit_many
 
-    async def counted(commits: Sequence[tuple[Commit, str]]) -> list[Exception | None]:
-        trips.append([c.record.state.value for c, _ in commits])
+    async def counted(commits: Sequence[Commit]) -> list[Exception | None]:
+        trips.append([c.record.state.value if c.record else "ledger" for c in commits])
         return await commit_many(commits)
 
     store.commit_many = counted  # type: ignore[method-assign]
@@ -526,16 +538,16 @@ class PauseStore(MemoryStore):
         self.fail = fail
         self.steered = False
 
-    async def commit(self, commit: Commit, owner: str) -> None:
+    async def _write(self, commit: Commit) -> None:
         record = commit.record
-        if record.steering and not self.steered:
+        if record is not None and record.steering and not self.steered:
             self.steered = True
             raise OSError("the steering's commit failed")
-        if record.status is LoopStatus.paused:
+        if record is not None and record.status is LoopStatus.paused:
             await anyio.sleep(0.05)
             if self.fail:
                 raise OSError("disk full")
-        await super().commit(commit, owner)
+        await super()._write(commit)
 
 
 async def test_a_failed_commit_of_a_queued_message_does_not_fail_the_pause(
@@ -561,33 +573,30 @@ async def test_a_failed_commit_of_a_queued_message_does_not_fail_the_pause(
     assert "the steering's commit failed" in str(failures[0]["error"])
 
 
-async def test_a_loop_resumed_as_its_pause_fails_to_be_stored_ends_once(
+async def test_a_loop_resumed_as_its_pause_fails_to_be_stored_stops_once(
     log_output: list[dict[str, object]],
 ) -> None:
-    """Resumed while its pause is being saved, and the save fails: the loop
-    fails (its pause would be lost), once, and is not run again."""
+    """Resumed while its pause is being saved, and the save fails: the loop is
+    detached (its pause would be lost), once, and is not run again."""
     store = STORE["store"] = PauseStore(fail=True)
     provider = ScriptedProvider([calls(call("add", a=1, b=2)), text("3")])
-    ended: list[Outcome] = []
     async with Runtime(providers={"scripted": provider}, store=store) as runtime:
-        recorder = EventRecorder(runtime.bus, "loop.idle")
+        recorder = EventRecorder(runtime.bus, ["loop.idle", "loop.detached"])
         loop_id = runtime.run_loop("agent", "add", request(), pause_tools)
         with anyio.fail_after(5):
             while runtime.get(loop_id).status is not LoopStatus.paused:  # noqa: ASYNC110 - a status, not an event
                 await anyio.sleep(0.001)
         runtime.resume(loop_id, Proceed())  # accepted: the save is still going
-        with anyio.fail_after(5):
-            result = await runtime.wait(loop_id)
+        with anyio.fail_after(5), pytest.raises(LoopDetachedError, match="disk full"):
+            await runtime.wait(loop_id)
         await anyio.sleep(0.1)
-        ended = [e.outcome for e in recorder.events if isinstance(e, LoopIdle)]
-    assert result.outcome is Outcome.failed
-    assert ended == [Outcome.failed]
+    assert [e.type for e in recorder.events] == ["loop.detached"]
     assert len(provider.requests) == 1
     assert SEEN == []
-    # Not run again, ended: no second failure, no second end.
-    assert [e["event"] for e in log_output if e["event"] == "loop_failed"] == []
-    ends = [e for e in log_output if e["event"] == "loop_idle"]
-    assert len(ends) == 1
+    # Not run again: no second stop, no end.
+    detaches = [e for e in log_output if e["event"] == "loop_detached"]
+    assert len(detaches) == 1
+    assert [e for e in log_output if e["event"] == "loop_idle"] == []
 
 
 async def test_a_failed_record_only_commit_does_not_stop_the_next_in_its_trip(
@@ -604,20 +613,20 @@ async def test_a_failed_record_only_commit_does_not_stop_the_next_in_its_trip(
         with anyio.fail_after(5):
             await runtime.wait(loop_id)
     first, *rest = store.commits
-    record_only = Commit(first.record, first.first)
+    record_only = Commit(
+        first.loop_id, first.lease, first.record, first.path_length, first=first.first
+    )
     assert not record_only.builds_on
     assert first.builds_on
 
     class Flaky(SQLiteStore):
-        def _commit_in_thread(self, commit: Commit, owner: str) -> None:
+        def _commit_one(self, commit: Commit) -> None:
             if not commit.builds_on:
                 raise OSError("transient")
-            super()._commit_in_thread(commit, owner)
+            super()._commit_one(commit)
 
     async with Flaky(tmp_path / "loops.db") as sqlite:
-        errors = await sqlite.commit_many(
-            [(record_only, "me"), (first, "me"), *((c, "me") for c in rest)]
-        )
+        errors = await sqlite.commit_many([record_only, first, *rest])
         assert isinstance(errors[0], OSError)
         assert errors[1:] == [None] * (len(errors) - 1)
         stored = await sqlite.load(loop_id)
@@ -625,7 +634,7 @@ async def test_a_failed_record_only_commit_does_not_stop_the_next_in_its_trip(
         assert stored.record.status is LoopStatus.done
 
 
-@pytest.mark.parametrize("lease_ttl", [0, -1.0, True, "30"])
+@pytest.mark.parametrize("lease_ttl", [0, -1.0, True, "30", float("nan"), float("inf")])
 def test_every_store_refuses_a_lease_ttl_that_is_not_positive(
     tmp_path: Path, lease_ttl: object
 ) -> None:

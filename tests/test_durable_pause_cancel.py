@@ -8,6 +8,8 @@ paused forever (`wait` never returned).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import anyio
 
 from agentfsm import InferenceInput, LoopStatus, ModelContext, Outcome, Runtime, tool
@@ -30,11 +32,11 @@ class SlowPauses(MemoryStore):
         self.gate = anyio.Event()
         self.saving_pause = False
 
-    async def commit(self, commit: Commit, owner: str) -> None:
-        if commit.record.status is LoopStatus.paused:
+    async def commit_many(self, commits: Sequence[Commit]) -> list[Exception | None]:
+        if any(c.record and c.record.status is LoopStatus.paused for c in commits):
             self.saving_pause = True
             await self.gate.wait()
-        await super().commit(commit, owner)
+        return await super().commit_many(commits)
 
 
 async def test_a_loop_cancelled_while_its_pause_is_saved_ends_cancelled() -> None:

@@ -23,6 +23,7 @@ from agentfsm.events import (
     FunctionCallStarted,
     InferenceCompleted,
     InferenceStream,
+    LoopDetached,
     LoopFailed,
     LoopIdle,
     LoopPaused,
@@ -282,6 +283,14 @@ EXAMPLES: list[Any] = [
         id="loop.failed",
     ),
     pytest.param(
+        LoopDetached(
+            **envelope(12, S.function_call),
+            reason="loops.db: database or disk is full",
+            error_type="StoreError",
+        ),
+        id="loop.detached",
+    ),
+    pytest.param(
         LoopIdle(
             **envelope(13, S.idle),
             outcome=Outcome.answered,
@@ -449,10 +458,11 @@ async def test_events_of_a_real_run() -> None:
         Outcome.answered,
         Outcome.failed,
     ]
-    # (A recovered loop's event is in tests/test_durable.py.)
+    # (A recovered loop's and a detached one's are in tests/test_durable*.py.)
     assert set(EVENT_TYPES) - {e.type for e in events} == {
         "function_call.progress",
         "loop.recovered",
+        "loop.detached",
     }
     for event in events:
         assert AgentEventAdapter.validate_json(event.model_dump_json()) == event

@@ -39,7 +39,8 @@ from agentfsm import (
 from agentfsm.exceptions import ConfigurationError
 from agentfsm.record import LoopRecord
 from agentfsm.store import (
-    Commit,
+    Lease,
+    LeaseLostError,
     LoopLockedError,
     LoopStore,
     MemoryStore,
@@ -49,6 +50,7 @@ from agentfsm.store import (
 from agentfsm.testing import ScriptedProvider, call, calls, text
 from tests.helpers import wait_until
 from tests.postgres_server import PostgresServer, free_port
+from tests.store_helpers import commit_of
 
 psycopg = pytest.importorskip("psycopg", reason="pip install 'agentfsm[postgres]'")
 
@@ -122,17 +124,35 @@ async def sql(conninfo: str, statement: str, *params: Any) -> list[tuple[Any, ..
 
 def store_threads(store: PostgresStore) -> list[threading.Thread]:
     """The store's thread, while it runs (by its name)."""
-    name = f"agentfsm-postgres {store._where}"
+    name = f"agentfsm-postgres {store.where}"
     return [t for t in threading.enumerate() if t.name == name and t.is_alive()]
 
 
 async def a_finished_loop(store: LoopStore) -> LoopRecord:
-    """A loop's record, committed by a runtime that has exited (no lease)."""
+    """A loop's record, committed by a runtime that has exited."""
     async with Runtime(
         providers={"scripted": ScriptedProvider([text("hi")])}, store=store
     ) as runtime:
         loop_id = runtime.run_loop("agent", "hi", request_with())
         await runtime.wait(loop_id)
+    async with store:
+        stored = await store.load(loop_id)
+    assert stored is not None
+    return stored.record
+
+
+@tool(needs_approval=True)
+async def pay(amount: int) -> str:
+    """Pay an amount."""
+    return f"paid {amount}"
+
+
+async def an_open_loop(store: LoopStore) -> LoopRecord:
+    """A loop's record, paused by a runtime that has exited (no lease)."""
+    provider = ScriptedProvider([calls(call("pay", amount=5))])
+    async with Runtime(providers={"scripted": provider}, store=store) as runtime:
+        loop_id = runtime.run_loop("agent", "pay", request_with(pay))
+        await wait_until(lambda: runtime.get(loop_id).status.value == "paused")
     async with store:
         stored = await store.load(loop_id)
     assert stored is not None
@@ -161,8 +181,9 @@ class TestLeases:
                 stored = await second_store.load(loop_id)
                 assert stored is not None
                 assert stored.owner == first._keeper.owner  # type: ignore[union-attr]
-                with pytest.raises(LoopLockedError, match=loop_id):
-                    await second_store.commit(Commit(stored.record, 0), "intruder")
+                intruder = Lease("intruder", stored.epoch)
+                with pytest.raises(LeaseLostError, match=loop_id):
+                    await second_store.commit(commit_of(stored.record, intruder))
             assert list(report.locked) == [loop_id]
             GATE["block"].set()
             result = await first.wait(loop_id)
@@ -172,49 +193,57 @@ class TestLeases:
     async def test_of_many_racing_for_a_loop_exactly_one_takes_it(
         self, conninfo: str, schema: str
     ) -> None:
-        """Eight stores (eight connections) acquire one free loop at once."""
-        record = await a_finished_loop(PostgresStore(conninfo, schema=schema))
+        """Eight stores (eight connections) acquire one free loop at once: one
+        takes it (epoch 2), the others find it taken."""
+        record = await an_open_loop(PostgresStore(conninfo, schema=schema))
         stores = [PostgresStore(conninfo, schema=schema) for _ in range(8)]
-        answers: dict[str, str | None] = {}
+        answers: dict[str, Lease | str] = {}
 
         async def take(n: int, store: PostgresStore) -> None:
             async with store:
-                answers[f"owner{n}"] = await store.acquire(record.loop_id, f"owner{n}")
+                try:
+                    answers[f"owner{n}"] = await store.acquire(
+                        record.loop_id, f"owner{n}"
+                    )
+                except LoopLockedError as exc:
+                    answers[f"owner{n}"] = exc.owner
 
         async with anyio.create_task_group() as tg:
             for n, store in enumerate(stores):
                 tg.start_soon(take, n, store)
-        winners = [owner for owner, holder in answers.items() if holder is None]
+        winners = [o for o, got in answers.items() if isinstance(got, Lease)]
         assert len(winners) == 1, answers
-        assert {holder for holder in answers.values() if holder is not None} == {
-            winners[0]
-        }
+        assert answers[winners[0]] == Lease(winners[0], 2)
+        assert {got for got in answers.values() if isinstance(got, str)} == {winners[0]}
 
     async def test_an_expired_lease_can_be_taken_and_its_old_owner_cannot_write(
         self, conninfo: str, schema: str
     ) -> None:
         store = PostgresStore(conninfo, schema=schema)
-        record = await a_finished_loop(store)
+        record = await an_open_loop(store)
         async with store, PostgresStore(conninfo, schema=schema) as other:
-            assert await store.acquire(record.loop_id, "a") is None
-            assert await other.acquire(record.loop_id, "b") == "a"
+            mine = await store.acquire(record.loop_id, "a")
+            with pytest.raises(LoopLockedError, match=r"\(a\)"):
+                await other.acquire(record.loop_id, "b")
             # The lease ran out (by the server's clock, which dates leases).
             await sql(
                 conninfo,
-                f"UPDATE {schema}.loops SET lease_until = clock_timestamp()"
-                " - interval '1 second'",
+                f"UPDATE {schema}.loops SET lease_until ="
+                " extract(epoch from clock_timestamp()) - 1",
             )
             loaded = await other.load(record.loop_id)
             assert loaded is not None
             assert loaded.owner is None
-            assert await other.acquire(record.loop_id, "b") is None
-            with pytest.raises(LoopLockedError, match=r"\(b\)"):
-                await store.commit(Commit(record, 0), "a")
+            theirs = await other.acquire(record.loop_id, "b")
+            assert theirs.epoch == mine.epoch + 1
+            with pytest.raises(LeaseLostError, match="b holds it"):
+                await store.commit(commit_of(record, mine))
             await other.release("b")
-            await store.commit(Commit(record, 0), "a")
+            with pytest.raises(LeaseLostError, match="nobody holds it"):
+                await store.commit(commit_of(record, mine))
             loaded = await other.load(record.loop_id)
         assert loaded is not None
-        assert loaded.owner == "a"
+        assert (loaded.owner, loaded.epoch) == (None, theirs.epoch)
 
 
 class TestTwoProcesses:
@@ -293,23 +322,24 @@ class TestWrites:
         is cancelled meanwhile: the write goes on once the lock is free, and
         the caller sees its cancellation after it."""
         store = PostgresStore(conninfo, schema=schema)
-        record = await a_finished_loop(store)
+        record = await an_open_loop(store)
         later = record.model_copy(update={"seq": record.seq + 1})
         blocker = await anyio.to_thread.run_sync(psycopg.connect, conninfo)
         try:
-            await anyio.to_thread.run_sync(
-                blocker.execute,
-                f"SELECT 1 FROM {schema}.loops WHERE loop_id = %s FOR UPDATE",
-                (record.loop_id,),
-            )
             async with store:
+                lease = await store.acquire(record.loop_id, "me")
+                await anyio.to_thread.run_sync(
+                    blocker.execute,
+                    f"SELECT 1 FROM {schema}.loops WHERE loop_id = %s FOR UPDATE",
+                    (record.loop_id,),
+                )
                 scope = anyio.CancelScope()
 
                 returned: list[bool] = []
 
                 async def write() -> None:
                     with scope:
-                        await store.commit(Commit(later, 0), "me")
+                        await store.commit(commit_of(later, lease))
                         returned.append(True)
                         await anyio.lowlevel.checkpoint()  # the cancel, now
 
@@ -358,7 +388,7 @@ class TestWrites:
                 " AND backend_type = 'client backend'",
             )
             errors = await store.commit_many(
-                [(Commit(record, 0), "me") for record in records]
+                [commit_of(record, Lease("me", 1), new=True) for record in records]
             )
             assert isinstance(errors[0], StoreError)
             assert errors[1:] == [None, None]
@@ -375,16 +405,17 @@ class TestWrites:
         committed = store.statistics()
         assert committed.commits >= 3  # the transitions, the lease's release
         assert committed.bytes_written > len(record.model_dump_json())
+        again = record.model_copy(update={"loop_id": "again"})
         async with store:
-            await store.commit(Commit(record, 0), "me")
+            await store.commit(commit_of(again, Lease("me", 1), new=True))
         after = store.statistics()
         assert after.commits == committed.commits + 1
-        # What the commit wrote: its records row (a store new to the loop
-        # starts a run: the row holds what the run's records share too).
+        # What the commit wrote: its log row (the first of its lease: it holds
+        # what the lease's records share, and the whole path).
         ((row, shared),) = await sql(
             conninfo,
             f"SELECT length(record) + length(path), length(shared)"
-            f" FROM {schema}.records ORDER BY id DESC LIMIT 1",
+            f" FROM {schema}.log ORDER BY id DESC LIMIT 1",
         )
         assert after.bytes_written == committed.bytes_written + row + shared
         # Less than the record whole: what every record of the run shares
@@ -423,12 +454,10 @@ class TestLayout:
             schema,
         )
         assert [name for (name,) in tables] == [
-            "calls",
             "contexts",
-            "inferences",
-            "items",
+            "events",
+            "log",
             "loops",
-            "records",
             "schema_version",
         ]
 
@@ -445,13 +474,13 @@ class TestLayout:
     async def test_a_layout_written_by_earlier_code_is_refused(
         self, conninfo: str, schema: str
     ) -> None:
-        """Layout 1 kept each record whole: this version does not read it (nor
+        """Layout 2 had no fenced leases: this version does not read it (nor
         add its tables to it)."""
         async with PostgresStore(conninfo, schema=schema):
             pass
-        await sql(conninfo, f"UPDATE {schema}.schema_version SET version = 1")
+        await sql(conninfo, f"UPDATE {schema}.schema_version SET version = 2")
         with pytest.raises(
-            StoreSchemaError, match=r"earlier agentfsm \(store layout 1"
+            StoreSchemaError, match=r"earlier agentfsm \(store layout 2"
         ):
             async with Runtime(store=PostgresStore(conninfo, schema=schema)):
                 pass
@@ -482,7 +511,7 @@ class TestLayout:
     def test_bad_arguments_are_refused_by_name(self) -> None:
         with pytest.raises(ConfigurationError, match="conninfo must be a str"):
             PostgresStore(5)  # type: ignore[arg-type]
-        with pytest.raises(ConfigurationError, match="conninfo is not a connection"):
+        with pytest.raises(ConfigurationError, match="conninfo is not a libpq"):
             PostgresStore("host=a port")
         with pytest.raises(ConfigurationError, match="schema must be a lowercase"):
             PostgresStore("", schema='x"; DROP TABLE loops; --')

@@ -149,6 +149,19 @@ class Subscription:
                 break
         return batch
 
+    def drain(self) -> list[AgentEvent]:
+        """Take every buffered event at once (a durable loop's journal takes
+        its loop's events into each commit)."""
+        events = list(self._buffer)
+        self._buffer.clear()
+        if events and self._space is not None:
+            self._made_space()
+        return events
+
+    def buffered(self) -> list[AgentEvent]:
+        """The buffered events, left in the buffer."""
+        return list(self._buffer)
+
     def __aiter__(self) -> Self:
         return self
 

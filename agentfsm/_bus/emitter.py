@@ -61,6 +61,7 @@ EventType: TypeAlias = Literal[
     "function_call.completed",
     "model.answer",
     "loop.failed",
+    "loop.detached",
     "loop.idle",
 ]
 """The events a loop publishes, by type (`agentfsm.events` has their classes;
@@ -88,7 +89,7 @@ class Emitter:
     runtime's `clock` (the events' `ts`).
     """
 
-    __slots__ = ("bus", "flushing", "outbox", "seq")
+    __slots__ = ("bus", "flushing", "held_idle", "outbox", "seq")
 
     loop_id: str
     agent_id: str
@@ -105,6 +106,9 @@ class Emitter:
         """Events held for a full backpressure subscriber, in order (None while
         none are: a plain attribute, checked after every state, where a
         property would be a call)."""
+        self.held_idle: tuple[int, dict[str, Any], AgentEvent | None] | None = None
+        """A durable loop's `loop.idle` (its seq, its fields, the event once
+        built), held until its end is stored (`release_idle`)."""
 
     # The events a loop publishes on every run have a method each, taking the
     # event's fields by position: a call with keyword arguments builds a dict
@@ -191,10 +195,12 @@ class Emitter:
         usage: TokenUsage,
         model_requests: int,
         tool_calls: int,
+        held: bool = False,
     ) -> None:
-        """`loop.idle`."""
+        """`loop.idle`; `held`: numbered now, published by `release_idle` (a
+        durable loop's, once its end is stored)."""
         seq = self.seq = self.seq + 1
-        if self.bus.listening:
+        if self.bus.listening or held:
             fields = {
                 "outcome": outcome,
                 "reason": reason,
@@ -203,7 +209,28 @@ class Emitter:
                 "model_requests": model_requests,
                 "tool_calls": tool_calls,
             }
-            self._publish("loop.idle", seq, fields)
+            if held:
+                self.held_idle = (seq, fields, None)
+            else:
+                self._publish("loop.idle", seq, fields)
+
+    def release_idle(self) -> None:
+        """Publish the held `loop.idle` (see `emit_idle`)."""
+        held, self.held_idle = self.held_idle, None
+        if held is not None and self.bus.listening:
+            self._publish("loop.idle", *held)
+
+    def idle_event(self) -> AgentEvent | None:
+        """The held `loop.idle` as an event (a store that keeps events writes it
+        with the loop's end, before it is published: the same event)."""
+        held = self.held_idle
+        if held is None:
+            return None
+        seq, fields, event = held
+        if event is None:
+            event = self._build("loop.idle", seq, fields)
+            self.held_idle = (seq, fields, event)
+        return event
 
     def emit(self, event_type: EventType, /, **fields: Any) -> None:
         """Publish an event of `event_type` with `fields` (already valid values)."""
@@ -211,8 +238,15 @@ class Emitter:
         if self.bus.listening:
             self._publish(event_type, seq, fields)
 
-    def _publish(self, event_type: EventType, seq: int, fields: dict[str, Any]) -> None:
-        """Build event number `seq` and route it (someone subscribed)."""
+    def _publish(
+        self,
+        event_type: EventType,
+        seq: int,
+        fields: dict[str, Any],
+        built: AgentEvent | None = None,
+    ) -> None:
+        """Build event number `seq` (unless it was: `built`) and route it
+        (someone subscribed)."""
         bus = self.bus
         # `bus.targets()`, its common case inlined: this runs for every event.
         targets: Sequence[Subscription] | None = bus._routes.get(event_type)
@@ -220,21 +254,7 @@ class Emitter:
             targets = bus.targets(event_type, self.loop_id)
         if not targets:
             return  # nobody listens: the event is not even built
-        cls, template, fields_set = (_SPECS or _event_specs())[event_type]
-        # What `_models.trusted` does, for an event (see `events._Event`): the
-        # loop made every value itself, in the right type, so nothing is validated.
-        event = _new(cls)
-        values = event.__dict__  # a new, empty dict
-        values.update(template)
-        loop_id = self.loop_id
-        values["event_id"] = f"{loop_id}:{seq}"
-        values["loop_id"] = loop_id
-        values["agent_id"] = self.agent_id
-        values["seq"] = seq
-        values["ts"] = self.clock()  # the runtime's (`Runtime(clock=)`)
-        values["state"] = self.state
-        values.update(fields)
-        _setattr(event, "__pydantic_fields_set__", fields_set)
+        event = built or self._build(event_type, seq, fields)
         outbox = self.outbox
         if outbox is not None or bus.backpressure:
             # Held events go first, even if their subscriber has left since.
@@ -264,6 +284,28 @@ class Emitter:
             else:
                 sub.dropped += 1
                 bus.dropped += 1
+
+    def _build(
+        self, event_type: EventType, seq: int, fields: dict[str, Any]
+    ) -> AgentEvent:
+        """Event number `seq` of `event_type`."""
+        cls, template, fields_set = (_SPECS or _event_specs())[event_type]
+        # What `_models.trusted` does, for an event (see `events._Event`): the
+        # loop made every value itself, in the right type, so nothing is validated.
+        event = _new(cls)
+        values = event.__dict__  # a new, empty dict
+        values.update(template)
+        loop_id = self.loop_id
+        values["event_id"] = f"{loop_id}:{seq}"
+        values["loop_id"] = loop_id
+        values["agent_id"] = self.agent_id
+        values["seq"] = seq
+        values["ts"] = self.clock()  # the runtime's (`Runtime(clock=)`)
+        values["state"] = self.state
+        values.update(fields)
+        _setattr(event, "__pydantic_fields_set__", fields_set)
+        event_: AgentEvent = event
+        return event_
 
     def _release(self) -> bool:
         """Deliver the held events that have room now, oldest first; return

@@ -61,12 +61,10 @@ class Ticket:
 
 
 class Flusher:
-    """The queue of one runtime's commits to its store (`owner`: the runtime,
-    in the store's leases)."""
+    """The queue of one runtime's commits to its store."""
 
-    def __init__(self, store: LoopStore, owner: str) -> None:
+    def __init__(self, store: LoopStore) -> None:
         self.store = store
-        self.owner = owner
         self._queue: list[Ticket] = []
         self._writing = False
         """A write is in progress."""
@@ -144,11 +142,11 @@ class Flusher:
         return not self._writing and bool(self._queue)
 
     def _failed_commit(self, commit: Commit, error: Exception) -> None:
-        loop_id = commit.record.loop_id
+        loop_id = commit.loop_id
         _log.error(
             "store_write_failed",
             loop_id=loop_id,
-            seq=commit.record.seq,
+            seq=None if commit.record is None else commit.record.seq,
             error=f"{type(error).__name__}: {error_text(error)}",
         )
         if commit.builds_on:
@@ -160,7 +158,7 @@ class Flusher:
         batch = []
         for ticket in queued:
             ticket.sent = True
-            why = failed.get(ticket.commit.record.loop_id)
+            why = failed.get(ticket.commit.loop_id)
             if why is None:
                 batch.append(ticket)
             else:  # after a failed one of its loop: not written
@@ -174,9 +172,7 @@ class Flusher:
         errors: list[Exception | None]
         try:
             with anyio.CancelScope(shield=True):
-                errors = await self.store.commit_many(
-                    [(ticket.commit, self.owner) for ticket in batch]
-                )
+                errors = await self.store.commit_many([t.commit for t in batch])
         except Exception as exc:  # noqa: BLE001 - each commit's loop is told
             errors = [exc] * len(batch)
         except BaseException:

@@ -1,20 +1,32 @@
 """The runtime's side of a durable store: adopting new loops, leases, recovery.
 
-`Runtime(store=...)` holds one `Keeper`. It gives each new loop a `Durable`
-(`adopt`), writes their commits (`Flusher`) and keeps the runtime's leases
-alive while it runs (a service of the runtime, entered before its loops and
-left after them), and rebuilds the store's unfinished loops (`recover`).
+`Runtime(store=...)` holds one `Keeper`. It gives each new loop a journal
+(`Durable`, `adopt`), writes their commits (`Flusher`), holds the runtime's
+presence in the store and keeps its leases alive while it runs (a service of
+the runtime, entered before its loops and left after them), and takes up the
+store's unfinished loops (`recover`).
 
-Recovery, by the state a loop's last commit left it in:
+Leases are fenced (see `agentfsm.store`): a renewal that finds a loop's lease
+gone (another runtime took it) tells the loop's journal, which stops the loop
+at its next step. A lease whose owner is certainly dead (the store can tell:
+`LoopStore.alive`) is taken before it expires; one whose owner may be alive
+is waited out.
+
+Recovery, by the state a loop's last commit left it in (each state module
+says how: `_loop.states.RECOVER`):
 
 - paused: it stays paused (in memory, holding no task) until `resume`;
 - not started, `context_update`, `model_message`: it runs that state again
   (they have no side effects outside the loop);
 - `inference`: the request's output, if recorded, is used, else it is sent;
 - `function_call`: each call the ledger holds as done gives its recorded
-  output; a call in flight (intent, no output) of a tool with
+  output; a call in flight (started, no output) of a tool with
   `on_crash="retry"` runs again with the same key; otherwise the loop pauses
   before `function_call`, naming the calls whose outcome is uncertain.
+
+A loop that cannot be taken up (its data unreadable, a tool this runtime was
+not given) is reported in `Recovery.failed` with its id and the cause, and
+recovery goes on with the others.
 """
 
 from __future__ import annotations
@@ -31,21 +43,23 @@ import anyio
 
 from agentfsm._errors import error_text
 from agentfsm._logging import get_logger
-from agentfsm._loop.intercept import park, pending_of
-from agentfsm._loop.turn import tool_index
-from agentfsm.interception import ToolBatch
+from agentfsm._loop.journal import Halted
+from agentfsm._loop.snapshot import Bindings, RecoveryError, restore
+from agentfsm._loop.states import RECOVER
+from agentfsm._loop.steps import Found
+from agentfsm.exceptions import LeaseLostError, LoopLockedError, StoreError
 from agentfsm.results import ErrorInfo, LoopStatus, PathStep
 from agentfsm.states import LoopState, Outcome, Trigger
-from agentfsm.store._base import CallRecord, Commit, LoopStore, StoredLoop
+from agentfsm.store._base import Commit, Lease, LoopStore, StoredLoop
 from agentfsm.tools import Tool
 
-from .events import EventKeeper
 from .flusher import Flusher
-from .restore import Bindings, RecoveryError, restore
-from .writer import Durable, call_key
+from .writer import LEASE_MARGIN, Durable, clock
 
 if TYPE_CHECKING:
+    from agentfsm._bus import EventBus
     from agentfsm._loop.loop import Loop
+    from agentfsm.events import AgentEvent
     from agentfsm.inference import InferenceInput
     from agentfsm.options import LoopOptions
 
@@ -64,8 +78,9 @@ class Recovery:
     """Loops that stay paused (waiting for `resume`), the ones paused over calls
     whose outcome is uncertain included."""
     failed: dict[str, str] = field(default_factory=dict)
-    """Loops that could not be rebuilt here (a missing or changed tool, say),
-    ended `failed` in the store with that error."""
+    """Loops that could not be taken up here, and why: a missing or changed
+    tool (the loop is ended `failed` in the store), or stored data that cannot
+    be read (the loop is left as it is)."""
     locked: dict[str, str] = field(default_factory=dict)
     """Loops another live runtime owns: loop id -> owner."""
 
@@ -75,26 +90,9 @@ class Recovery:
 
 
 def owner_name() -> str:
-    """This runtime's name in leases: host, process, and a random part."""
+    """This runtime's name in leases: host, process, and a random part (a name
+    only; whether its runtime lives is the store's to tell)."""
     return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"
-
-
-def is_dead(owner: str) -> bool:
-    """Whether a lease's owner is a runtime of this host whose process is gone
-    (its lease need not be waited out)."""
-    parts = owner.rsplit(":", 2)  # see `owner_name`
-    if len(parts) != 3 or parts[0] != socket.gethostname() or not parts[1].isdigit():
-        return False
-    pid = int(parts[1])
-    if pid == os.getpid():
-        return False  # this process: another runtime of it, alive
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except OSError:
-        return False  # alive, another user's
-    return False
 
 
 class Keeper:
@@ -103,29 +101,84 @@ class Keeper:
     def __init__(
         self,
         store: LoopStore,
+        bus: EventBus,
         tools: Iterable[Tool | Callable[..., Any]],
         handlers: Mapping[str, Any] | Iterable[Any],
     ) -> None:
         self.store = store
+        self.bus = bus
         self.bindings = Bindings(tools, handlers)
-        self.events: EventKeeper | None = None
-        """The writer of the loops' events, when the store keeps them (set when
-        the runtime is entered: it subscribes to the runtime's bus)."""
         self.owner = owner_name()
-        self.flusher = Flusher(store, self.owner)
+        self.flusher = Flusher(store)
         """The queue of the loops' commits (`_durable.flusher`)."""
+        self.held: dict[str, Durable] = {}
+        """The journals of this runtime's loops (running or paused), by loop id."""
         self.log = get_logger().bind(owner=self.owner)
 
+    @property
+    def ttl(self) -> float:
+        return self.store.lease_ttl
+
+    def _journal(
+        self, loop: Loop, lease: Lease, *, written: int = 0, new: bool = False
+    ) -> Durable:
+        events = None
+        if self.store.keeps_events:
+            # Unbounded: the commits take its events as they are written.
+            events = self.bus.subscribe("*", loop_id=loop.loop_id, buffer=2**62)
+        durable = Durable(
+            self.flusher,
+            lease,
+            self._confirm,
+            clock() + self.ttl * LEASE_MARGIN,
+            written=written,
+            new=new,
+            events=events,
+        )
+        loop.journal = durable
+        self.held[loop.loop_id] = durable
+        return durable
+
     def adopt(self, loop: Loop) -> None:
-        """Make a new loop durable."""
-        loop.durable = Durable(self.flusher, new=True)
+        """Make a new loop durable (its first commit makes it in the store, with
+        the lease's first epoch)."""
+        self._journal(loop, Lease(self.owner, 1), new=True)
         self.bindings.learn(loop)
+
+    def forget(self, loop_id: str) -> None:
+        """The loop ended, or stopped here: its journal is no longer this
+        runtime's."""
+        durable = self.held.pop(loop_id, None)
+        if durable is not None and durable.events is not None:
+            durable.events.close()
+
+    def pending_events(self, loop_id: str) -> list[AgentEvent]:
+        """A loop's events not in its store yet (queued to be written, or not
+        taken into a commit yet)."""
+        durable = self.held.get(loop_id)
+        if durable is None:
+            return []
+        events = [e for t in durable.tickets for e in t.commit.events]
+        if durable.events is not None:
+            events.extend(durable.events.buffered())
+        return events
+
+    async def release(self, loop_id: str) -> None:
+        """Give up the loop's lease (a loop that stopped here: for whoever takes
+        it up); a store that cannot is logged (the lease then expires)."""
+        try:
+            await self.store.release(self.owner, [loop_id])
+        except Exception as exc:  # noqa: BLE001 - logged; the lease expires
+            self.log.error("lease_release_failed", loop_id=loop_id, error=str(exc))
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
-        """Write the commits nobody waits for, and renew this runtime's leases,
-        until the runtime exits; then write what is left and give the leases
-        up (paused loops stay in the store for any runtime to resume)."""
+        """Hold the runtime's presence, write the commits nobody waits for, and
+        renew its leases, until the runtime exits; then write what is left and
+        give the leases up (paused loops stay in the store for any runtime to
+        resume)."""
+        store = self.store
+        await store.hold_presence(self.owner)
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self.flusher.serve, name="agentfsm-store-writer")
@@ -138,16 +191,57 @@ class Keeper:
             with anyio.CancelScope(shield=True):
                 try:
                     await self.flusher.flush()
+                    await store.release(self.owner)
                 finally:
-                    await self.store.release(self.owner)
+                    await store.drop_presence(self.owner)
 
     async def _renew(self) -> None:
         while True:
-            await anyio.sleep(self.store.lease_ttl / 3)
+            await anyio.sleep(self.ttl / 3)
             try:
-                await self.store.renew(self.owner)
+                await self.renew()
             except Exception as exc:  # noqa: BLE001 - logged; the next try may work
                 self.log.error("lease_renewal_failed", error=error_text(exc))
+
+    async def renew(self, loop_ids: list[str] | None = None) -> None:
+        """Renew this runtime's leases (those of `loop_ids`); a loop whose lease
+        is gone stops at its next step."""
+        held = {
+            loop_id: durable
+            for loop_id, durable in self.held.items()
+            if (loop_ids is None or loop_id in loop_ids) and durable.stored
+        }
+        sent = clock()
+        renewed = await self.store.renew(self.owner, loop_ids)
+        for loop_id, durable in held.items():
+            epoch = renewed.get(loop_id)
+            if epoch == durable.lease.epoch:
+                durable.renewed(durable.lease, sent, self.ttl)
+            elif loop_id in self.held:
+                durable.lose(
+                    LeaseLostError(
+                        loop_id,
+                        self.owner,
+                        "another runtime took it, or it ended"
+                        if epoch is None
+                        else f"another runtime took it (epoch {epoch})",
+                    )
+                )
+
+    async def _confirm(self, durable: Durable) -> None:
+        """Ask the store whether a loop's lease is still this runtime's (its last
+        renewal is old: this runtime may have stalled); the journal stops the
+        loop if not."""
+        loop_id = next((k for k, d in self.held.items() if d is durable), None)
+        if loop_id is None:
+            return
+        if not durable.stored:
+            # Its first commit has not landed: nobody else can hold it yet.
+            await durable.landed()
+        try:
+            await self.renew([loop_id])
+        except StoreError as exc:
+            raise Halted(exc) from exc
 
     # --------------------------------------------------------------- recovery
 
@@ -157,118 +251,109 @@ class Keeper:
         make: Callable[[InferenceInput, tuple[Any, ...], LoopOptions], Loop],
         start: Callable[[Loop], None],
     ) -> Recovery:
-        """Rebuild every unfinished loop this runtime can own; `start` hands a
+        """Take up every unfinished loop this runtime can own; `start` hands a
         loop that goes on to a worker (paused ones are only kept)."""
         report = Recovery()
         for loop_id in await self.store.unfinished():
             if loop_id in live:
                 continue
-            taken = await self.store.acquire(loop_id, self.owner)
-            if taken is not None and is_dead(taken):
-                taken = await self.store.acquire(loop_id, self.owner, replacing=taken)
-            if taken is not None:
-                report.locked[loop_id] = taken
-                continue
-            stored = await self.store.load(loop_id)
-            if stored is None or stored.record.status is LoopStatus.done:
-                continue  # finished by its owner meanwhile
             try:
-                loop = restore(stored, self.bindings, make)
-            except RecoveryError as exc:
-                await self._fail(stored, exc)
-                report.failed[loop_id] = str(exc)
-                continue
-            self.flusher.forget(loop_id)  # a failed write here before: anew
-            durable = loop.durable = Durable(self.flusher, len(stored.items))
-            if loop.answer_at is not None and loop.answer_at < len(stored.items):
-                durable.answer = stored.items[loop.answer_at]
-            ledger = {
-                c.key: c for c in await self.store.calls(loop_id, loop.model_requests)
-            }
-            durable.ledgered = frozenset(ledger)
-            uncertain: tuple[str, ...] = ()
-            if loop.status is LoopStatus.running:
-                if loop.state in _INFERENCE:
-                    durable.recorded = await self.store.inference(
-                        loop_id, loop.model_requests + 1
-                    )
-                elif loop.state is LoopState.function_call:
-                    uncertain = await self._uncertain(loop, ledger)
-            loop.emit(
-                "loop.recovered",
-                status="paused" if loop.status is LoopStatus.paused else "running",
-                uncertain_calls=uncertain,
-            )
-            self.log.info(
-                "loop_recovered", loop_id=loop_id, state=loop.state, status=loop.status
-            )
-            if loop.status is LoopStatus.paused:
-                report.paused.append(loop_id)
-            else:
-                report.running.append(loop_id)
-            start(loop)
+                await self._recover(loop_id, make, start, report)
+            except LoopLockedError as exc:
+                report.locked[loop_id] = exc.owner
+            except StoreError as exc:
+                # Its data cannot be read, or the store failed for it: reported,
+                # and recovery goes on with the others.
+                self.log.error("loop_not_recovered", loop_id=loop_id, error=str(exc))
+                report.failed[loop_id] = error_text(exc)
+                self.forget(loop_id)
+                await self.release(loop_id)
         return report
 
-    async def _uncertain(
-        self, loop: Loop, ledger: dict[str, CallRecord]
-    ) -> tuple[str, ...]:
-        """Pause a loop recovered in `function_call` over its calls in flight
-        whose tools may not run twice; their call ids."""
-        step = loop.step
-        assert step is not None
-        batch = step[1]
-        if not isinstance(batch, ToolBatch):
-            return ()
-        tools = tool_index(loop)
-        doubtful = []
-        for position, call in enumerate(batch.calls):
-            key = call_key(loop, position, call)
-            entry = ledger.get(key)
-            if entry is None or entry.status == "done":
-                continue
-            tool = tools.get(call.name)
-            if tool is not None and tool.on_crash == "retry":
-                continue  # idempotent: it runs again, with the same key
-            doubtful.append((key, call))
-        if not doubtful:
-            return ()
-        # Back to just before `function_call`, paused: the handlers decided
-        # about this batch already, so the decision resuming it is the last.
-        entered = loop.path.pop()
-        loop.state = entered.source
-        names = ", ".join(f"{c.call_id} ({c.name})" for _, c in doubtful)
-        reason = (
-            f"uncertain tool outcome: the process stopped with {names} started "
-            "and no output recorded (each may or may not have run); "
-            "resume with Proceed to run them again, or a Rewrite whose ToolBatch "
-            "answers them (ToolBatch.answer) or denies them (ToolBatch.deny)"
-        )
-        park(
-            loop,
-            (entered.trigger, batch, None),
-            pending_of(loop, entered.source, entered.trigger, entered.dest, batch),
-            len(loop.handlers),
-            reason,
-            entered.dest,
-        )
-        await self.store.mark_uncertain(loop.loop_id, [key for key, _ in doubtful])
-        assert loop.durable is not None
-        await loop.durable.save(loop)
-        return tuple(c.call_id for _, c in doubtful)
+    async def _take(self, loop_id: str) -> Lease:
+        """The loop's lease, with a new epoch: at once if it is free or expired,
+        or its owner is certainly dead.
 
-    async def _fail(self, stored: StoredLoop, error: RecoveryError) -> None:
+        Raises:
+            LoopLockedError: a live runtime (or one that may be) holds it.
+        """
+        store = self.store
+        try:
+            return await store.acquire(loop_id, self.owner)
+        except LoopLockedError as exc:
+            if await store.alive(exc.owner) is not False:
+                raise
+            return await store.acquire(loop_id, self.owner, replacing=exc.owner)
+
+    async def _recover(
+        self,
+        loop_id: str,
+        make: Callable[[InferenceInput, tuple[Any, ...], LoopOptions], Loop],
+        start: Callable[[Loop], None],
+        report: Recovery,
+    ) -> None:
+        store = self.store
+        lease = await self._take(loop_id)
+        taken = clock()
+        stored = await store.load(loop_id)
+        if stored is None or stored.record.status is LoopStatus.done:
+            return  # finished by its owner meanwhile
+        try:
+            loop = restore(stored.record, stored.items, self.bindings, make)
+        except RecoveryError as exc:
+            await self._fail(stored, lease, exc)
+            report.failed[loop_id] = str(exc)
+            return
+        loop.seq = max(loop.seq, stored.last_event)  # (events past its record)
+        self.flusher.forget(loop_id)  # a failed write here before: anew
+        durable = self._journal(loop, lease, written=len(stored.items))
+        durable.valid_until = taken + self.ttl * LEASE_MARGIN
+        durable.requested = loop.model_requests
+        if loop.answer_at is not None and loop.answer_at < len(stored.items):
+            durable.answer = stored.items[loop.answer_at]
+        ledger = {c.key: c for c in await store.calls(loop_id, loop.model_requests)}
+        durable.ledger, durable.ledger_of = ledger, loop.model_requests
+        uncertain: list[str] = []
+        recover = RECOVER.get(loop.state)
+        if loop.status is LoopStatus.running and recover is not None:
+            output = None
+            if loop.state in _INFERENCE:
+                output = await store.inference(loop_id, loop.model_requests + 1)
+            uncertain = recover(loop, Found(output, ledger))
+        if uncertain:
+            durable.mark_uncertain(uncertain)
+            try:
+                await durable.save(loop)  # the pause, and the ledger saying why
+            except Halted as exc:
+                raise exc.error from exc
+        calls = tuple(durable.ledger[key].call_id for key in uncertain)
+        loop.emit(
+            "loop.recovered",
+            status="paused" if loop.status is LoopStatus.paused else "running",
+            uncertain_calls=calls,
+        )
+        self.log.info(
+            "loop_recovered", loop_id=loop_id, state=loop.state, status=loop.status
+        )
+        if loop.status is LoopStatus.paused:
+            report.paused.append(loop_id)
+        else:
+            report.running.append(loop_id)
+        start(loop)
+
+    async def _fail(
+        self, stored: StoredLoop, lease: Lease, error: RecoveryError
+    ) -> None:
         """End a loop that cannot be rebuilt here as failed, in the store."""
         record = stored.record
         message = error_text(error)
         self.log.error("loop_not_recovered", loop_id=record.loop_id, error=message)
+        path = (*record.path, PathStep(record.state, Trigger.fail, LoopState.idle))
         ended = record.model_copy(
             update={
                 "state": LoopState.idle,
                 "status": LoopStatus.done,
-                "path": (
-                    *record.path,
-                    PathStep(record.state, Trigger.fail, LoopState.idle),
-                ),
+                "path": (),
                 "pending": None,
                 "pause": None,
                 "outcome": Outcome.failed,
@@ -277,5 +362,14 @@ class Keeper:
                 "ended_at": datetime.now(UTC),
             }
         )
-        await self.store.commit(Commit(ended, len(stored.items)), self.owner)
-        await self.store.release(self.owner, [record.loop_id])
+        await self.store.commit(
+            Commit(
+                record.loop_id,
+                lease,
+                ended,
+                len(path),
+                path,
+                0,
+                len(stored.items),
+            )
+        )

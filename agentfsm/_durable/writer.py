@@ -1,33 +1,67 @@
-"""One durable loop's side of the store: what it has written, and the ledger.
+"""One durable loop's journal (`agentfsm._loop.journal.Journal`): what it has
+written to its store, its lease, and its ledger.
 
-Every durable loop holds a `Durable` (`loop.durable`; None for a loop without
-a store). The driver awaits `committed` after each committed transition and
-`save` when a run ends (paused, finished); the inference state hands it the
-model's output (`recorded` on the way in, after a recovery; `inference` on the
-way out); the tool calls go through `begin_call` / `end_call` (the ledger).
+Every durable loop holds a `Durable` (`loop.journal`; None for a loop without a
+store). The driver calls it after each committed transition and each state,
+as the loop ends, and as a run ends (paused, finished); the tool-call runner
+calls it before a call starts and after it ended.
+
+Writes are as few as the guarantees allow: a transition into a state with side
+effects (`inference`, `function_call`) is written before the state runs, with
+the records of the transitions since the last write, the intents of the calls
+it starts, the decisions made and (a store that keeps them) the events
+published since; a call's output is written when it ends, unless nothing but
+the loop's own code runs before the next write (no handler, no
+`finish_turn`, no other call of its batch left to end), in which case it goes
+with that write.
+
+Every write goes through the runtime's `Flusher`, in order, and carries the
+loop's lease (`Lease`: owner and epoch). The loop waits for one to land before
+a tool runs (the commit into `function_call`, with the intents), as it pauses,
+before it ends, and before a ledger write of its own; not after a commit into
+`inference` (`_AHEAD`), which goes to the store with the next write the loop
+waits for, unless the flusher's task wrote it meanwhile.
+
+The loop stops in this process (`Halted`) when a write fails or its lease is
+stale (another runtime took the loop): at the next check, before anything
+else happens. Before each side effect (a model request, a tool call that
+starts after its batch's commit) the lease must be known to be this runtime's:
+it is while the last renewal is fresh (`valid_until`, on this process's
+clock), and is asked of the store otherwise (a runtime that stalled past its
+lease finds out there, and starts nothing).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING, Any, Final
 
 from agentfsm import _models
-from agentfsm._keys import idempotency_key
-from agentfsm._loop.tool_call import parallel
-from agentfsm._loop.turn import tool_index
+from agentfsm._loop.batch import plan_of
+from agentfsm._loop.journal import Halted
+from agentfsm._loop.snapshot import record_of
+from agentfsm.exceptions import LoopIdTakenError, StoreError
 from agentfsm.inference import InferenceOutput
 from agentfsm.interception import ToolBatch
-from agentfsm.messages import ContextItem, FunctionCallItem, FunctionCallOutputItem
-from agentfsm.record import LoopRecord
+from agentfsm.messages import ContextItem, FunctionCallOutputItem
+from agentfsm.record import DecisionEntry, LoopRecord
+from agentfsm.results import LoopStatus
 from agentfsm.states import LoopState
-from agentfsm.store._base import CallRecord, Commit, LoopStore
+from agentfsm.store._base import CallRecord, Commit, Lease
 
 from .flusher import Flusher, Ticket
 
 if TYPE_CHECKING:
-    from agentfsm._loop.loop import Loop
+    from collections.abc import Awaitable
 
-__all__ = ("Durable",)
+    from agentfsm._bus import Subscription
+    from agentfsm._loop.batch import PlannedCall
+    from agentfsm._loop.loop import Loop
+    from agentfsm.events import AgentEvent
+
+__all__ = ("LEASE_MARGIN", "Durable", "clock")
 
 
 _FREE: Final = frozenset({LoopState.context_update, LoopState.model_message})
@@ -48,157 +82,174 @@ flusher writes it as the provider awaits), and the loop never waits a trip to
 the store between its tools and its next request (a trip is ~4 ms with
 `durability="strict"`)."""
 
+LEASE_MARGIN: Final = 0.8
+"""A lease is taken as this runtime's for this share of `lease_ttl` after the
+renewal that extended it was sent: the rest covers clocks that drift apart
+(another runtime judges the lease by its own, or the server's, clock)."""
 
-_INTENT_FIELDS: Final = {
-    "key",
-    "loop_id",
-    "request",
-    "position",
-    "tool",
-    "call_id",
-    "status",
-}
-"""The fields an intent's `CallRecord` is given (the others keep their defaults)."""
+_CALL_FIELDS: Final = set(CallRecord.model_fields)
 
 
-def call_key(loop: Loop, position: int, call: FunctionCallItem) -> str:
-    """The idempotency key of the `position`-th call of the loop's latest
-    model request."""
-    return idempotency_key(
-        loop.loop_id, loop.model_requests, position, call.name, call.arguments
-    )
+def _lease_clock() -> Callable[[], float]:
+    boottime = getattr(time, "CLOCK_BOOTTIME", None)
+    if boottime is None:
+        return time.monotonic
+    return partial(time.clock_gettime, boottime)
+
+
+clock: Final = _lease_clock()
+"""The clock a lease's freshness is judged by: it runs on while the process is
+stopped (SIGSTOP) or its machine suspended (`CLOCK_BOOTTIME`, where there is
+one), so a runtime that wakes up knows how long it slept."""
 
 
 class Durable:
-    """What one loop has written to its store, and its ledger calls.
-
-    Writes are as few as the guarantees allow: a transition into a state with
-    side effects (`inference`, `function_call`) is written before the state
-    runs, with the records of the transitions since the last write and the
-    intents of the calls it starts; a call's output is written when it ends,
-    unless nothing but the loop's own code runs before the next write (no
-    handler, no `finish_turn`, no other call of its batch left to end), in
-    which case it goes with that write.
-
-    Every write goes through the runtime's `Flusher`, in order. The loop waits
-    for one to land before a tool runs (the commit into `function_call`, with
-    the intents), as it pauses, before it ends, and before a ledger write of
-    its own; not after a commit into `inference` (`_AHEAD`), which goes to the
-    store with the next write the loop waits for, unless the flusher's task
-    wrote it meanwhile. A write that
-    failed fails the loop at its next write or wait, and the loop writes
-    nothing more (what follows it would leave a gap): the store keeps its
-    last commit.
-    """
+    """One loop's journal (see the module)."""
 
     __slots__ = (
         "answer",
+        "by",
+        "confirm",
+        "decisions",
         "deferred",
         "ended",
+        "events",
         "failed",
+        "fencing_token",
         "flusher",
         "fresh",
         "inference",
-        "ledgered",
+        "lease",
+        "ledger",
+        "ledger_of",
+        "lost",
         "new",
-        "recorded",
-        "store",
+        "path_written",
+        "requested",
+        "stored",
         "tickets",
         "unfinished",
+        "valid_until",
         "written",
     )
 
     def __init__(
-        self, flusher: Flusher, written: int = 0, *, new: bool = False
+        self,
+        flusher: Flusher,
+        lease: Lease,
+        confirm: Callable[[Durable], Awaitable[None]],
+        valid_until: float,
+        *,
+        written: int = 0,
+        new: bool = False,
+        events: Subscription | None = None,
     ) -> None:
         self.flusher = flusher
+        self.lease = lease
+        self.fencing_token: int | None = lease.epoch
+        self.confirm = confirm
+        """Ask the store whether the lease is still this runtime's (the
+        keeper's); raises `Halted` if not."""
+        self.valid_until = valid_until
+        """Until when (on `clock`) the lease is surely this runtime's."""
+        self.lost: StoreError | None = None
+        """Why the lease was found stale (the lease renewal found it taken)."""
         self.new = new
         """The loop is `run_loop`'s, and has written nothing yet: its first
         commit says so (`Commit.new`: the store refuses it if the id is taken)."""
-        self.store: LoopStore = flusher.store
+        self.stored = not new
+        """Its first commit landed (or it was taken up from the store)."""
         self.written = written
         """How many context items the store holds (or will, once the commits
         queued have landed)."""
+        self.path_written = 0
+        """How many steps of the path this lease's commits carried."""
         self.answer: ContextItem | None = None
         """The item at `loop.answer_at` when last written (a handler may replace it)."""
+        self.requested = 0
+        """The model requests whose outputs were taken (see `state_ran`)."""
         self.inference: tuple[int, InferenceOutput] | None = None
         """A model output to write with the next commit."""
-        self.recorded: InferenceOutput | None = None
-        """The output of the request a recovered loop was making, if recorded."""
-        self.deferred: list[LoopRecord] = []
-        """Records of transitions into side-effect-free states, not written yet."""
-        self.ended: list[tuple[str, FunctionCallOutputItem, bool]] = []
-        """Calls ended, their outputs not written yet."""
-        self.ledgered: frozenset[str] = frozenset()
-        """Keys of the calls of its latest request the ledger held when the
-        loop was recovered: a call among them may have run (a batch parked
-        over its calls in flight runs again on its resume, and its done calls
-        must not): no intent is written for it with the commit into
-        `function_call`, and `begin_call` asks the ledger."""
-        self.fresh: dict[int, tuple[FunctionCallItem, CallRecord]] = {}
-        """The intents this process wrote with the commit into `function_call`,
-        by position in the batch (their ledger entries are known: new)."""
+        self.deferred: list[tuple[LoopRecord, int]] = []
+        """Records of transitions into side-effect-free states, not written yet
+        (with their paths' lengths)."""
+        self.ended: list[CallRecord] = []
+        """Ledger entries not written yet (calls ended)."""
+        self.decisions: list[DecisionEntry] = []
+        """Decisions not written yet."""
+        self.by: str | None = None
+        """Who made the last decision (settles the calls it answered or denied)."""
+        self.ledger: dict[str, CallRecord] = {}
+        """The ledger of the loop's latest request, by key, as written (this
+        runtime is its only writer while it holds the lease)."""
+        self.ledger_of = 0
+        """The request `ledger` is of."""
+        self.fresh: dict[int, CallRecord] = {}
+        """The intents written with the commit into `function_call`, by position
+        in the batch (the calls start without another write)."""
         self.unfinished = 0
-        """Calls of the current batch that have not ended (started or not)."""
+        """Calls of the current batch that run and have not ended."""
         self.tickets: list[Ticket] = []
         """Commits queued since the loop last waited for its writes."""
-        self.failed: Exception | None = None
+        self.failed: StoreError | None = None
         """Why a write of the loop failed (then it writes no more)."""
+        self.events = events
+        """The loop's events since the last commit (a store that keeps events)."""
 
-    async def committed(self, loop: Loop) -> None:
-        """A transition was committed: write it (waiting for it to land, or not:
-        see `_AHEAD`), or keep it for the next write when the state it entered
-        has no side effects."""
-        state = loop.state
-        if state in _FREE:
-            self.deferred.append(loop.snapshot())
-        elif state in _AHEAD:
-            self._submit(loop, background=True)
-        else:  # into `function_call`: the intents land before a tool runs
-            await self.save(loop)
+    # ------------------------------------------------------------ the journal
 
     def check(self) -> None:
-        """Raise what a write the loop did not wait for raised, if one did (the
-        loop fails, before it goes on, pauses or ends); forget the ones that
-        landed."""
+        """Raise `Halted` if a write the loop did not wait for failed, or its
+        lease was found stale; forget the writes that landed."""
         tickets = self.tickets
         while tickets and tickets[0].landed:  # they land in order
             ticket = tickets.pop(0)
             if ticket.error is not None and self.failed is None:
-                self.failed = ticket.error
-        if self.failed is not None:
+                self.failed = _store_error(ticket.error)
+            if ticket.commit.new and ticket.error is None:
+                self.stored = True
+        if isinstance(self.failed, LoopIdTakenError):
+            # Not a store's failure: the loop fails (it is not the store's: the
+            # store's loop of its id is left as it was, and it writes nothing).
             raise self.failed
-
-    async def save(self, loop: Loop) -> None:
-        """Write the loop's record, the records kept since the last write, what
-        its context gained, and the ledger's news; return once it landed."""
-        self._submit(loop, background=False)
-        await self.landed()
-
-    async def landed(self) -> None:
-        """Return once the loop's queued writes have landed.
-
-        Raises:
-            Exception: what a write of the loop's raised (this one's, or an
-                earlier one's: the loop has written nothing since).
-        """
         if self.failed is not None:
-            raise self.failed
-        if self.tickets:  # (the loop queues none while it waits)
-            await self.flusher.wait(self.tickets[-1])
-            self.check()
+            raise Halted(self.failed)
+        if self.lost is not None:
+            raise Halted(self.lost)
 
-    async def ending(self) -> None:
-        """The loop is about to end: return once the writes it sent have
-        landed (one that failed fails the loop, so that no outcome is told that
-        the store does not have); those still queued go with its end's commit,
-        in one trip (with a model that never awaits, the commit into
-        `inference` before the answer: a trip less a run, ~100 us on the
-        benchmark's machine). If one of those fails, the end is not written
-        either, and the loop keeps its outcome, as when its end's own write
-        fails (logged, `store_write_failed`). But a new loop's first commit
-        is waited for: a store that holds a loop of its id refuses it
-        (`LoopIdTakenError`), and the loop fails."""
+    async def committed(self, loop: Loop) -> None:
+        state = loop.state
+        if state in _FREE:
+            self.deferred.append((record_of(loop, path=False), len(loop.path)))
+        elif state in _AHEAD:
+            self._submit(loop, background=True)
+            await self.act()  # the request goes out once the lease is known
+        else:  # into `function_call`: the intents land before a tool runs
+            await self.save(loop)
+
+    async def state_ran(self, loop: Loop) -> None:
+        number = loop.model_requests
+        if number == self.requested:
+            return
+        self.requested = number
+        output = loop.output
+        if output is None:
+            return
+        self.inference = (number, output)
+        if loop.handlers:
+            # Written now, not with the next commit: the handlers decide about
+            # it first, and may take a while (a crash meanwhile would send the
+            # request, and pay for it, again).
+            self._submit(loop, background=True, record=False)
+
+    async def ending(self, loop: Loop) -> None:
+        """Return once the writes the loop sent have landed (one that failed
+        stops the loop, so that no outcome is told that the store does not
+        have); those still queued go with its end's commit, in one trip (with
+        a model that never awaits, the commit into `inference` before the
+        answer: a trip less a run, ~100 us on the benchmark's machine). A new
+        loop's first commit is waited for: a store that holds a loop of its id
+        refuses it (`LoopIdTakenError`), and the loop fails."""
         tickets = self.tickets
         sent = None
         for ticket in reversed(tickets):  # sent in order: the queued ones last
@@ -212,6 +263,18 @@ class Durable:
             await self.flusher.wait(sent)
         self.check()
 
+    async def save(self, loop: Loop) -> None:
+        if isinstance(self.failed, LoopIdTakenError):
+            return  # the loop is not the store's (see `check`)
+        self._submit(loop, background=False)
+        await self.landed()
+        if loop.status is LoopStatus.done and self.events is not None:
+            self.events.close()  # its `loop.idle` is written: nothing follows
+
+    def decided(self, entry: DecisionEntry) -> None:
+        self.decisions.append(entry)
+        self.by = entry.by or entry.handler
+
     def queued(self, loop: Loop) -> None:
         """A steering or follow-up message was queued for the paused loop: its
         record, which holds the queues, is written (nobody waits for it; a
@@ -222,14 +285,111 @@ class Durable:
         rest), so a later commit does not build on it: if it fails, the
         flusher logs it, and the next commit (the resume's) holds the queues
         too."""
-        if self.failed is not None or self.deferred or self.ended or self.inference:
+        if (
+            self.failed is not None
+            or self.deferred
+            or self.ended
+            or self.inference
+            or self.decisions
+            or (self.events is not None and self.events.buffered())
+        ):
             return  # writes no more, or has more to write than its record
         if len(loop.input.context.items) != self.written:
             return  # its context changed: the next commit writes it
-        commit = Commit(loop.snapshot(), self.written)
+        commit = Commit(
+            loop.loop_id,
+            self.lease,
+            record_of(loop, path=False),
+            len(loop.path),
+            (),
+            self.path_written,
+            self.written,
+        )
         self.flusher.submit(commit, background=True)
 
-    def _submit(self, loop: Loop, *, background: bool) -> None:
+    async def begin_call(self, loop: Loop, planned: PlannedCall) -> CallRecord:
+        fresh = self.fresh.pop(planned.position, None)
+        if fresh is not None:
+            return fresh  # written with the commit into `function_call`
+        key = planned.key(loop)
+        known = self.ledger.get(key)
+        if known is not None and known.status == "done":
+            return known  # it ran before: never again
+        await self.landed()
+        await self.act()
+        entry = self._started(loop, planned, key, known)
+        ledger, self.ended = [*self.ended, entry], []
+        self._submit(loop, background=False, record=False, ledger=ledger)
+        await self.landed()
+        return entry
+
+    async def end_call(
+        self, loop: Loop, key: str, output: FunctionCallOutputItem, terminate: bool
+    ) -> None:
+        known = self.ledger[key]
+        done = _entry(known, status="done", output=output, terminate=terminate)
+        self.ledger[key] = done
+        self.unfinished -= 1
+        if (
+            self.unfinished
+            == 0  # the batch's last: no other call runs before the write
+            and not loop.handlers
+            and loop.options.finish_turn is None
+            and loop.outbox is None
+        ):
+            self.ended.append(done)
+        else:
+            await self.landed()
+            ledger, self.ended = [*self.ended, done], []
+            self._submit(loop, background=False, record=False, ledger=ledger)
+            await self.landed()
+
+    # ------------------------------------------------------------------ lease
+
+    async def act(self) -> None:
+        """Return once the lease is known to be this runtime's (a side effect
+        follows); raise `Halted` if it is not."""
+        self.check()
+        if clock() < self.valid_until:
+            return
+        await self.confirm(self)
+        self.check()
+
+    def renewed(self, lease: Lease, sent: float, ttl: float) -> None:
+        """The store renewed the lease (the renewal was sent at `sent`)."""
+        if lease.epoch == self.lease.epoch:
+            self.valid_until = max(self.valid_until, sent + ttl * LEASE_MARGIN)
+
+    def lose(self, error: StoreError) -> None:
+        """The lease is stale: the loop stops at its next check."""
+        if self.lost is None:
+            self.lost = error
+
+    # ----------------------------------------------------------------- writes
+
+    async def landed(self) -> None:
+        """Return once the loop's queued writes have landed.
+
+        Raises:
+            Halted: a write of the loop's failed (this one's, or an earlier
+                one's: the loop has written nothing since).
+            LoopIdTakenError: the loop's first write was refused: a loop of
+                its id is the store's.
+        """
+        if self.failed is not None:
+            self.check()
+        if self.tickets:  # (the loop queues none while it waits)
+            await self.flusher.wait(self.tickets[-1])
+        self.check()
+
+    def _submit(
+        self,
+        loop: Loop,
+        *,
+        background: bool,
+        record: bool = True,
+        ledger: list[CallRecord] | None = None,
+    ) -> None:
         self.check()  # one the loop did not wait for may have failed
         items = loop.input.context.items
         first = self.written
@@ -240,127 +400,150 @@ class Durable:
         at = loop.answer_at
         if at is not None and at < first and items[at] is not self.answer:
             replaced = {at: items[at]}  # an answer a handler rewrote at `finish`
+        path = loop.path
+        length = len(path)
+        path_from = self.path_written if record and length >= self.path_written else 0
+        if ledger is None:
+            ledger = (
+                self._intents(loop) if loop.state is LoopState.function_call else []
+            )
+            if self.ended:
+                ledger = [*self.ended, *ledger]
+        events: list[AgentEvent] = []
+        if self.events is not None:
+            events = self.events.drain()
+            if record and loop.status is LoopStatus.done:
+                idle = loop.idle_event()
+                if idle is not None:
+                    events.append(idle)
         commit = Commit(
-            loop.snapshot(),
+            loop.loop_id,
+            self.lease,
+            record_of(loop, path=False) if record else None,
+            length,
+            path[path_from:] if record else (),
+            path_from,
             first,
             items[first:],
             replaced,
             self.inference,
             truncate,
             self.deferred,
-            self._intents(loop) if loop.state is LoopState.function_call else (),
-            self.ended,
+            ledger,
+            events,
+            self.decisions,
             self.new,
         )
         self.new = False
         self.inference = None
         self.deferred = []
         self.ended = []
+        self.decisions = []
+        if record:
+            self.path_written = length
         self.tickets.append(self.flusher.submit(commit, background=background))
         self.written = len(items)
         if at is not None and at < len(items):
             self.answer = items[at]
 
-    async def write_inference(self, loop: Loop) -> None:
-        """Write the output now, not with the next commit: the loop's handlers
-        decide about it first, and may take a while (a crash meanwhile would
-        send the request, and pay for it, again)."""
-        if self.inference is not None:
-            self.check()
-            number, output = self.inference
-            # Not after the loop's queued commit (its transition into
-            # `inference`): recovery uses a recorded output only in that
-            # state, so the order they land in does not matter.
-            await self.store.record_inference(loop.loop_id, number, output)
-            self.inference = None
-
     # ----------------------------------------------------------------- ledger
 
     def _intents(self, loop: Loop) -> list[CallRecord]:
-        """The intents of the calls the commit into `function_call` starts at
-        once: all of a batch run in parallel when none waits for a free slot
-        (`max_tool_concurrency`), else none; the first of one run in sequence.
-        Any other call's intent is written when it starts: before, it has not,
-        and an intent for it would make it uncertain after a crash."""
+        """The ledger entries of the commit into `function_call`: the intents of
+        the calls it starts at once (`BatchPlan.starting`: any other call's
+        intent is written when it starts: before, it has not, and an intent
+        for it would make it uncertain after a crash), and what a decision
+        said of the calls a recovery left uncertain: answered or denied (done,
+        with their outputs), or to run again (`retry`, until they start)."""
         self.fresh = {}
         step = loop.step
         batch = step[1] if step is not None else None
-        if not isinstance(batch, ToolBatch) or loop.output is None:
+        if not isinstance(batch, ToolBatch):
             return []
-        if loop.output.finish_reason == "length":
-            return []  # truncated: no call runs
-        tools = tool_index(loop)
-        runs = [
-            (position, call)
-            for position, call in enumerate(batch.calls)
-            if call.call_id not in batch.denied
-            and call.call_id not in batch.outputs
-            and (call.name in tools or loop.tool_chain is not None)
-        ]
-        if parallel(loop, batch, tools):
-            if len(runs) > loop.options.max_tool_concurrency:
-                return []  # some wait for a slot, in no set order
-        else:
-            runs = runs[:1]
-        for position, call in runs:
-            key = call_key(loop, position, call)
-            if key not in self.ledgered:
-                self.fresh[position] = (call, self._intent(loop, key, position, call))
-        return [intent for _, intent in self.fresh.values()]
+        if loop.model_requests != self.ledger_of:
+            self.ledger, self.ledger_of = {}, loop.model_requests
+        plan = plan_of(loop, batch)
+        self.unfinished = sum(1 for c in plan.calls if c.runs)
+        entries = []
+        for planned in plan.calls:
+            if planned.runs or not self.ledger:
+                continue
+            key = planned.key(loop)
+            known = self.ledger.get(key)
+            if known is not None and known.status != "done":
+                output = FunctionCallOutputItem(
+                    call_id=planned.call.call_id,
+                    output=planned.output or "",
+                    is_error=planned.is_error,
+                )
+                done = _entry(known, status="done", output=output, by=self.by)
+                self.ledger[key] = done
+                entries.append(done)
+        starting = plan.starting()
+        for planned in starting:
+            key = planned.key(loop)
+            known = self.ledger.get(key)
+            if known is not None and known.status == "done":
+                continue  # it ran before: `begin_call` gives its output
+            entry = self._started(loop, planned, key, known)
+            self.fresh[planned.position] = entry
+            entries.append(entry)
+        started = {planned.position for planned in starting}
+        for planned in plan.calls:
+            if not planned.runs or planned.position in started or not self.ledger:
+                continue
+            key = planned.key(loop)
+            known = self.ledger.get(key)
+            if known is not None and known.status == "uncertain":
+                # A decision lets it run again, later in the batch: so the
+                # ledger says, and a crash before it starts asks nobody again.
+                retry = _entry(known, status="retry", by=self.by)
+                self.ledger[key] = retry
+                entries.append(retry)
+        return entries
 
-    def _intent(
-        self, loop: Loop, key: str, position: int, call: FunctionCallItem
+    def _started(
+        self, loop: Loop, planned: PlannedCall, key: str, known: CallRecord | None
     ) -> CallRecord:
+        """The ledger entry of a call about to start (a new attempt of one the
+        ledger knows)."""
         # The loop's own valid values: built without validation (~1.5 µs a
         # call; tests/internals/test_trusted_models.py checks it equals the
         # validated one).
-        return _models.trusted(
+        entry = _models.trusted(
             CallRecord,
             {
                 "key": key,
                 "loop_id": loop.loop_id,
                 "request": loop.model_requests,
-                "position": position,
-                "tool": call.name,
-                "call_id": call.call_id,
+                "position": planned.position,
+                "tool": planned.call.name,
+                "call_id": planned.call.call_id,
                 "status": "started",
-                "attempt": 1,
+                "attempt": 1 if known is None else known.attempt + 1,
                 "output": None,
                 "terminate": False,
+                "by": None,
             },
-            _INTENT_FIELDS,
+            _CALL_FIELDS,
         )
+        self.ledger[key] = entry
+        return entry
 
-    async def begin_call(
-        self, loop: Loop, position: int, call: FunctionCallItem
-    ) -> CallRecord:
-        """Record the intent to run `call` (the `position`-th of its batch); the
-        ledger's entry (`done` when the call ran already: its recorded output
-        is the output; its `key` is the call's idempotency key)."""
-        fresh = self.fresh.pop(position, None)
-        if fresh is not None and fresh[0] is call:  # this batch's (see `_intents`)
-            return fresh[1]  # written with the commit into `function_call`
-        key = call_key(loop, position, call)
-        await self.landed()
-        if self.ended:  # a sequential batch's earlier call: its output first
-            ended, self.ended = self.ended, []
-            for done in ended:
-                await self.store.end_call(loop.loop_id, *done)
-        return await self.store.begin_call(self._intent(loop, key, position, call))
+    def mark_uncertain(self, keys: list[str]) -> None:
+        """A recovery parked the loop over these calls: the ledger says so with
+        the park's commit."""
+        for key in keys:
+            entry = _entry(self.ledger[key], status="uncertain")
+            self.ledger[key] = entry
+            self.ended.append(entry)
 
-    async def end_call(
-        self, loop: Loop, key: str, output: FunctionCallOutputItem, terminate: bool
-    ) -> None:
-        """Record a call's output: now, or with the next write when nothing but
-        the loop's own code runs before it (see the class)."""
-        if (
-            self.unfinished
-            == 1  # the batch's last: no other call runs before the write
-            and not loop.handlers
-            and loop.options.finish_turn is None
-            and loop.outbox is None
-        ):
-            self.ended.append((key, output, terminate))
-        else:
-            await self.landed()
-            await self.store.end_call(loop.loop_id, key, output, terminate)
+
+def _entry(known: CallRecord, **changes: Any) -> CallRecord:
+    return known.model_copy(update=changes)
+
+
+def _store_error(error: Exception) -> StoreError:
+    if isinstance(error, StoreError):
+        return error
+    return StoreError(f"the store failed: {type(error).__name__}: {error}")

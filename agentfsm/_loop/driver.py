@@ -35,16 +35,18 @@ from agentfsm.results import ErrorInfo, LoopStatus, PathStep
 from agentfsm.states import LoopState, Outcome, Trigger
 
 from .intercept import intercept
+from .journal import Halted
 from .loop import _current_loop
 from .states import STATES
 from .steps import _S, _T, Step
 
 if TYPE_CHECKING:
-    from agentfsm._durable.writer import Durable
+    from agentfsm.exceptions import StoreError
 
+    from .journal import Journal
     from .loop import Loop
 
-__all__ = ("end", "end_paused", "expire_paused", "run")
+__all__ = ("end", "end_paused", "expire_paused", "halt", "run")
 
 _tuple_new = tuple.__new__
 
@@ -88,34 +90,45 @@ async def run(loop: Loop) -> None:
     the events it holds for a full backpressure subscriber past its capacity
     (`deliver_held`) instead of waiting for room, so a subscriber that never
     reads holds neither the loop's worker nor the runtime's exit.
+
+    A durable loop's journal may stop it here (`Halted`: a write failed, or
+    another runtime took it): it ends nothing and is detached (`halt`). So is
+    a durable loop the runtime closes while it runs: its store keeps it, for
+    `recover`, as of its last commit.
     """
     # Each run is in its own copy of the starter's context (see `_runtime.workers`),
     # so binding needs no reset.
     _current_loop.set(loop.loop_id)
     bind_contextvars(loop_id=loop.loop_id, agent_id=loop.agent_id)
-    durable = loop.durable
+    journal = loop.journal
     # `Runtime.cancel` cancels the task of the worker running the loop; the
     # cancellation arrives here like the runtime closing does.
     try:
-        if durable is not None and loop.resumed is not None:
+        if journal is not None and loop.resumed is not None:
             # The decision is stored before it takes effect: a loop recovered
             # after this never asks for it again.
-            await durable.save(loop)
+            await journal.save(loop)
         if loop.options.deadline is None:
             await drive(loop)
         else:
             await _drive_until_deadline(loop)
         if loop.status is not _DONE:
             _cancelled(loop)  # cancelled as it paused, with no checkpoint between
+    except Halted as exc:
+        halt(loop, error_text(exc.error), exc.error)
+        return
     except anyio.get_cancelled_exc_class():
-        # Cancelled (by `Runtime.cancel` or the runtime closing): end the loop
-        # as cancelled, then let the cancellation go on. A cancel never waits
-        # on a subscriber: what the loop holds is delivered past capacity.
+        if journal is not None and not loop.cancel_requested:
+            # The runtime closing: not the loop's end. The store keeps its
+            # last transition, and `recover` goes on from it.
+            halt(loop, "the runtime closed while the loop ran", None)
+            raise
+        # Cancelled (by `Runtime.cancel`, or the runtime closing): end the
+        # loop as cancelled, then let the cancellation go on. A cancel never
+        # waits on a subscriber: what the loop holds is delivered past capacity.
         end(loop, _T.cancel, reason=_cancel_reason(loop, "runtime closed"))
         loop.deliver_held()
-        # A cancel is the loop's end; the runtime closing is not: the store
-        # keeps the loop's last transition, and recovery goes on from it.
-        await _stored_end(loop, save=loop.cancel_requested)
+        await _stored_end(loop)
         raise
     except LoopAborted as exc:
         end(loop, _T.abort, reason=exc.reason)
@@ -136,20 +149,18 @@ async def run(loop: Loop) -> None:
         loop.deliver_held()
         await _stored_end(loop)
         raise
-    if durable is not None:
+    if journal is not None:
         with anyio.CancelScope(shield=True):
-            failed = await _save_end(loop, durable)  # paused, or ended
-            if failed is not None and loop.status is not _DONE:
-                # A pause the store could not take would be lost with the
-                # process: the loop fails instead (its end is not stored either).
-                end(loop, _T.fail, reason=error_text(failed), error=failed)
-            if loop.status is not _DONE and _cancelled(loop):
+            stored = await _saved(loop, journal)  # paused, or ended
+            if stored and loop.status is not _DONE and _cancelled(loop):
                 # Cancelled while its pause was being saved (the cancel only
                 # cancelled this worker, and nothing here checkpoints): it ends
                 # now, or it would stay paused with nobody to end it.
-                await _save_end(loop, durable)
+                stored = await _saved(loop, journal)
+        if not stored:
+            return
         if loop.status is _DONE:
-            wake(loop)
+            _announce_end(loop)
     if loop.outbox is None:
         return
     if loop.outcome is Outcome.cancelled:
@@ -161,40 +172,60 @@ async def run(loop: Loop) -> None:
     try:
         await loop.flush()
     except anyio.get_cancelled_exc_class():
-        if loop.status is not _DONE:  # paused, its pause still being published
+        if loop.status is not _DONE and journal is None:
+            # Paused, its pause still being published (a durable loop stays
+            # paused in its store).
             reason = "the runtime closed while the loop was paused"
             end(loop, _T.cancel, reason=_cancel_reason(loop, reason))
-            await _stored_end(loop, save=loop.cancel_requested)
         loop.deliver_held()
         raise
 
 
-async def _stored_end(loop: Loop, *, save: bool = True) -> None:
-    """A durable loop's end: stored (`save`), then its waiters woken (`end`
-    wakes those of a loop without a store at once); nothing without a store."""
-    durable = loop.durable
-    if durable is None:
+async def _stored_end(loop: Loop) -> None:
+    """A durable loop's end: stored, then announced (`end` announces that of a
+    loop without a store at once); nothing without a store."""
+    journal = loop.journal
+    if journal is None:
         return
-    if save:
-        with anyio.CancelScope(shield=True):
-            await _save_end(loop, durable)
+    with anyio.CancelScope(shield=True):
+        stored = await _saved(loop, journal)
+    if stored:
+        _announce_end(loop)
+
+
+async def _saved(loop: Loop, journal: Journal) -> bool:
+    """Store the loop as its run left it (paused, or ended); whether it landed
+    (if not, the loop is detached: `halt`)."""
+    try:
+        await journal.save(loop)
+    except Halted as exc:
+        halt(loop, error_text(exc.error), exc.error)
+        return False
+    return True
+
+
+def _announce_end(loop: Loop) -> None:
+    """A durable loop's end is stored: publish its `loop.idle`, then wake whoever
+    waits (they find it ended in the store too)."""
+    loop.release_idle()
     wake(loop)
 
 
-async def _save_end(loop: Loop, durable: Durable) -> Exception | None:
-    """Store the loop as its run left it; a store that cannot take it is logged
-    (the loop has ended or paused in memory; the store keeps its last commit),
-    and its error returned."""
-    try:
-        await durable.save(loop)
-    except Exception as exc:  # noqa: BLE001 - the run is over: nothing to fail
-        loop.log.error(
-            "store_write_failed",
-            status=loop.status,
-            error=f"{type(exc).__name__}: {error_text(exc)}",
-        )
-        return exc
-    return None
+def halt(loop: Loop, reason: str, error: StoreError | None) -> None:
+    """The loop stops in this process without ending (see `run`): it writes
+    nothing more, publishes `loop.detached`, and is no longer the runtime's.
+    Its store keeps it as of its last commit."""
+    loop.detached = True
+    loop.log.error("loop_detached", state=loop.state, reason=reason)
+    loop.emit(
+        "loop.detached",
+        reason=reason,
+        error_type=None if error is None else type(error).__name__,
+    )
+    loop.deliver_held()
+    loop.model_chain = None  # (a cycle: see `end`)
+    if loop.on_halt is not None:
+        loop.on_halt(loop, reason, error)
 
 
 def _cancel_reason(loop: Loop, otherwise: str) -> str:
@@ -228,17 +259,19 @@ async def drive(loop: Loop) -> None:
     """Take steps until the loop ends or pauses (a loop recovered from a store
     with no pending step first runs the state it had entered)."""
     step = loop.pending
+    journal = loop.journal
     if step is None:
         assert loop.step is not None
         step = await STATES[loop.state](loop, loop.step[1])
+        if journal is not None:
+            await journal.state_ran(loop)
     loop.pending = None
     handlers = loop.handlers
-    durable = loop.durable
     while True:
         if loop.cancel_requested and _cancelled(loop):  # the flag first: no call
             return
-        if durable is not None:
-            durable.check()  # a write it did not wait for failed: it fails now
+        if journal is not None:
+            journal.check()  # a write it did not wait for failed: it stops now
         source = loop.state
         dest = TABLE[source, step[0]]
         rewritten_from: LoopState | None = None
@@ -249,19 +282,22 @@ async def drive(loop: Loop) -> None:
             step, dest, rewritten_from = decided
             if loop.cancel_requested and _cancelled(loop):  # by a handler: not taken
                 return
-        if durable is not None and dest is _S.idle:
+        if journal is not None and dest is _S.idle:
             # Its writes land before it ends, or go with its end (`ending`).
-            # (The store tested first: the state first cost a loop without a
+            # (The journal tested first: the state first cost a loop without a
             # store ~2,400 instructions a benchmark run, `make
             # bench-instructions`.)
-            await durable.ending()
+            await journal.ending(loop)
         commit(loop, source, step, dest, rewritten_from)
         if dest is _S.idle:
             end(loop, *step)
             return
-        if durable is not None:
-            await durable.committed(loop)  # before the state's side effects
-        step = await STATES[dest](loop, step[1])
+        if journal is None:
+            step = await STATES[dest](loop, step[1])
+        else:
+            await journal.committed(loop)  # before the state's side effects
+            step = await STATES[dest](loop, step[1])
+            await journal.state_ran(loop)
         if loop.outbox is not None:
             await loop.flush()
         if not len(loop.path) & _YIELD_MASK:
@@ -338,14 +374,21 @@ def end(
     # The model wrappers' chain ends in the loop's own method (a cycle: loop ->
     # chain -> loop); dropped, the ended loop is freed without the collector.
     loop.model_chain = None
+    # A durable loop's `loop.idle` is held until its end is stored (`run`):
+    # whoever it tells, and whoever `wait`s, then finds it ended in the store
+    # too (an end the store could not take detaches the loop instead).
     loop.emit_idle(
-        outcome, reason, loop.answer, loop.usage, loop.model_requests, loop.tool_calls
+        outcome,
+        reason,
+        loop.answer,
+        loop.usage,
+        loop.model_requests,
+        loop.tool_calls,
+        loop.journal is not None,
     )
     loop.log.info("loop_idle", outcome=outcome, reason=reason)
-    if loop.durable is None:
+    if loop.journal is None:
         wake(loop)
-    # A durable loop wakes its waiters once its end is stored (`run`): whoever
-    # `wait`s then finds it ended in the store too.
 
 
 def wake(loop: Loop) -> None:

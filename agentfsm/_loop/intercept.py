@@ -65,6 +65,8 @@ class Resumed(NamedTuple):
     original_dest: LoopState
 
 
+_DECISIONS: Final = (Proceed, Rewrite, Pause, Abort)
+
 MESSAGE_TRIGGERS: Final = frozenset({_T.start, _T.steer, _T.follow_up})
 REQUEST_TRIGGERS: Final = frozenset({_T.infer, _T.infer_streaming})
 ANSWER_TRIGGERS: Final = frozenset({_T.answer, _T.finish})
@@ -138,6 +140,18 @@ async def intercept(
             pending = pending_of(loop, source, trigger, dest, payload)
             decision = await call_handler(handlers[index], pending)
             handler_index = index
+            if (
+                loop.journal is not None
+                and (decision is not None or trigger is _T.call_tools)
+                and (decision is None or isinstance(decision, _DECISIONS))
+            ):
+                # Stored with the commit of the transition, before it acts: a
+                # handler's decision, and who let a batch of calls through.
+                from .snapshot import decision_entry
+
+                name = callable_name(handlers[index])
+                entry = decision_entry(loop, pending, name, decision)
+                loop.journal.decided(entry)
         match decision:
             case None | Proceed():
                 decided(loop, source, trigger, dest, handler_index, "proceed")

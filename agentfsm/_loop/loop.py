@@ -44,9 +44,12 @@ if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
 
     from agentfsm._bus import EventBus
-    from agentfsm._durable.writer import Durable
+    from agentfsm.exceptions import StoreError
     from agentfsm.providers import ProviderRegistry
     from agentfsm.record import LoopRecord
+
+    from .batch import BatchPlan
+    from .journal import Journal
 
 __all__ = ("Loop", "current_loop_id")
 
@@ -133,14 +136,18 @@ class Loop(Emitter):
         # what the loop runs with (not data: not in the record)
         "_bound_log",
         "clock",
+        "detached",
         "done",
-        "durable",
+        "journal",
         "described",
         "cancel_scope",
         "event",
         "on_commit",
         "on_end",
+        "on_halt",
+        "plan",
         "providers",
+        "recorded_output",
         "released",
         "scan",
         "tool_chain",
@@ -239,8 +246,20 @@ class Loop(Emitter):
         self.event = event
         self.on_end = on_end
         self.on_commit = on_commit
-        self.durable: Durable | None = None
-        """Its side of the runtime's store (`_durable.writer`), if the runtime has one."""
+        self.journal: Journal | None = None
+        """What keeps it in the runtime's store (`journal.Journal`), if the
+        runtime has one."""
+        self.detached = False
+        """It stopped in this process without ending (`driver.halt`): it never
+        runs here again."""
+        self.on_halt: Callable[[Loop, str, StoreError | None], None] | None = None
+        """The runtime's, for a loop that stops here without ending (see
+        `driver.halt`)."""
+        self.plan: BatchPlan | None = None
+        """The plan of the batch of the current `function_call` step."""
+        self.recorded_output: InferenceOutput | None = None
+        """The output its store recorded of the request a recovered loop was
+        making (`states.inference.recover`): used instead of sending it."""
         self.described: tuple[Any, ...] | None = None
         """Its options and handlers as its records name them, with the objects
         they were made from (`snapshot.record_of`, made once per loop)."""
@@ -290,13 +309,21 @@ class Loop(Emitter):
             return True
         return False  # not started yet: its run will see the flag
 
-    def resume(self, decision: Decision) -> None:
-        """Continue a paused loop with `decision` in place of the handler's `Pause`."""
+    def resume(self, decision: Decision, by: str | None = None) -> None:
+        """Continue a paused loop with `decision` in place of the handler's
+        `Pause`; a durable loop stores it (who gave it, and when) before it
+        takes effect."""
         paused = self.paused
         assert paused is not None
         self.paused = None
         self.resumed = Resumed(decision, paused.handler, paused.original_dest)
         self.status = LoopStatus.running
+        if self.journal is not None:
+            from .snapshot import decision_entry
+
+            self.journal.decided(
+                decision_entry(self, paused.pending, None, decision, by)
+            )
         self.emit("loop.resumed", decision=decision.kind)
 
     def queue(self, message: UserMessage, *, follow_up: bool) -> None:

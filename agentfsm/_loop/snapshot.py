@@ -1,5 +1,7 @@
-"""Taking a live loop's record (`agentfsm.record.LoopRecord`): `Runtime.snapshot`,
-and a durable store's write at every commit.
+"""A loop's record (`agentfsm.record.LoopRecord`) in both directions: taken
+from a live loop (`record_of`: `Runtime.snapshot`, and a durable store's write
+at every commit), and a loop rebuilt from a stored one (`restore`, with the
+callables it names rebound by name through `Bindings`).
 
 The record is made of the loop's own valid data, so it is built without
 validation (`_models.trusted`), and what does not change between commits is
@@ -14,6 +16,8 @@ from __future__ import annotations
 import hashlib
 import json
 import weakref
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final, TypeVar
@@ -22,10 +26,22 @@ import anyio
 from pydantic import BaseModel
 
 from agentfsm import _models
+from agentfsm.exceptions import ConfigurationError, StoreError
 from agentfsm.inference import InferenceInput, RequestMetadata
-from agentfsm.interception import Decision, Rewrite, TransitionPayload
+from agentfsm.interception import (
+    Abort,
+    Decision,
+    Pause,
+    PendingTransition,
+    Proceed,
+    Rewrite,
+    TransitionPayload,
+)
+from agentfsm.messages import ContextItem, FunctionCallOutputItem, ModelContext
+from agentfsm.options import LoopOptions
 from agentfsm.record import (
     RECORD_VERSION,
+    DecisionEntry,
     DecisionRecord,
     LoopRecord,
     MessagesRecord,
@@ -41,13 +57,22 @@ from agentfsm.record import (
 )
 from agentfsm.tools import Tool, ToolDefinition
 
+from .intercept import APPROVAL_GATE, Paused, Resumed
+from .repair import REPAIRED
 from .states.model_message import jsonable
 
 if TYPE_CHECKING:
     from .loop import Loop
     from .steps import Step
 
-__all__ = ("record_of", "schema_digest")
+__all__ = (
+    "Bindings",
+    "RecoveryError",
+    "decision_entry",
+    "record_of",
+    "restore",
+    "schema_digest",
+)
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -60,6 +85,7 @@ def _made(cls: type[M], **values: Any) -> M:
 _FIELDS: Final[dict[type[BaseModel], set[str]]] = {
     cls: set(cls.model_fields)
     for cls in (
+        DecisionEntry,
         LoopRecord,
         RequestRecord,
         MessagesRecord,
@@ -73,8 +99,9 @@ _FIELDS: Final[dict[type[BaseModel], set[str]]] = {
 }
 
 
-def record_of(loop: Loop) -> LoopRecord:
-    """The record of a live loop."""
+def record_of(loop: Loop, *, path: bool = True) -> LoopRecord:
+    """The record of a live loop (`path=False`: with its path left empty, for
+    a store's commit, which carries the path's new steps instead)."""
     own = loop.input.context
     paused = loop.paused
     resumed = loop.resumed
@@ -104,7 +131,7 @@ def record_of(loop: Loop) -> LoopRecord:
         state=loop.state,
         status=loop.status,
         seq=loop.seq,
-        path=tuple(loop.path),
+        path=tuple(loop.path) if path else (),
         context_items=len(own.items),
         pending=step_record(loop.pending, own, repair),
         step=step_record(loop.step, own, repair),
@@ -327,3 +354,260 @@ def decision_record(
             payload=payload_record(decision.payload, own, repair),
         )
     return DecisionRecord(kind=decision.kind, reason=getattr(decision, "reason", None))
+
+
+def decision_entry(
+    loop: Loop,
+    pending: PendingTransition,
+    handler: str | None,
+    decision: Decision | None,
+    by: str | None = None,
+) -> DecisionEntry:
+    """A decision about `pending` as the store keeps it (`None`: proceed)."""
+    return _made(
+        DecisionEntry,
+        seq=pending.seq,
+        source=pending.source,
+        trigger=pending.trigger,
+        dest=pending.dest,
+        handler=handler,
+        decision=_PROCEED
+        if decision is None
+        else decision_record(decision, loop.input.context, loop.metadata),
+        by=by,
+        at=loop.clock(),
+    )
+
+
+_PROCEED: Final = DecisionRecord(kind="proceed")
+
+
+# ------------------------------------------------------------------ restore
+
+
+class RecoveryError(StoreError):
+    """A stored loop cannot be rebuilt here: it names a tool or a callable this
+    runtime was not given, or a tool whose schema changed since."""
+
+
+class Bindings:
+    """The tools and callables a runtime may bind stored loops to, by name."""
+
+    def __init__(
+        self,
+        tools: Iterable[Tool | Callable[..., Any]] = (),
+        handlers: Mapping[str, Any] | Iterable[Any] = (),
+    ) -> None:
+        self.tools: dict[str, Tool] = {}
+        self.callables: dict[str, Any] = {}
+        for given in tools:
+            tool = given if isinstance(given, Tool) else Tool.from_function(given)
+            self.tools[tool.name] = tool
+        if isinstance(handlers, Mapping):
+            for name, value in handlers.items():
+                if not callable(value):
+                    raise ConfigurationError(f"handlers[{name!r}] is not callable")
+                self.callables[name] = value
+        else:
+            for value in handlers:
+                if not callable(value):
+                    raise ConfigurationError(f"handler {value!r} is not callable")
+                self.callables[callable_name(value)] = value
+
+    def learn(self, loop: Loop) -> None:
+        """Remember what a loop started here names, so this runtime can rebuild
+        it (a loop paused here and taken up again by this runtime's store)."""
+        for tool in loop.input.tools:
+            self.tools.setdefault(tool.name, tool)
+        options = loop.options
+        for value in (
+            *loop.handlers,
+            *options.stop_when,
+            *options.tool_wrappers,
+            *options.model_wrappers,
+        ):
+            self.callables.setdefault(callable_name(value), value)
+        if options.finish_turn is not None:
+            self.callables.setdefault(
+                callable_name(options.finish_turn), options.finish_turn
+            )
+        schema = loop.input.structured_output
+        if schema is not None and not isinstance(schema, dict):
+            self.callables.setdefault(callable_name(schema), schema)
+
+    def tool(self, loop_id: str, name: str, digest: str | None) -> Tool:
+        tool = self.tools.get(name)
+        if tool is None:
+            raise RecoveryError(
+                f"loop {loop_id} uses the tool {name!r}, which this runtime was "
+                "not given (Runtime(tools=[...]))"
+            )
+        if digest is not None and schema_digest(tool) != digest:
+            raise RecoveryError(
+                f"loop {loop_id} was started with another schema of the tool "
+                f"{name!r}: it is not resumed with a tool whose arguments changed"
+            )
+        return tool
+
+    def callable(self, loop_id: str, name: str) -> Any:
+        value = self.callables.get(name)
+        if value is None:
+            raise RecoveryError(
+                f"loop {loop_id} names {name!r}, which this runtime was not given "
+                "(Runtime(handlers=[...]) binds handlers, wrappers, stop "
+                "conditions, finish_turn and structured-output classes by name)"
+            )
+        return value
+
+
+class _Rebuild:
+    """The conversion of one record's data back into live objects."""
+
+    def __init__(self, record: LoopRecord, context: ModelContext, bindings: Bindings):
+        self.record = record
+        self.context = context
+        self.bindings = bindings
+
+    def request(self, data: RequestRecord) -> InferenceInput:
+        loop_id = self.record.loop_id
+        digests: list[str | None] = list(data.tool_schemas) or [None] * len(data.tools)
+        tools = [
+            self.bindings.tool(loop_id, name, digest)
+            for name, digest in zip(data.tools, digests, strict=True)
+        ]
+        if data.own_context or (data.repairs is None and data.items is None):
+            context = self.context  # (the turn's request: see RequestRecord.items)
+        elif data.repairs is not None:
+            items = list(self.context.items[: data.context_items - len(data.repairs)])
+            for position, _, call_id in data.repairs:
+                items.insert(position, FunctionCallOutputItem.error(call_id, REPAIRED))
+            context = ModelContext(instructions=data.instructions, items=items)
+        else:
+            context = ModelContext(
+                instructions=data.instructions, items=list(data.items or ())
+            )
+        schema = data.structured_output
+        return InferenceInput.model_validate(
+            {
+                **data.settings,
+                "model": data.model,
+                "context": context,
+                "tools": tools,
+                "structured_output": self.bindings.callable(loop_id, schema)
+                if isinstance(schema, str)
+                else schema,
+            }
+        )
+
+    def payload(self, data: PayloadRecord) -> TransitionPayload:
+        if isinstance(data, RequestRecord):
+            return self.request(data)
+        if isinstance(data, MessagesRecord):
+            return tuple(data.messages)
+        return data
+
+    def step(self, data: StepRecord | None) -> Step | None:
+        if data is None:
+            return None
+        return (data.trigger, self.payload(data.payload), data.reason)
+
+    def decision(self, data: DecisionRecord) -> Decision:
+        if data.kind == "rewrite":
+            return Rewrite(dest=data.dest, payload=self.payload(data.payload))
+        if data.kind == "pause":
+            return Pause(reason=data.reason or "paused")
+        if data.kind == "abort":
+            return Abort(reason=data.reason or "aborted")
+        return Proceed()
+
+    def options(self) -> LoopOptions:
+        data = self.record.options
+        loop_id = self.record.loop_id
+        values: dict[str, Any] = data.model_dump()
+        for name in ("stop_when", "tool_wrappers", "model_wrappers"):
+            values[name] = tuple(
+                self.bindings.callable(loop_id, n) for n in values[name]
+            )
+        if data.finish_turn is not None:
+            values["finish_turn"] = self.bindings.callable(loop_id, data.finish_turn)
+        return LoopOptions(**values)
+
+
+def restore(
+    record: LoopRecord,
+    items: Sequence[ContextItem],
+    bindings: Bindings,
+    make: Callable[[InferenceInput, tuple[Any, ...], LoopOptions], Loop],
+) -> Loop:
+    """The loop of a stored record and context, as it was at its last commit
+    (no task, no event published): the inverse of `record_of`; `make` builds a
+    `Loop` of the runtime's.
+
+    Raises:
+        RecoveryError: a tool or callable is missing or changed.
+    """
+    context = ModelContext(instructions=record.input.instructions)
+    context.items.extend(items)  # validated when they were stored
+    rebuild = _Rebuild(record, context, bindings)
+    inference_input = rebuild.request(record.input)
+    handlers = tuple(
+        bindings.callable(record.loop_id, name)
+        for name in record.handlers
+        if name != APPROVAL_GATE  # the loop puts the gate back itself
+    )
+    loop = make(inference_input, handlers, rebuild.options())
+    loop.loop_id = record.loop_id
+    loop.agent_id = record.agent_id
+    loop.started_at = record.started_at
+    loop.state = record.state
+    loop.status = record.status
+    loop.seq = record.seq
+    loop.path = list(record.path)
+    loop.pending = rebuild.step(record.pending)
+    loop.step = rebuild.step(record.step)
+    if record.pause is not None:
+        pause = record.pause
+        payload = rebuild.payload(pause.payload)
+        pending = PendingTransition(
+            loop_id=record.loop_id,
+            agent_id=record.agent_id,
+            seq=pause.seq,
+            source=pause.source,
+            trigger=pause.trigger,
+            dest=pause.dest,
+            payload=payload,
+            model_requests=record.model_requests,
+            tool_calls=record.tool_calls,
+            usage=record.usage,
+        )
+        loop.paused = Paused(pending, pause.handler, pause.reason, pause.original_dest)
+    if record.resume is not None:
+        resume = record.resume
+        loop.resumed = Resumed(
+            rebuild.decision(resume.decision), resume.handler, resume.original_dest
+        )
+    loop.model_requests = record.model_requests
+    loop.tool_calls = record.tool_calls
+    loop.structured_failures = record.structured_failures
+    loop.usage = record.usage
+    loop.steering = deque(record.steering) if record.steering else None
+    loop.follow_ups = deque(record.follow_ups) if record.follow_ups else None
+    turn = record.turn
+    loop.request = rebuild.request(turn.request)
+    loop.output = turn.output
+    loop.message = turn.message
+    loop.answer_at = turn.answer_at
+    loop.history = turn.history
+    loop.last_tools = list(turn.last_tools)
+    loop.cancel_requested = record.cancel_requested
+    loop.cancel_reason = record.cancel_reason
+    if record.deadline_utc is not None:
+        left = (record.deadline_utc - datetime.now(UTC)).total_seconds()
+        loop.deadline_at = anyio.current_time() + left
+    loop.outcome = record.outcome
+    loop.reason = record.reason
+    loop.answer = record.answer
+    loop.parsed = record.parsed
+    loop.error = record.error
+    loop.ended_at = record.ended_at
+    return loop

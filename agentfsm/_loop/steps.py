@@ -9,12 +9,17 @@ edge drops the reason, since the reason belongs to the edge it came with.
 
 from __future__ import annotations
 
-from typing import Final, TypeAlias
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Final, NamedTuple, TypeAlias
 
 from agentfsm.interception import TransitionPayload
 from agentfsm.states import LoopState, Trigger
 
-__all__ = ("Step", "_S", "_T")
+if TYPE_CHECKING:
+    from agentfsm.inference import InferenceOutput
+    from agentfsm.store import CallRecord
+
+__all__ = ("Found", "Step", "_S", "_T")
 
 
 Step: TypeAlias = tuple[Trigger, TransitionPayload, str | None]
@@ -55,3 +60,14 @@ class _T:
     abort: Final = Trigger.abort
     fail: Final = Trigger.fail
     cancel: Final = Trigger.cancel
+
+
+class Found(NamedTuple):
+    """What a loop's store holds of its current turn, as it is taken up (see
+    `states.RECOVER`)."""
+
+    output: InferenceOutput | None
+    """The recorded output of the request the loop was making (in
+    `inference`), if any."""
+    ledger: Mapping[str, CallRecord]
+    """The ledger's entries of its latest request's calls, by key."""

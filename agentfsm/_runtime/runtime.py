@@ -31,8 +31,11 @@ from agentfsm._loop.driver import end_paused, expire_paused
 from agentfsm.exceptions import (
     ConfigurationError,
     EventLogError,
+    LeaseLostError,
+    LoopDetachedError,
     LoopStateError,
     NoRuntimeError,
+    StoreError,
     UnknownLoopError,
 )
 from agentfsm.inference import InferenceInput
@@ -185,11 +188,14 @@ class Runtime:
         self._keeper: Keeper | None = None
         """The durable store's side (`agentfsm._durable.keeper`), with a store."""
         if store is not None:
-            self._keeper = _keeper_of(store, tools, handlers)
+            self._keeper = _keeper_of(store, self.bus, tools, handlers)
         elif tools or handlers:
             raise ConfigurationError(
                 "tools= and handlers= bind a durable store's loops: give store= too"
             )
+        self._detached: dict[str, LoopDetachedError] = {}
+        """Durable loops that stopped in this runtime without ending, and why
+        (`driver.halt`): their stores keep them, for `recover`."""
         self._services = Services()
         """Context managers held open until the loops have ended (MCP sessions)."""
         self._clock = checked_clock(clock)
@@ -216,13 +222,6 @@ class Runtime:
             await self._services.enter(
                 self._keeper.running(), "store writer and leases"
             )
-            if self._keeper.store.keeps_events:
-                from agentfsm._durable.events import EventKeeper
-
-                self._keeper.events = EventKeeper(self.bus, self._keeper.store)
-                await self._services.enter(
-                    self._keeper.events.running(), "store events"
-                )
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
@@ -287,6 +286,7 @@ class Runtime:
                     )
                 else:
                     self._loops.pop(loop.loop_id, None)
+                    self._keeper.forget(loop.loop_id)
 
     async def _close_the_rest(self, leaving: BaseException | None) -> None:
         """The store, the bus, the event log and the providers, once the loops
@@ -355,6 +355,7 @@ class Runtime:
             self._instrument.run_ended(loop)
         if (
             loop.status is LoopStatus.paused
+            and not loop.detached
             and loop.deadline_at is not None
             and loop.loop_id not in self._timers
             and self._tg is not None
@@ -444,9 +445,10 @@ class Runtime:
             self._clock,
             self._on_commit,
         )
-        loop.emit_started(user_message, inference_input, loop_options, loop.handlers)
         if self._keeper is not None:
             self._keeper.adopt(loop)
+            loop.on_halt = self._loop_halted
+        loop.emit_started(user_message, inference_input, loop_options, loop.handlers)
         self._loops[loop_id] = loop
         self._spawn(loop)
         return loop_id
@@ -480,7 +482,7 @@ class Runtime:
             handlers: tuple[Any, ...],
             options: LoopOptions,
         ) -> Loop:
-            return Loop(  # by position (see `Loop.__init__`); restore sets the rest
+            loop = Loop(  # by position (see `Loop.__init__`); restore sets the rest
                 "",
                 "",
                 None,
@@ -495,6 +497,8 @@ class Runtime:
                 self._clock,
                 self._on_commit,
             )
+            loop.on_halt = self._loop_halted
+            return loop
 
         return await keeper.recover(self._loops, make, self._take_recovered)
 
@@ -516,16 +520,19 @@ class Runtime:
                 `events=True`).
         """
         keeper = self._keeper
-        if keeper is None or keeper.events is None:
+        if keeper is None or not keeper.store.keeps_events:
             raise LoopStateError(
                 "watch() reads the events a store keeps: "
                 "Runtime(store=SQLiteStore(path, events=True))"
             )
         from agentfsm._durable.events import watch
+        from agentfsm.store import EventArchive
 
-        return watch(self.bus, keeper.store, keeper.events, loop_id, after_seq)
+        assert isinstance(keeper.store, EventArchive)
+        return watch(self.bus, keeper.store, keeper, loop_id, after_seq)
 
     def _take_recovered(self, loop: Loop) -> None:
+        self._detached.pop(loop.loop_id, None)
         self._loops[loop.loop_id] = loop
         if loop.status is LoopStatus.paused:
             self._run_ended(loop)  # its deadline timer, if it has one
@@ -544,16 +551,31 @@ class Runtime:
         """
         loop = self._loops.get(loop_id)
         if loop is None and loop_id not in self._results:
+            detached = self._detached.get(loop_id)
+            if detached is not None:
+                raise LoopDetachedError(loop_id, detached.reason, detached.cause)
             raise UnknownLoopError(loop_id)
         return loop
 
     async def wait(self, loop_id: str) -> LoopResult:
-        """Wait for a loop to end and return its result (whatever its outcome)."""
+        """Wait for a loop to end and return its result (whatever its outcome).
+
+        Raises:
+            UnknownLoopError: no such loop.
+            LoopDetachedError: a durable loop stopped in this runtime without
+                ending (its store failed, another runtime took it, or this one
+                closed): the store keeps it, for `recover`.
+        """
         loop = self._live(loop_id)
         if loop is None:
             return self._results[loop_id]
         await loop.wait()
-        return self._results.get(loop_id) or loop.result()
+        result = self._results.get(loop_id)
+        if result is not None:
+            return result
+        if loop.detached:
+            self._live(loop_id)  # stopped here meanwhile: raises why
+        return loop.result()
 
     def get(self, loop_id: str) -> LoopView:
         """A snapshot of a loop: its state, status, path and totals."""
@@ -599,8 +621,14 @@ class Runtime:
         if loop is not None and loop.cancel(reason) and self._tg is not None:
             self._spawn(loop)
 
-    def resume(self, loop_id: str, decision: Decision | None = None) -> None:
+    def resume(
+        self, loop_id: str, decision: Decision | None = None, *, by: str | None = None
+    ) -> None:
         """Continue a paused loop; `decision` replaces the handler's `Pause`.
+
+        A durable loop stores the decision (with `by`, who gave it, and when)
+        before it takes effect: a loop taken up after a crash never asks for it
+        again, and `store.decisions(loop_id)` reads it back.
 
         Raises:
             LoopStateError: the loop is not paused.
@@ -619,12 +647,14 @@ class Runtime:
                 "resume() takes a decision (Proceed, Rewrite, Pause or Abort) or "
                 f"None, got {type(decision).__name__}"
             )
+        if by is not None and not isinstance(by, str):
+            raise ConfigurationError(f"by must be a str, got {type(by).__name__}")
         workers = self._workers
         assert workers is not None
         chosen = decision if decision is not None else Proceed()
 
         def start(loop: Loop) -> None:
-            loop.resume(chosen)
+            loop.resume(chosen, by)
             workers.resume(loop)
 
         if self._instrument is None:
@@ -666,8 +696,8 @@ class Runtime:
         if isinstance(message, str):
             message = UserMessage(content=message)
         loop.queue(message, follow_up=follow_up)
-        if loop.durable is not None and loop.status is LoopStatus.paused:
-            loop.durable.queued(loop)  # stored with the pause, not only in memory
+        if loop.journal is not None and loop.status is LoopStatus.paused:
+            loop.journal.queued(loop)  # stored with the pause, not only in memory
 
     def loops(self, *, status: LoopStatus | None = None) -> list[str]:
         """Ids of the loops the runtime knows, oldest first (optionally of one status)."""
@@ -678,8 +708,31 @@ class Runtime:
             ids.extend(self._results)
         return sorted(ids)  # UUIDv7: sorted by creation time
 
+    def _loop_halted(self, loop: Loop, reason: str, error: StoreError | None) -> None:
+        """A durable loop stopped here without ending (`driver.halt`): it is no
+        longer this runtime's; whoever waits for it learns why."""
+        self._loops.pop(loop.loop_id, None)
+        self._detached[loop.loop_id] = LoopDetachedError(loop.loop_id, reason, error)
+        while len(self._detached) > max(self._keep_finished, 1):
+            del self._detached[next(iter(self._detached))]
+        if self._instrument is not None:
+            self._instrument.loop_ended(loop)
+        timer = self._timers.pop(loop.loop_id, None)
+        if timer is not None:
+            timer.cancel()
+        keeper = self._keeper
+        if keeper is not None:
+            keeper.forget(loop.loop_id)
+            if self._tg is not None and not isinstance(error, LeaseLostError):
+                # Its lease, for whoever takes it up (here too: `recover`).
+                self._tg.start_soon(keeper.release, loop.loop_id)
+        if loop.done is not None:
+            loop.done.set()
+
     def _loop_done(self, loop: Loop) -> None:
         self._loops.pop(loop.loop_id, None)
+        if self._keeper is not None:
+            self._keeper.forget(loop.loop_id)
         if self._instrument is not None:
             self._instrument.loop_ended(loop)
         timer = self._timers.pop(loop.loop_id, None)
@@ -694,6 +747,7 @@ class Runtime:
 
 def _keeper_of(
     store: LoopStore,
+    bus: EventBus,
     tools: Sequence[Tool | Callable[..., Any]],
     handlers: Mapping[str, Any] | Sequence[Any],
 ) -> Keeper:
@@ -705,7 +759,7 @@ def _keeper_of(
         raise ConfigurationError(
             f"store must be a LoopStore (agentfsm.store), got {type(store).__name__}"
         )
-    return Keeper(store, tools, handlers)
+    return Keeper(store, bus, tools, handlers)
 
 
 def run_loop(

@@ -143,8 +143,8 @@ class WorkerPool:
                         if worker.rerun is None:
                             break
                         context, worker.rerun = worker.rerun, None  # resumed meanwhile
-                        if loop.status is LoopStatus.done:
-                            break  # and ended since (its pause could not be stored)
+                        if loop.status is LoopStatus.done or loop.detached:
+                            break  # and ended, or stopped here, since
                 except BaseException as exc:  # noqa: BLE001 - re-raised
                     # A cancellation (`run` raises nothing else). The task handle
                     # keeps the exception, which would keep the frames of the

@@ -10,8 +10,9 @@ not in the context's size, and history never carries the whole context.
 
 from __future__ import annotations
 
+from agentfsm.exceptions import ConfigurationError
 from agentfsm.messages import ContextItem
-from agentfsm.store import LoopStore
+from agentfsm.store import LoopStore, SharedContexts
 
 __all__ = ("StoreContexts",)
 
@@ -31,7 +32,13 @@ class StoreContexts:
     """
 
     def __init__(self, store: LoopStore) -> None:
+        if not isinstance(store, SharedContexts):
+            raise ConfigurationError(
+                f"{type(store).__name__} keeps no shared contexts: use SQLiteStore "
+                "or PostgresStore"
+            )
         self.store = store
+        self._contexts: SharedContexts = store
         self._opened = False
         self._held: dict[str, tuple[int, str]] = {}
         """What this worker last saw the store hold of a loop: its length and
@@ -47,7 +54,7 @@ class StoreContexts:
 
     async def get(self, loop_id: str) -> tuple[list[ContextItem], list[str]] | None:
         await self._open()
-        held = await self.store.context(loop_id)
+        held = await self._contexts.context(loop_id)
         if held is None:
             self._held.pop(loop_id, None)
             return None
@@ -64,7 +71,9 @@ class StoreContexts:
             length, last = known
             if 0 < length <= len(digests) and digests[length - 1] == last:
                 first = length  # the store holds this prefix: append the rest
-        await self.store.append_context(loop_id, first, items[first:], digests[first:])
+        await self._contexts.append_context(
+            loop_id, first, items[first:], digests[first:]
+        )
         self._remember(loop_id, digests)
 
     def _remember(self, loop_id: str, digests: list[str]) -> None:

@@ -1,4 +1,5 @@
-"""Durable loops: where a loop's record, context and tool-call ledger live.
+"""Durable loops: where a loop's record, context, tool-call ledger, decisions and
+events live.
 
 ```python
 from agentfsm.store import SQLiteStore
@@ -14,9 +15,17 @@ See `docs/durability.md` for what is stored, when, and what recovery does.
 from ._base import (
     CallRecord,
     Commit,
+    CommitLog,
+    EventArchive,
+    Lease,
+    LeaseLostError,
+    Leases,
+    Ledger,
+    LoopDetachedError,
     LoopIdTakenError,
     LoopLockedError,
     LoopStore,
+    SharedContexts,
     StoredLoop,
     StoreError,
     StoreSchemaError,
@@ -28,11 +37,19 @@ from .sqlite import SQLiteStore
 __all__ = (
     "CallRecord",
     "Commit",
+    "CommitLog",
+    "EventArchive",
+    "Lease",
+    "LeaseLostError",
+    "Leases",
+    "Ledger",
+    "LoopDetachedError",
     "LoopIdTakenError",
     "LoopLockedError",
     "LoopStore",
     "MemoryStore",
     "SQLiteStore",
+    "SharedContexts",
     "StoreError",
     "StoreSchemaError",
     "StoreStatistics",

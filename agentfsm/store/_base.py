@@ -1,4 +1,5 @@
-"""What a durable store keeps, and the interface every store implements.
+"""What a durable store keeps, and the interfaces a store implements, one per
+concern.
 
 A store holds, per loop:
 
@@ -9,36 +10,65 @@ A store holds, per loop:
   commit costs the same whatever the context's size;
 - each model request's output, by request number (a recovered loop never sends
   a request whose output was recorded);
-- the tool-call ledger: an intent before each call starts and its output when
-  it ends, keyed by the call's idempotency key;
-- a lease: which runtime owns the loop, until when.
+- the tool-call ledger: an entry before each call starts and one when it ends
+  (or when a decision settles it), keyed by the call's idempotency key;
+- the decisions about its transitions (`DecisionEntry`: who, what, when);
+- a lease: which runtime owns the loop, until when, and its epoch;
+- the events its loops publish, for a store made to keep them.
 
-Every method is a coroutine; a store is entered (`async with`) by the runtime
-that uses it. A write is one transaction: all of it lands, or none.
+Every write is a `Commit`, one transaction, and is *fenced*: it carries the
+writer's `Lease` (owner and epoch) and is refused (`LeaseLostError`) unless
+the loop's row still names that owner and epoch and the loop has not ended.
+The epoch grows each time the loop is taken (`acquire`), so a runtime that
+stalled past its lease and woke up can write nothing more once another runtime
+took the loop, even after that one finished it; and an ended loop is never
+taken again.
+
+The interfaces, by concern: `CommitLog` (the writes and the records),
+`Ledger` (the calls and the decisions), `Leases`, `EventArchive` (a store that
+keeps events), `SharedContexts` (contexts kept for Temporal's workers).
+`LoopStore` is what `Runtime(store=...)` needs: the first three.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict
 
 from agentfsm.events import AgentEvent
-from agentfsm.exceptions import AgentFSMError, ConfigurationError
+from agentfsm.exceptions import (
+    ConfigurationError,
+    LeaseLostError,
+    LoopDetachedError,
+    LoopIdTakenError,
+    LoopLockedError,
+    StoreError,
+    StoreSchemaError,
+)
 from agentfsm.inference import InferenceOutput
 from agentfsm.messages import ContextItem, FunctionCallOutputItem
-from agentfsm.record import LoopRecord
+from agentfsm.record import DecisionEntry, LoopRecord
+from agentfsm.results import PathStep
 
 __all__ = (
     "CallRecord",
     "Commit",
+    "CommitLog",
+    "EventArchive",
+    "Lease",
+    "LeaseLostError",
+    "Leases",
+    "Ledger",
+    "LoopDetachedError",
     "LoopIdTakenError",
     "LoopLockedError",
     "LoopStore",
+    "SharedContexts",
     "StoreError",
     "StoreSchemaError",
     "StoreStatistics",
@@ -46,38 +76,16 @@ __all__ = (
 )
 
 
-class StoreError(AgentFSMError):
-    """A durable store could not be read or written."""
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A runtime's hold on one loop: the fencing token every write carries."""
 
-
-class StoreSchemaError(StoreError):
-    """The store was written by another version of agentfsm's store layout."""
-
-
-class LoopIdTakenError(StoreError):
-    """A new loop's id is a loop's the store holds already (an id source,
-    `Runtime(ids=...)`, gave it again): the new loop fails, and the store's
-    loop is left as it was."""
-
-    def __init__(self, loop_id: str) -> None:
-        super().__init__(
-            f"loop id {loop_id!r} is a loop's the store holds already: loop ids "
-            "must be unique across runtimes and restarts (an id source, "
-            "Runtime(ids=...), gave it again)"
-        )
-        self.loop_id = loop_id
-
-
-class LoopLockedError(StoreError):
-    """Another runtime holds the loop's lease: two runtimes never run one loop."""
-
-    def __init__(self, loop_id: str, owner: str) -> None:
-        super().__init__(
-            f"loop {loop_id} is owned by another runtime ({owner}); it runs there "
-            "until that runtime exits or its lease expires"
-        )
-        self.loop_id = loop_id
-        self.owner = owner
+    owner: str
+    """The runtime holding it (`host:pid:random`, one per runtime)."""
+    epoch: int
+    """Grows each time the loop is taken (1 for a new loop's first commit):
+    a write with an older epoch is refused. Tools read it as
+    `current_call().fencing_token`, to pass to systems that can check it."""
 
 
 class CallRecord(BaseModel):
@@ -94,22 +102,44 @@ class CallRecord(BaseModel):
     """The call's position in that output's batch."""
     tool: str
     call_id: str
-    status: Literal["started", "done", "uncertain"]
-    """`started`: the intent is recorded and no output (in flight, or the process
-    died during the call). `uncertain`: a recovery paused the loop over it, and
-    the decision that resumes it says what happens. `done`: the output is recorded."""
+    status: Literal["started", "done", "uncertain", "retry"]
+    """`started`: the call was about to start, with no output recorded (in
+    flight, or the process died during the call). `uncertain`: a recovery
+    paused the loop over it, and the decision that resumes it says what
+    happens. `retry`: that decision was to run it again, and it has not
+    started since (a recovery then runs it, without asking again). `done`:
+    its output is recorded (the tool's, or a decision's)."""
     attempt: int = 1
+    """How many times it was started (0: settled by a decision, never run)."""
     output: FunctionCallOutputItem | None = None
     terminate: bool = False
     """Whether the tool asked to end the loop (`ToolResult(terminate=True)`)."""
+    by: str | None = None
+    """Who settled it, when a decision did (answered or denied it) rather than
+    the tool: the decision's `by`, or the handler's name."""
 
 
 @dataclass(frozen=True, slots=True)
 class Commit:
-    """What one committed transition writes, in one transaction."""
+    """One write of one loop, in one transaction: a committed transition (its
+    record, with what the loop gained since the last write), or news of the
+    ledger, a model output or events alone (`record` None)."""
 
-    record: LoopRecord
-    first: int
+    loop_id: str
+    lease: Lease
+    """Refused unless the loop's row holds this owner and epoch, and the loop
+    has not ended (`new`: the row is made, with epoch 1)."""
+    record: LoopRecord | None = None
+    """The record of the transition committed; its `path` is left empty (a
+    copy of the whole path at every commit would make a loop's cost grow with
+    its length): `path_length` says how long it is, `steps` what is new."""
+    path_length: int = 0
+    steps: Sequence[PathStep] = ()
+    """The loop's path from `path_from` on: the steps taken since the last
+    commit with a record of the same lease (its whole path, `path_from` 0, in
+    the first: what a lease's records share is written then too)."""
+    path_from: int = 0
+    first: int = 0
     """The position of the first item of `items` in the loop's context."""
     items: Sequence[ContextItem] = ()
     """The items added to the context since the last commit."""
@@ -120,13 +150,18 @@ class Commit:
     truncate: bool = False
     """Drop the stored items from `first` on before writing `items` (the
     context shrank: someone edited it)."""
-    earlier: Sequence[LoopRecord] = ()
+    earlier: Sequence[tuple[LoopRecord, int]] = ()
     """Records of earlier transitions not written yet (into states with no
-    side effects: `context_update`, `model_message`), oldest first."""
-    intents: Sequence[CallRecord] = ()
-    """Ledger intents of the calls the transition into `function_call` starts."""
-    ended: Sequence[tuple[str, FunctionCallOutputItem, bool]] = ()
-    """Calls ended since the last write: (key, output, terminate)."""
+    side effects: `context_update`, `model_message`), oldest first, each with
+    its path's length (its path is left empty: it is the start of this
+    commit's)."""
+    ledger: Sequence[CallRecord] = ()
+    """Ledger entries: each is what the ledger holds for its key from now on."""
+    events: Sequence[AgentEvent] = ()
+    """The loop's events since the last commit, in order (a store that keeps
+    events)."""
+    decisions: Sequence[DecisionEntry] = ()
+    """Decisions made since the last commit, in order."""
     new: bool = False
     """The first commit of a loop `run_loop` made: the store holds no loop of
     its id (else it refuses the commit: `LoopIdTakenError`)."""
@@ -134,45 +169,71 @@ class Commit:
     @property
     def builds_on(self) -> bool:
         """Whether a later commit of the loop depends on this one having landed
-        (it carries context items, records or ledger rows a later one does not
-        write again); a commit of the record alone (a message queued for a
-        paused loop) does not."""
+        (it carries context items, records, ledger entries, events or
+        decisions a later one does not write again); a commit of the record
+        alone (a message queued for a paused loop) does not."""
         return bool(
             self.items
             or self.replaced
             or self.truncate
             or self.inference
             or self.earlier
-            or self.intents
-            or self.ended
+            or self.ledger
+            or self.events
+            or self.decisions
+            or self.new
         )
 
 
+@dataclass(frozen=True, slots=True)
+class StoredLoop:
+    """A loop as the store holds it: its latest record and its context."""
+
+    record: LoopRecord
+    items: list[ContextItem]
+    owner: str | None
+    """The runtime holding its lease (None: nobody, or an expired lease)."""
+    epoch: int = 0
+    """Its lease's epoch (see `Lease`)."""
+    last_event: int = 0
+    """The seq of its last kept event (0: none kept): a loop taken up again
+    numbers its events on from past it, and past its record's seq."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStatistics:
+    """What a store has written since it was opened."""
+
+    commits: int
+    """Write transactions: commits, leases."""
+    bytes_written: int
+    """Bytes of row data (JSON text) written."""
+
+
 async def run_commits(
-    commits: Sequence[tuple[Commit, str]],
-    write: Callable[[Commit, str], Awaitable[None]],
+    commits: Sequence[Commit], write: Callable[[Commit], Awaitable[None]]
 ) -> list[Exception | None]:
-    """`LoopStore.commit_many` by `write` (one commit at a time, awaited)."""
+    """`CommitLog.commit_many` by `write` (one commit at a time, awaited)."""
     turns = _Turns()
-    for commit, owner in commits:
+    for commit in commits:
         if turns.runs(commit):
             try:
-                await write(commit, owner)
+                await write(commit)
             except Exception as exc:  # noqa: BLE001 - handed to its loop
                 turns.failed(commit, exc)
     return turns.errors
 
 
 def commits_in_turn(
-    commits: Sequence[tuple[Commit, str]], write: Callable[[Commit, str], None]
+    commits: Sequence[Commit], write: Callable[[Commit], None]
 ) -> list[Exception | None]:
-    """`LoopStore.commit_many` in a SQL store's worker thread: `write` (one
-    commit's transaction) for each in turn."""
+    """`CommitLog.commit_many` in a SQL store's thread: `write` (one commit's
+    transaction) for each in turn."""
     turns = _Turns()
-    for commit, owner in commits:
+    for commit in commits:
         if turns.runs(commit):
             try:
-                write(commit, owner)
+                write(commit)
             except Exception as exc:  # noqa: BLE001 - handed to its loop
                 turns.failed(commit, exc)
     return turns.errors
@@ -190,14 +251,14 @@ class _Turns:
         self._failed: dict[str, Exception] = {}
 
     def runs(self, commit: Commit) -> bool:
-        error = self._failed.get(commit.record.loop_id)
+        error = self._failed.get(commit.loop_id)
         self.errors.append(error)
         return error is None
 
     def failed(self, commit: Commit, error: Exception) -> None:
         self.errors[-1] = error
         if commit.builds_on:
-            self._failed[commit.record.loop_id] = error
+            self._failed[commit.loop_id] = error
 
 
 def checked_lease_ttl(lease_ttl: object) -> float:
@@ -209,7 +270,8 @@ def checked_lease_ttl(lease_ttl: object) -> float:
     if (
         isinstance(lease_ttl, bool)
         or not isinstance(lease_ttl, int | float)
-        or lease_ttl <= 0
+        or not lease_ttl > 0  # NaN too
+        or lease_ttl == float("inf")
     ):
         raise ConfigurationError(
             f"lease_ttl must be a positive number of seconds, got {lease_ttl!r}"
@@ -217,93 +279,44 @@ def checked_lease_ttl(lease_ttl: object) -> float:
     return float(lease_ttl)
 
 
-@dataclass(frozen=True, slots=True)
-class StoredLoop:
-    """A loop as the store holds it: its latest record and its context."""
-
-    record: LoopRecord
-    items: list[ContextItem]
-    owner: str | None
-    """The runtime holding its lease (None: nobody, or an expired lease)."""
+_PRESENT: set[str] = set()
+"""The owners (runtimes) of this process that hold their presence in a store:
+alive, whatever a store's own check would say (a lock of this process's may
+not conflict with another of its own)."""
 
 
-@dataclass(frozen=True, slots=True)
-class StoreStatistics:
-    """What a store has written since it was opened."""
-
-    commits: int
-    """Write transactions: transitions, ledger entries, leases."""
-    bytes_written: int
-    """Bytes of row data (JSON text) written."""
-
-
-class LoopStore(ABC):
-    """Where durable loops live (`Runtime(store=...)`).
-
-    Implementations: `MemoryStore` (one process), `SQLiteStore` (the embedded
-    default), `agentfsm.store.postgres.PostgresStore` (several processes).
-    """
-
-    async def __aenter__(self) -> Self:
-        await self.open()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
-
-    async def open(self) -> None:  # noqa: B027 - optional for a store
-        """Connect, create or check the layout."""
-
-    async def close(self) -> None:  # noqa: B027 - optional for a store
-        """Disconnect."""
-
-    @abstractmethod
-    def statistics(self) -> StoreStatistics: ...
-
-    # ---------------------------------------------------------------- loops
+class CommitLog(ABC):
+    """A loop's writes, and its records read back."""
 
     keeps_events: bool = False
-    """Whether the store keeps the events its runtime's loops publish (then
-    `events` reads them and `Runtime.watch` resumes a stream from a seq)."""
-
-    lease_ttl: float = 30.0
-    """Seconds a lease lasts unless renewed (a runtime renews its leases every
-    third of it, and gives them up when it exits)."""
+    """Whether the store keeps the events its runtime's loops publish (then it
+    is an `EventArchive`, and `Runtime.watch` resumes a stream from a seq)."""
 
     @abstractmethod
-    async def commit(self, commit: Commit, owner: str) -> None:
-        """Write a committed transition: the record (latest, and kept by seq),
-        the new items, and a recorded model output, atomically; `owner` takes
-        or renews the loop's lease.
+    async def commit_many(self, commits: Sequence[Commit]) -> list[Exception | None]:
+        """Write several commits, in order, each its own transaction; return
+        what each raised (None: it landed). A commit after a failed one of the
+        same loop that `builds_on` is not written: it fails with the same
+        error (it would leave a gap).
 
-        Raises:
-            LoopLockedError: another runtime holds the loop's lease (this one
-                lost it: it was not renewed in time).
-        """
+        The errors a commit may fail with: `LeaseLostError` (its lease is
+        stale), `LoopIdTakenError` (a new loop's id is taken), `StoreError`
+        (the store could not write it: the message says why)."""
 
-    async def commit_many(
-        self, commits: Sequence[tuple[Commit, str]]
-    ) -> list[Exception | None]:
-        """Write several commits (each with its owner), in order, each its own
-        transaction; return what each raised (None: it landed). A commit after
-        a failed one of the same loop is not written: it fails with the same
-        error (it would leave a gap: it writes the items from where the failed
-        one ended).
-
-        The runtime's writer (`agentfsm._durable.flusher`) hands a store every
-        commit waiting to be written at once; the SQL stores write them in one
-        trip to their worker thread. This default writes them one by one.
-        """
-        return await run_commits(commits, self.commit)
+    async def commit(self, commit: Commit) -> None:
+        """Write one commit (see `commit_many`)."""
+        (error,) = await self.commit_many([commit])
+        if error is not None:
+            raise error
 
     @abstractmethod
     async def load(self, loop_id: str) -> StoredLoop | None:
-        """The loop's latest record and its context, or None."""
+        """The loop's latest record and its context, or None.
+
+        Raises:
+            StoreError: the loop's stored data cannot be read (the message
+                names the loop and the cause).
+        """
 
     @abstractmethod
     async def record_at(self, loop_id: str, seq: int) -> LoopRecord | None:
@@ -314,25 +327,81 @@ class LoopStore(ABC):
         """The ids of loops not done (running or paused when last written)."""
 
     @abstractmethod
-    async def record_inference(
-        self, loop_id: str, request: int, output: InferenceOutput
-    ) -> None:
-        """Write a model request's output ahead of the next commit (a loop whose
-        handlers will decide about it first: they may take a while)."""
-
-    @abstractmethod
     async def inference(self, loop_id: str, request: int) -> InferenceOutput | None:
         """The recorded output of the loop's `request`-th model request."""
 
-    # ---------------------------------------------------------------- events
 
-    async def append_events(self, events: Sequence[AgentEvent]) -> None:
-        """Keep published events (a store with `keeps_events`)."""
-        raise StoreError(f"{type(self).__name__} keeps no events")
+class Ledger(ABC):
+    """The tool-call ledger and the decisions, read back (they are written with
+    commits)."""
 
+    @abstractmethod
+    async def calls(self, loop_id: str, request: int | None = None) -> list[CallRecord]:
+        """The ledger's entries for the calls of one model request (all the
+        loop's, `request` None), in order."""
+
+    @abstractmethod
+    async def decisions(self, loop_id: str) -> list[DecisionEntry]:
+        """The decisions about the loop's transitions, in the order made."""
+
+
+class Leases(ABC):
+    """Which runtime owns a loop: one at a time, fenced by epochs."""
+
+    lease_ttl: float = 30.0
+    """Seconds a lease lasts unless renewed (a runtime renews its leases every
+    third of it, and gives them up when it exits)."""
+
+    @abstractmethod
+    async def acquire(
+        self, loop_id: str, owner: str, *, replacing: str | None = None
+    ) -> Lease:
+        """Take the loop's lease, with a new epoch; `replacing` takes it from
+        that owner before its lease expires (one known to be dead: `alive`).
+
+        Raises:
+            LoopLockedError: another runtime holds a live lease on it.
+            StoreError: the store holds no such loop, or the loop has ended
+                (an ended loop is never taken again).
+        """
+
+    @abstractmethod
+    async def renew(
+        self, owner: str, loop_ids: Sequence[str] | None = None
+    ) -> dict[str, int]:
+        """Extend the leases `owner` holds on unfinished loops (all, or those of
+        `loop_ids`) by `lease_ttl` from now; return the loops renewed, with
+        their epochs (a loop `owner` lost is not among them)."""
+
+    @abstractmethod
+    async def release(self, owner: str, loop_ids: Sequence[str] | None = None) -> None:
+        """Give up the leases `owner` holds (all, or those of `loop_ids`)."""
+
+    async def hold_presence(self, owner: str) -> None:
+        """`owner` (a runtime) is alive until `drop_presence`: a store that can
+        tell (`alive`) holds something only a live process can hold."""
+        _PRESENT.add(owner)
+
+    async def drop_presence(self, owner: str) -> None:
+        _PRESENT.discard(owner)
+
+    async def alive(self, owner: str) -> bool | None:
+        """Whether `owner` is alive: True, False (certainly dead: its lease may
+        be taken before it expires), or None (unknown: it is waited out)."""
+        return True if owner in _PRESENT else None
+
+
+class EventArchive(ABC):
+    """The events a runtime's loops published (a store with `keeps_events`)."""
+
+    @abstractmethod
     async def events(self, loop_id: str, after_seq: int = 0) -> list[AgentEvent]:
-        """The loop's kept events with a seq above `after_seq`, in order."""
-        raise StoreError(f"{type(self).__name__} keeps no events")
+        """The loop's kept events with a seq above `after_seq`, in order (none
+        is missing: they are written with the loop's commits).
+
+        Raises:
+            StoreError: the store was not made to keep events.
+        """
 
     async def loop_events(self, loop_id: str | None) -> list[AgentEvent]:
         """The loop's events, for `agentfsm.replay.replay` and `fork` (a store
@@ -348,16 +417,19 @@ class LoopStore(ABC):
             raise ConfigurationError(f"the store keeps no events of loop {loop_id}")
         return events
 
-    # ------------------------------------------------------- shared contexts
 
+class SharedContexts(ABC):
+    """Contexts kept by id for any process to read (`agentfsm.temporal`'s
+    `StoreContexts` keeps a workflow's context here, for any worker)."""
+
+    @abstractmethod
     async def context(
         self, context_id: str
     ) -> tuple[list[ContextItem], list[str]] | None:
         """A context kept by `append_context`: its items and the digest kept
-        with each (`agentfsm.temporal.StoreContexts` keeps a workflow's
-        context here, for any worker to read)."""
-        raise StoreError(f"{type(self).__name__} keeps no shared contexts")
+        with each."""
 
+    @abstractmethod
     async def append_context(
         self,
         context_id: str,
@@ -367,48 +439,52 @@ class LoopStore(ABC):
     ) -> None:
         """Write `items` (with their digests) from position `first` on, dropping
         what the context held from there: one transaction."""
-        raise StoreError(f"{type(self).__name__} keeps no shared contexts")
 
-    # ---------------------------------------------------------------- ledger
 
-    @abstractmethod
-    async def calls(self, loop_id: str, request: int) -> list[CallRecord]:
-        """The ledger's entries for the calls of one model request."""
+class LoopStore(CommitLog, Ledger, Leases):
+    """Where durable loops live (`Runtime(store=...)`): a commit log, a ledger
+    and leases.
 
-    @abstractmethod
-    async def begin_call(self, call: CallRecord) -> CallRecord:
-        """Record the intent to run a call (status `started`) and return it; if
-        the key is in the ledger already, return what it holds unchanged, except
-        a `started` or `uncertain` entry, which is taken as a new attempt.
+    Implementations: `MemoryStore` (one process), `SQLiteStore` (the embedded
+    default), `agentfsm.store.postgres.PostgresStore` (several processes); all
+    three keep events (when made with `events=True`) and shared contexts too.
+    """
 
-        The runtime writes a loop's ledger once its first commit has landed; a
-        store may refuse a ledger write for a loop it does not hold
-        (`SQLiteStore` does, with a `StoreError` naming it)."""
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
 
-    @abstractmethod
-    async def end_call(
-        self, loop_id: str, key: str, output: FunctionCallOutputItem, terminate: bool
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
-        """Record the output of a call of the loop (status `done`)."""
+        await self.close()
+
+    async def open(self) -> None:
+        """Connect, create or check the layout."""
+
+    async def close(self) -> None:
+        """Disconnect."""
 
     @abstractmethod
-    async def mark_uncertain(self, loop_id: str, keys: Sequence[str]) -> None:
-        """Mark the loop's in-flight calls `uncertain`: a recovery paused it."""
+    def statistics(self) -> StoreStatistics: ...
 
-    # ---------------------------------------------------------------- leases
 
-    @abstractmethod
-    async def acquire(
-        self, loop_id: str, owner: str, *, replacing: str | None = None
-    ) -> str | None:
-        """Take the loop's lease; None if taken (or renewed), else the owner
-        holding it. `replacing` takes it from that owner even before its lease
-        expires (an owner known to be dead: its process is gone)."""
+@dataclass(slots=True)
+class LedgerFold:
+    """A loop's ledger as its entries, in the order written, make it: the last
+    entry of a key is what the ledger holds for it."""
 
-    @abstractmethod
-    async def renew(self, owner: str) -> None:
-        """Extend every lease `owner` holds by `lease_ttl` from now."""
+    calls: dict[str, CallRecord] = field(default_factory=dict)
 
-    @abstractmethod
-    async def release(self, owner: str, loop_ids: Sequence[str] | None = None) -> None:
-        """Give up the leases `owner` holds (all, or those of `loop_ids`)."""
+    def add(self, entry: CallRecord) -> None:
+        self.calls[entry.key] = entry
+
+    def of(self, request: int | None) -> list[CallRecord]:
+        found = [
+            c for c in self.calls.values() if request is None or c.request == request
+        ]
+        found.sort(key=lambda c: (c.request, c.position))
+        return found

@@ -1,26 +1,23 @@
 """A loop's records as the SQL stores keep them.
 
-A store writes a loop's rows in *runs*: from the row it writes when it takes the
-loop (a new loop, or one it acquired: recovered, resumed) to the one it writes
-last. Within a run the store knows what its earlier rows hold, so a row holds
-only what changed:
+A loop's rows come in *runs*: the rows one lease wrote (one epoch: nobody else
+writes the loop meanwhile, see `_base.Lease`), from its first commit with a
+record to its last. A row holds only what changed within its run:
 
 - what every record of the run shares (`SHARED`: the loop's ids, start, input
   request, options and handlers, which are fixed for as long as one process
   runs the loop) is in the run's first row only (`shared_text`); a later run
   writes it again (a recovery may rebind a handler under another name);
-- each path step is in the row of the commit that took it: a row holds the
-  steps since the row before (`Paths`: from `path_from` on), and a record its
-  path's length (`record_text`);
+- each path step is in the row of the commit that took it: a commit carries
+  the steps since the last one of its run (`Commit.steps`, from `path_from`
+  on; the whole path in the run's first), and a record its path's length
+  (`record_text`): neither a commit nor its record copies the whole path, so
+  a commit costs the same however long the loop has run;
 - the rest of a record is its own: the input's instructions included (the
   loop's context holds them, and a handler or `Agent.request` may change them).
 
 `record_of` makes a record whole again from its text, the latest shared text at
 or before its row, and the path its loop's rows make up to its row (`path_of`).
-
-A store may rely on what it wrote only while nobody else wrote the loop: a row
-that does is written only if the loop's row still names the store's runtime as
-its owner (no other runtime took the loop since); else the row holds it all.
 
 What it saves, measured with bench/bench_durable.py: the JSON of the
 benchmark's 10 records a run took 106 µs and 24.6 KB whole, ~54 µs and ~7.5
@@ -46,9 +43,7 @@ from agentfsm.results import PathStep
 __all__ = (
     "PATH_STEPS",
     "SHARED",
-    "Paths",
     "path_of",
-    "prefix_length",
     "record_of",
     "record_text",
     "shared_text",
@@ -120,7 +115,7 @@ def record_text(record: LoopRecord, path_length: int | None) -> str:
     """A record as a row keeps it: without what its run shares, nor the input
     request again where it is the turn's request or the step's payload (the
     very object), and with its path as its length (its first `path_length`
-    steps of the path the loop's rows make, see `Paths`), or in full (None)."""
+    steps of the path the loop's rows make), or in full (None)."""
     given = record.input
     step = record.step
     excluded = _EXCLUDED[
@@ -167,81 +162,3 @@ def record_of(
     if step is not None and "payload" not in step:
         step["payload"] = given
     return LoopRecord.model_validate(data)
-
-
-_Written = tuple[PathStep, ...]
-"""The path the loop's rows hold (a record's own tuple: kept, not copied)."""
-
-
-class Paths:
-    """The path each loop's rows hold, as this store wrote them in the loop's
-    current run (used in the worker thread only; forgotten when the run ends:
-    the store takes the loop again, gives it up, finishes it): a row holds the
-    steps its record's path took since the row before (`path_from` on)."""
-
-    __slots__ = ("_written",)
-
-    def __init__(self) -> None:
-        self._written: dict[str, _Written] = {}
-
-    def __contains__(self, loop_id: str) -> bool:
-        """Whether the store wrote a row of the loop in its current run."""
-        return loop_id in self._written
-
-    def start(self, loop_id: str, path: tuple[PathStep, ...]) -> int:
-        """Where a row of the loop whose record has `path` starts its steps (0:
-        it holds the whole path)."""
-        return _start(self._written.get(loop_id), path)
-
-    def rows(
-        self, loop_id: str, records: Sequence[LoopRecord], *, run: bool
-    ) -> list[tuple[str, int, str]]:
-        """A row for each of `records` (written in this order, each a row of
-        its own): its text, where its steps start (`path_from`), and the steps
-        as JSON; `run=False`: as the first rows of a run (the whole path)."""
-        rows = []
-        known = self._written.get(loop_id) if run else None
-        for record in records:
-            path = record.path
-            start = _start(known, path)
-            text = record_text(record, len(path))
-            rows.append((text, start, steps_text(path[start:])))
-            known = _written(path)
-        return rows
-
-    def wrote(self, loop_id: str, path: tuple[PathStep, ...]) -> None:
-        """A row holding `path` landed."""
-        self._written[loop_id] = _written(path)
-
-    def pop(self, loop_id: str) -> None:
-        self._written.pop(loop_id, None)
-
-    def clear(self) -> None:
-        self._written.clear()
-
-
-def _written(path: tuple[PathStep, ...]) -> _Written:
-    return path
-
-
-def _start(known: _Written | None, path: tuple[PathStep, ...]) -> int:
-    # Within a run a loop's path only grows (the one step a recovery takes
-    # back is taken when its run starts), so the written path is this one's
-    # start; checked, not relied on: a path that does not start with it is
-    # written whole. The steps are the same objects (a record's path is the
-    # loop's list as a tuple), so the comparison is one of references: ~2 µs
-    # a commit at 600 steps.
-    if known is None:
-        return 0
-    length = len(known)
-    if length <= len(path) and path[:length] == known:
-        return length
-    return 0
-
-
-def prefix_length(path: tuple[PathStep, ...], of: tuple[PathStep, ...]) -> int | None:
-    """`len(path)` if it is the start of `of`, else None (written in full)."""
-    n = len(path)
-    if n > len(of) or of[:n] != path:
-        return None
-    return n

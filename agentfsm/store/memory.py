@@ -3,7 +3,7 @@
 Loops outlive the runtime that ran them (a paused loop can be resumed by a
 later `Runtime(store=...)` in the same process), but not the process. It keeps
 the models themselves (records and items are frozen), so nothing is
-serialized: `bytes_written` stays 0.
+serialized: `bytes_written` stays 0. It fences writes as the SQL stores do.
 """
 
 from __future__ import annotations
@@ -13,112 +13,188 @@ from collections.abc import Sequence
 
 from agentfsm.events import AgentEvent
 from agentfsm.inference import InferenceOutput
-from agentfsm.messages import ContextItem, FunctionCallOutputItem
-from agentfsm.record import LoopRecord
-from agentfsm.results import LoopStatus
+from agentfsm.messages import ContextItem
+from agentfsm.record import DecisionEntry, LoopRecord
+from agentfsm.results import LoopStatus, PathStep
 
 from ._base import (
+    _PRESENT,
     CallRecord,
     Commit,
+    EventArchive,
+    Lease,
+    LeaseLostError,
+    LedgerFold,
     LoopIdTakenError,
     LoopLockedError,
     LoopStore,
+    SharedContexts,
     StoredLoop,
+    StoreError,
     StoreStatistics,
     checked_lease_ttl,
+    run_commits,
 )
 
 __all__ = ("MemoryStore",)
 
 
 class _Entry:
-    __slots__ = ("items", "lease_until", "owner", "records")
+    __slots__ = (
+        "decisions",
+        "epoch",
+        "events",
+        "inferences",
+        "items",
+        "latest",
+        "lease_until",
+        "ledger",
+        "length",
+        "owner",
+        "path",
+        "records",
+    )
 
-    def __init__(self) -> None:
-        self.records: dict[int, LoopRecord] = {}
+    def __init__(self, owner: str) -> None:
+        self.records: dict[int, tuple[LoopRecord, int]] = {}
+        """Each record (its path left empty) with its path's length, by seq."""
+        self.latest: LoopRecord | None = None
+        self.length = 0
+        self.path: list[PathStep] = []
         self.items: list[ContextItem] = []
-        self.owner: str | None = None
+        self.owner: str | None = owner
+        self.epoch = 1
         self.lease_until = 0.0
+        self.ledger = LedgerFold()
+        self.inferences: dict[int, InferenceOutput] = {}
+        self.events: list[AgentEvent] = []
+        self.decisions: list[DecisionEntry] = []
+
+    def whole(self, record: LoopRecord, length: int) -> LoopRecord:
+        """A record as committed, with its path (the loop's, to its length)."""
+        return record.model_copy(update={"path": tuple(self.path[:length])})
+
+    @property
+    def done(self) -> bool:
+        return self.latest is not None and self.latest.status is LoopStatus.done
 
 
-class MemoryStore(LoopStore):
+class MemoryStore(LoopStore, EventArchive, SharedContexts):
     """A store in this process's memory (tests, and loops that must outlive one
     runtime but not the process)."""
 
     def __init__(self, *, events: bool = False, lease_ttl: float = 30.0) -> None:
         self.keeps_events = events
         self.lease_ttl = checked_lease_ttl(lease_ttl)
-        self._events: dict[str, list[AgentEvent]] = {}
         self._contexts: dict[str, tuple[list[ContextItem], list[str]]] = {}
         self._loops: dict[str, _Entry] = {}
-        self._latest: dict[str, LoopRecord] = {}
-        self._inferences: dict[tuple[str, int], InferenceOutput] = {}
-        self._calls: dict[str, CallRecord] = {}
         self._commits = 0
+
+    def __repr__(self) -> str:
+        return f"MemoryStore(at {id(self):#x})"
 
     def statistics(self) -> StoreStatistics:
         return StoreStatistics(commits=self._commits, bytes_written=0)
 
-    async def commit(self, commit: Commit, owner: str) -> None:
+    # ------------------------------------------------------------- commit log
+
+    async def commit_many(self, commits: Sequence[Commit]) -> list[Exception | None]:
+        return await run_commits(commits, self._write)
+
+    async def _write(self, commit: Commit) -> None:
+        entry = self._fenced(commit)
         record = commit.record
-        entry = self._loops.get(record.loop_id)
-        if commit.new and entry is not None:
-            raise LoopIdTakenError(record.loop_id)
-        if entry is None:
-            entry = self._loops[record.loop_id] = _Entry()
-        self._take(record.loop_id, entry, owner)
         items = entry.items
         del items[commit.first :]  # (only `truncate` leaves anything to drop)
         items.extend(commit.items)
         for at, item in (commit.replaced or {}).items():
             items[at] = item
-        for earlier in commit.earlier:
-            entry.records[earlier.seq] = earlier
-        entry.records[record.seq] = record
-        self._latest[record.loop_id] = record
-        for intent in commit.intents:
-            self._calls.setdefault(intent.key, intent)
-        for key, out, terminate in commit.ended:
-            self._end(key, out, terminate)
+        for earlier, length in commit.earlier:
+            entry.records[earlier.seq] = (earlier, length)
+        if record is not None:
+            del entry.path[commit.path_from :]
+            entry.path.extend(commit.steps)
+            entry.records[record.seq] = (record, commit.path_length)
+            entry.latest, entry.length = record, commit.path_length
+        for call in commit.ledger:
+            entry.ledger.add(call)
         if commit.inference is not None:
             number, output = commit.inference
-            self._inferences[record.loop_id, number] = output
+            entry.inferences[number] = output
+        if self.keeps_events:
+            entry.events.extend(commit.events)
+        entry.decisions.extend(commit.decisions)
+        entry.lease_until = time.time() + self.lease_ttl
         self._commits += 1
+
+    def _fenced(self, commit: Commit) -> _Entry:
+        """The loop's entry, if `commit` may write it (see `Commit.lease`)."""
+        loop_id, lease = commit.loop_id, commit.lease
+        entry = self._loops.get(loop_id)
+        if commit.new:
+            if entry is not None:
+                raise LoopIdTakenError(loop_id)
+            entry = self._loops[loop_id] = _Entry(lease.owner)
+            return entry
+        if entry is None:
+            raise StoreError(f"{self!r} holds no loop {loop_id!r}")
+        if entry.done:
+            raise LeaseLostError(loop_id, lease.owner, "the loop has ended")
+        if entry.owner != lease.owner or entry.epoch != lease.epoch:
+            raise LeaseLostError(
+                loop_id,
+                lease.owner,
+                f"{entry.owner or 'nobody'} holds it (epoch {entry.epoch}, this "
+                f"runtime's {lease.epoch})",
+            )
+        return entry
 
     async def load(self, loop_id: str) -> StoredLoop | None:
         entry = self._loops.get(loop_id)
-        if entry is None:
+        if entry is None or entry.latest is None:
             return None
         owner = entry.owner if entry.lease_until > time.time() else None
-        return StoredLoop(self._latest[loop_id], list(entry.items), owner)
+        last_event = entry.events[-1].seq if entry.events else 0
+        record = entry.whole(entry.latest, entry.length)
+        return StoredLoop(record, list(entry.items), owner, entry.epoch, last_event)
 
     async def record_at(self, loop_id: str, seq: int) -> LoopRecord | None:
         entry = self._loops.get(loop_id)
         if entry is None:
             return None
         at = [s for s in entry.records if s <= seq]
-        return entry.records[max(at)] if at else None
+        return entry.whole(*entry.records[max(at)]) if at else None
 
     async def unfinished(self) -> list[str]:
         return sorted(
             loop_id
-            for loop_id, record in self._latest.items()
-            if record.status is not LoopStatus.done
+            for loop_id, entry in self._loops.items()
+            if entry.latest is not None and not entry.done
         )
 
-    async def record_inference(
-        self, loop_id: str, request: int, output: InferenceOutput
-    ) -> None:
-        self._inferences[loop_id, request] = output
-        self._commits += 1
+    async def inference(self, loop_id: str, request: int) -> InferenceOutput | None:
+        entry = self._loops.get(loop_id)
+        return None if entry is None else entry.inferences.get(request)
 
-    async def append_events(self, events: Sequence[AgentEvent]) -> None:
-        for event in events:
-            self._events.setdefault(event.loop_id, []).append(event)
-        self._commits += 1
+    # ----------------------------------------------------------------- ledger
+
+    async def calls(self, loop_id: str, request: int | None = None) -> list[CallRecord]:
+        entry = self._loops.get(loop_id)
+        return [] if entry is None else entry.ledger.of(request)
+
+    async def decisions(self, loop_id: str) -> list[DecisionEntry]:
+        entry = self._loops.get(loop_id)
+        return [] if entry is None else list(entry.decisions)
+
+    # ----------------------------------------------------------------- events
 
     async def events(self, loop_id: str, after_seq: int = 0) -> list[AgentEvent]:
-        return [e for e in self._events.get(loop_id, ()) if e.seq > after_seq]
+        if not self.keeps_events:
+            raise StoreError(f"{self!r} keeps no events (make it with events=True)")
+        entry = self._loops.get(loop_id)
+        return [] if entry is None else [e for e in entry.events if e.seq > after_seq]
+
+    # ------------------------------------------------------- shared contexts
 
     async def context(
         self, context_id: str
@@ -139,84 +215,48 @@ class MemoryStore(LoopStore):
         held_digests.extend(digests)
         self._commits += 1
 
-    async def inference(self, loop_id: str, request: int) -> InferenceOutput | None:
-        return self._inferences.get((loop_id, request))
-
-    async def calls(self, loop_id: str, request: int) -> list[CallRecord]:
-        return sorted(
-            (
-                c
-                for c in self._calls.values()
-                if c.loop_id == loop_id and c.request == request
-            ),
-            key=lambda c: c.position,
-        )
-
-    async def begin_call(self, call: CallRecord) -> CallRecord:
-        known = self._calls.get(call.key)
-        if known is not None and known.status == "done":
-            return known
-        if known is not None:
-            call = call.model_copy(update={"attempt": known.attempt + 1})
-        self._calls[call.key] = call
-        self._commits += 1
-        return call
-
-    async def end_call(
-        self, loop_id: str, key: str, output: FunctionCallOutputItem, terminate: bool
-    ) -> None:
-        self._end(key, output, terminate)
-        self._commits += 1
-
-    def _end(self, key: str, output: FunctionCallOutputItem, terminate: bool) -> None:
-        known = self._calls[key]
-        self._calls[key] = known.model_copy(
-            update={"status": "done", "output": output, "terminate": terminate}
-        )
-
-    async def mark_uncertain(self, loop_id: str, keys: Sequence[str]) -> None:
-        for key in keys:
-            self._calls[key] = self._calls[key].model_copy(
-                update={"status": "uncertain"}
-            )
-        self._commits += 1
-
-    def _take(
-        self, loop_id: str, entry: _Entry, owner: str, replacing: str | None = None
-    ) -> None:
-        now = time.time()
-        if (
-            entry.owner is not None
-            and entry.owner not in (owner, replacing)
-            and entry.lease_until > now
-        ):
-            raise LoopLockedError(loop_id, entry.owner)
-        entry.owner = owner
-        entry.lease_until = now + self.lease_ttl
+    # ----------------------------------------------------------------- leases
 
     async def acquire(
         self, loop_id: str, owner: str, *, replacing: str | None = None
-    ) -> str | None:
+    ) -> Lease:
         entry = self._loops.get(loop_id)
-        if entry is None:
-            return None  # nothing to own: the loop's first commit takes it
-        try:
-            self._take(loop_id, entry, owner, replacing)
-        except LoopLockedError as exc:
-            return exc.owner
-        return None
+        if entry is None or entry.latest is None:
+            raise StoreError(f"{self!r} holds no loop {loop_id!r}")
+        if entry.done:
+            raise StoreError(f"loop {loop_id} has ended: it is never taken again")
+        if (
+            entry.owner is not None
+            and entry.owner not in (owner, replacing)
+            and entry.lease_until > time.time()
+        ):
+            raise LoopLockedError(loop_id, entry.owner)
+        entry.owner = owner
+        entry.epoch += 1
+        entry.lease_until = time.time() + self.lease_ttl
+        self._commits += 1
+        return Lease(owner, entry.epoch)
 
-    async def renew(self, owner: str) -> None:
+    async def renew(
+        self, owner: str, loop_ids: Sequence[str] | None = None
+    ) -> dict[str, int]:
         until = time.time() + self.lease_ttl
-        for loop_id, entry in self._loops.items():
-            latest = self._latest.get(loop_id)
-            if entry.owner == owner and (
-                latest is None or latest.status is not LoopStatus.done
-            ):
+        renewed = {}
+        for loop_id in self._loops if loop_ids is None else loop_ids:
+            entry = self._loops.get(loop_id)
+            if entry is not None and entry.owner == owner and not entry.done:
                 entry.lease_until = until
+                renewed[loop_id] = entry.epoch
+        return renewed
 
     async def release(self, owner: str, loop_ids: Sequence[str] | None = None) -> None:
-        for loop_id, entry in self._loops.items():
-            if entry.owner == owner and (loop_ids is None or loop_id in loop_ids):
+        for loop_id in list(self._loops) if loop_ids is None else loop_ids:
+            entry = self._loops.get(loop_id)
+            if entry is not None and entry.owner == owner:
                 entry.owner = None
                 entry.lease_until = 0.0
+
+    async def alive(self, owner: str) -> bool | None:
+        # Every runtime that ever wrote here ran in this process: one that
+        # holds no presence now has exited (or was dropped without exiting).
+        return owner in _PRESENT

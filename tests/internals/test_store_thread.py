@@ -197,7 +197,7 @@ async def test_a_failed_open_leaves_no_thread(tmp_path: Path) -> None:
     with sqlite3.connect(path) as db:
         db.execute("PRAGMA user_version=99")
     store = SQLiteStore(path)
-    with pytest.raises(StoreSchemaError, match="newer agentfsm"):
+    with pytest.raises(StoreSchemaError, match="not an agentfsm store"):
         await store.open()
     name = f"agentfsm-sqlite {path}"
     for thread in [t for t in threading.enumerate() if t.name == name]:

@@ -6,6 +6,10 @@ streaming request publishes each chunk as `inference.stream`. The output is
 published as `inference.completed` and kept as the turn's output. Next:
 `call_tools` with the output's function calls as a `ToolBatch` (calls of tools
 that need approval listed as awaiting it), or `answer` with its message.
+
+Recovered (`recover`): a loop taken up from its store in this state uses the
+request's output if it was recorded (`loop.recorded_output`), and sends the
+request otherwise.
 """
 
 from __future__ import annotations
@@ -25,8 +29,9 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from agentfsm._loop.loop import Loop
+    from agentfsm._loop.steps import Found
 
-__all__ = ("completed", "inference")
+__all__ = ("completed", "inference", "recover")
 
 _BATCH_FIELDS: Final = {"kind", "calls", "denied", "awaiting_approval", "outputs"}
 _REQUEST_FIELDS: Final = {"input", "metadata", "streaming", "loop_id", "agent_id"}
@@ -37,10 +42,9 @@ async def inference(loop: Loop, payload: TransitionPayload) -> Step:
     if loop.model_requests >= loop.options.max_turns:
         raise TurnLimitExceeded(over_the_limit(loop))
     streaming = loop.state is _S.inference_streaming
-    durable = loop.durable
-    if durable is not None and durable.recorded is not None:
+    if loop.recorded_output is not None:
         # A recovered loop whose request's output was recorded: not sent again.
-        output, durable.recorded = durable.recorded, None
+        output, loop.recorded_output = loop.recorded_output, None
         return completed(loop, payload, output)
     if loop.model_chain is None:
         output = await request_model(loop, payload, streaming)
@@ -61,10 +65,14 @@ async def inference(loop: Loop, payload: TransitionPayload) -> Step:
                 f"the model wrappers returned {type(output).__name__}, "
                 "not an InferenceOutput"
             )
-    step = completed(loop, payload, output)
-    if durable is not None and loop.handlers:
-        await durable.write_inference(loop)
-    return step
+    return completed(loop, payload, output)
+
+
+def recover(loop: Loop, found: Found) -> list[str]:
+    """A loop taken up in this state: the request's output, if its store
+    recorded it, is used instead of sending the request again."""
+    loop.recorded_output = found.output
+    return []
 
 
 def over_the_limit(loop: Loop) -> str:
@@ -88,8 +96,6 @@ def over_the_limit(loop: Loop) -> str:
 def completed(loop: Loop, request: InferenceInput, output: InferenceOutput) -> Step:
     """Count and publish a model request's output; the step it leads to."""
     loop.model_requests += 1
-    if loop.durable is not None:  # written with the next commit
-        loop.durable.inference = (loop.model_requests, output)
     if output.token_usage is not None:
         loop.usage = loop.usage + output.token_usage
     loop.request = request

@@ -1,0 +1,124 @@
+"""The plan of a batch of tool calls: which calls run, which do not and why, and
+how (in sequence, or in parallel under a cap).
+
+One plan per batch, made once (`plan_of`) and read by everyone who needs it:
+the tool-call runner, the journal (which intents the commit into
+`function_call` carries) and recovery (which calls were in flight). A skip
+reason added here is therefore one that every reader knows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+from agentfsm._keys import idempotency_key
+from agentfsm.interception import ToolBatch
+from agentfsm.messages import FunctionCallItem
+from agentfsm.tools import Tool
+
+from .turn import tool_index
+
+if TYPE_CHECKING:
+    from .loop import Loop
+
+__all__ = ("TRUNCATED", "BatchPlan", "PlannedCall", "plan_of")
+
+TRUNCATED: Final = (
+    "the call was not run: the response hit the output token limit, "
+    "so its arguments may be truncated"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedCall:
+    """One call of a batch, and whether it runs."""
+
+    position: int
+    call: FunctionCallItem
+    tool: Tool | None
+    output: str | None = None
+    """The output of a call that does not run (a denial, a handler's answer, a
+    truncated or unknown call); None for a call that runs."""
+    is_error: bool = False
+    """Whether `output` is an error (all but a handler's answer are)."""
+
+    @property
+    def runs(self) -> bool:
+        return self.output is None
+
+    def key(self, loop: Loop) -> str:
+        """The call's idempotency key (see `agentfsm._keys`)."""
+        call = self.call
+        return idempotency_key(
+            loop.loop_id, loop.model_requests, self.position, call.name, call.arguments
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPlan:
+    """How a batch runs."""
+
+    batch: ToolBatch
+    calls: tuple[PlannedCall, ...]
+    parallel: bool
+    """The calls run concurrently (the loop runs tools in parallel, the batch
+    has two calls or more, and none of its tools must run alone)."""
+    concurrency: int
+    """At most this many run at once (`max_tool_concurrency`)."""
+
+    def starting(self) -> tuple[PlannedCall, ...]:
+        """The calls that start as the batch starts, in a known order: every
+        call that runs of a parallel batch when none waits for a free slot (else
+        none: they start in no set order), the first of a sequential one. Any
+        other call starts later, once those before it (or a slot) let it."""
+        runs = tuple(c for c in self.calls if c.runs)
+        if not self.parallel:
+            return runs[:1]
+        return runs if len(runs) <= self.concurrency else ()
+
+
+def plan_of(loop: Loop, batch: ToolBatch) -> BatchPlan:
+    """The plan of `batch`, the payload of the loop's current `function_call`
+    step (made once: the same object for every reader)."""
+    known = loop.plan
+    if known is not None and known.batch is batch:
+        return known
+    tools = tool_index(loop)
+    output = loop.output
+    # A response cut by the token limit may hold truncated arguments.
+    truncated = output is not None and output.finish_reason == "length"
+    chain = loop.tool_chain
+    calls = []
+    for position, call in enumerate(batch.calls):
+        tool = tools.get(call.name)
+        denial = batch.denied.get(call.call_id)
+        answer = batch.outputs.get(call.call_id)
+        if denial is not None:
+            planned = PlannedCall(
+                position, call, tool, f"the call was denied: {denial}", True
+            )
+        elif answer is not None:
+            planned = PlannedCall(position, call, tool, answer)  # not run
+        elif truncated:
+            planned = PlannedCall(position, call, tool, TRUNCATED, True)
+        elif tool is None and chain is None:
+            planned = PlannedCall(position, call, tool, unknown(call, tools), True)
+        else:
+            planned = PlannedCall(position, call, tool)
+        calls.append(planned)
+    options = loop.options
+    parallel = (
+        options.tool_execution == "parallel"
+        and len(batch.calls) > 1
+        and all(c.tool is None or c.tool.execution_mode == "parallel" for c in calls)
+    )
+    plan = loop.plan = BatchPlan(
+        batch, tuple(calls), parallel, options.max_tool_concurrency
+    )
+    return plan
+
+
+def unknown(call: FunctionCallItem, tools: dict[str, Tool]) -> str:
+    offered = ", ".join(sorted(tools)) or "none"
+    return f"unknown tool {call.name!r} (available tools: {offered})"

@@ -1,0 +1,915 @@
+"""`SQLStore`: what `SQLiteStore` and `PostgresStore` share, parametrized by a
+small `Dialect` (how a statement names its parameters, the clock of leases,
+how a new loop gets its number).
+
+Both keep one connection, used from one thread of the store's own
+(`_thread.StoreThread`, from `open` to `close`), so they run on asyncio and
+trio alike and never block the event loop: its calls run one at a time, in the
+order they come. Both keep the same tables:
+
+- `loops`: a row per loop: its number (its `log` rows are the ids from
+  `number << 32` on), agent, status, and its lease (owner, epoch, until when);
+- `log`: a row per commit (see `_rows` for what a row holds and `LOG_COLUMNS`);
+- `events`: the events of a store made with `events=True`, by (loop, seq);
+- `contexts`: shared contexts (`agentfsm.temporal.StoreContexts`).
+
+Every write is a `Commit`, fenced (see `agentfsm.store._base`): it lands only
+while the loop's row names the commit's owner and epoch and the loop has not
+ended. A commit is one row of `log` (and its events), and touches the loop's
+row only when the loop's status changes: the dialect writes it (`_write_commit`)
+in as few statements as it can (SQLite: one `INSERT ... SELECT` guarded by the
+fence, most commits; PostgreSQL: one call of a function, one round trip).
+
+What the rows hold is read back here, the same way for both: a loop's latest
+record and its context (`load`), a record by seq (`record_at`), the model
+outputs recorded, the ledger (the fold of the rows' entries), the decisions,
+the events. Stored data that cannot be read raises `StoreError` naming the
+store, the loop and the cause.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+import zlib
+from abc import abstractmethod
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from json.encoder import encode_basestring
+from typing import Any, Final, Generic, TypeVar
+
+import anyio
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from agentfsm._keys import number_text
+from agentfsm._models import json_of
+from agentfsm.events import AgentEvent, AgentEventAdapter
+from agentfsm.inference import InferenceOutput
+from agentfsm.messages import ContextItem, ContextItemAdapter, FunctionCallOutputItem
+from agentfsm.record import DecisionEntry, LoopRecord
+from agentfsm.results import LoopStatus
+
+from ._base import (
+    _PRESENT,
+    CallRecord,
+    Commit,
+    EventArchive,
+    Lease,
+    LeaseLostError,
+    LedgerFold,
+    LoopLockedError,
+    LoopStore,
+    SharedContexts,
+    StoredLoop,
+    StoreError,
+    StoreStatistics,
+    commits_in_turn,
+)
+from ._rows import path_of, record_of, record_text, shared_text, steps_text
+from ._thread import StoreThread
+
+__all__ = ("LOG_COLUMNS", "ROWS", "Dialect", "LogRow", "SQLStore")
+
+_T = TypeVar("_T")
+_C = TypeVar("_C")
+
+ROWS: Final = 1 << 32
+"""A loop's `log` ids: from its `number << 32` on. A loop holds at most 2**32
+rows (commits), a store 2**31 loops."""
+
+LOG_COLUMNS: Final = (
+    "loop_id",
+    "seq",
+    "record",
+    "earlier",
+    "first_seq",
+    "changes",
+    "request",
+    "ledger",
+    "path_from",
+    "path",
+    "shared",
+    "decisions",
+)
+"""A `log` row's columns (beside its id): the record (NULL in a commit
+without one), the records written with it (`earlier`, a JSON array, the seq
+of its first in `first_seq`), what the context and the model gave
+(`changes`: the items added from position `first`, the slots replaced, a
+truncation, a model output, whose request number is `request`), the ledger's
+entries (`ledger`, see `ledger_entry`), the path's steps since the row before
+(`path_from`, `path`), what the records of the run share (`shared`, in the
+run's first row: see `_rows`), the decisions made (`decisions`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    """What differs between the SQL the two stores speak."""
+
+    now: str
+    """The lease clock, in SQL (SQLite: the `:now` parameter, this host's
+    clock; PostgreSQL: the server's, so that hosts whose clocks differ agree
+    on when a lease expires)."""
+    param: Callable[[str], str]
+    """A named parameter's placeholder (`:name`, `%(name)s`)."""
+    new_number: str
+    """A new loop's number, in SQL."""
+
+    def sql(self, text: str) -> str:
+        """`text` with its `:name` parameters in this dialect and `{now}` its
+        clock (written once per store, so a driver prepares it once)."""
+        text = text.replace("{now}", self.now)
+        return re.sub(r"(?<![:\w]):([a-z_]+)", lambda m: self.param(m[1]), text)
+
+
+def next_id(number: str) -> str:
+    """The id of a loop's next row, in SQL, from the SQL of its number. (An
+    aggregate, `max(id)`, under `coalesce` scans the loop's rows; `ORDER BY id
+    DESC LIMIT 1` seeks the last.)"""
+    first = f"(({number}) << 32)"
+    return (
+        f"coalesce((SELECT id FROM log WHERE id BETWEEN {first} AND"
+        f" {first} + {ROWS - 1} ORDER BY id DESC LIMIT 1) + 1, {first})"
+    )
+
+
+_SPAN: Final = (
+    "id BETWEEN (SELECT number << 32 FROM loops WHERE loop_id = :loop)"
+    f" AND (SELECT (number << 32) + {ROWS - 1} FROM loops WHERE loop_id = :loop)"
+)
+"""A condition on `log`: the rows of the loop `:loop` (none if it has none)."""
+
+
+class _Changes(BaseModel):
+    """A commit's `changes` column."""
+
+    model_config = ConfigDict(defer_build=True)
+
+    first: int
+    truncate: bool
+    items: list[ContextItem]
+    replaced: list[tuple[int, ContextItem]]
+    inference: tuple[int, InferenceOutput] | None
+
+
+_BOOL: Final = {False: "false", True: "true"}
+
+
+def ledger_entry(call: CallRecord) -> str:
+    """A ledger entry as a row keeps it: `[status, key, request, position,
+    tool, call_id, attempt, output, terminate, by]`, joined from its parts'
+    JSON (what `json.dumps` of the list gives, ensure_ascii off: checked by
+    tests/internals/test_sqlite_log.py)."""
+    output = "null" if call.output is None else json_of(call.output)
+    by = "null" if call.by is None else encode_basestring(call.by)
+    return (
+        f"[{encode_basestring(call.status)}, {encode_basestring(call.key)}, "
+        f"{number_text(call.request)}, {number_text(call.position)}, "
+        f"{encode_basestring(call.tool)}, {encode_basestring(call.call_id)}, "
+        f"{number_text(call.attempt)}, {output}, {_BOOL[call.terminate]}, {by}]"
+    )
+
+
+def fold_ledger(loop_id: str, texts: Iterable[str]) -> LedgerFold:
+    """The ledger of a loop: its rows' `ledger` JSON arrays, in log order; the
+    last entry of a key is what the ledger holds for it."""
+    fold = LedgerFold()
+    for text in texts:
+        for entry in json.loads(text):
+            status, key, request, position, tool, call_id, attempt = entry[:7]
+            output, terminate, by = entry[7:10]
+            fold.add(
+                CallRecord(
+                    key=key,
+                    loop_id=loop_id,
+                    request=request,
+                    position=position,
+                    tool=tool,
+                    call_id=call_id,
+                    status=status,
+                    attempt=attempt,
+                    output=None
+                    if output is None
+                    else FunctionCallOutputItem.model_validate(output),
+                    terminate=terminate,
+                    by=by,
+                )
+            )
+    return fold
+
+
+@dataclass(slots=True)
+class LogRow:
+    """A commit as the dialect writes it (see `LOG_COLUMNS`)."""
+
+    commit: Commit
+    values: dict[str, Any]
+    """The `log` columns, by name (and `loop`, the loop's id)."""
+    status: str | None
+    """The loop's new status when it changes (its row is written), else None."""
+    events: list[tuple[int, str]]
+    """`(seq, JSON)` of each event to keep."""
+    written: int
+    """Bytes of row data."""
+
+
+class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
+    """A store on one SQL connection (`_C`), in a thread of its own."""
+
+    dialect: Dialect
+    where: str
+    """The store, in messages: its file, or its server, database and schema."""
+
+    def __init__(self, *, events: bool, lease_ttl: float, thread_name: str) -> None:
+        self.keeps_events = events
+        self.lease_ttl = lease_ttl
+        self._conn: _C | None = None
+        self._thread = StoreThread(thread_name)
+        self._counted = threading.Lock()
+        self._commits = 0
+        self._bytes = 0
+        self._statuses: dict[str, tuple[int, str]] = {}
+        """The status each loop's row holds, as this store last wrote it in the
+        lease of that epoch (a commit that keeps it writes only its log row).
+        Used in the store's thread only."""
+        self._held: dict[int, int] = {}
+        """The presence slots this store holds, with how many of this process's
+        runtimes hold each (see `hold_presence`)."""
+        self._sql: dict[str, str] = {}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.where})"
+
+    def statistics(self) -> StoreStatistics:
+        with self._counted:
+            return StoreStatistics(commits=self._commits, bytes_written=self._bytes)
+
+    def _count(self, written: int) -> None:
+        with self._counted:
+            self._commits += 1
+            self._bytes += written
+
+    def q(self, text: str) -> str:
+        """A statement in the store's dialect (made once)."""
+        sql = self._sql.get(text)
+        if sql is None:
+            sql = self._sql[text] = self.dialect.sql(text)
+        return sql
+
+    # ------------------------------------------------- what a dialect provides
+
+    @abstractmethod
+    def _connect(self) -> _C:
+        """A new connection, the layout checked (created for a new store)."""
+
+    @abstractmethod
+    def _disconnect(self, conn: _C) -> None: ...
+
+    @abstractmethod
+    def _execute(self, conn: _C, sql: str, params: Mapping[str, Any] = ...) -> Any:
+        """Run one statement; its cursor (rows, `rowcount`)."""
+
+    @abstractmethod
+    def _transaction(self, conn: _C) -> AbstractContextManager[object]:
+        """A transaction that takes the store's write lock at once."""
+
+    @abstractmethod
+    def _write_commit(self, conn: _C, row: LogRow, run_status: str | None) -> None:
+        """Write one commit (fenced: see `_fence`); `run_status` is the status
+        the loop's row holds if this store wrote it last in the commit's
+        lease, else None."""
+
+    @abstractmethod
+    def _failure(self, exc: BaseException) -> StoreError | None:
+        """The driver's error as a `StoreError` naming the store, or None if it
+        is not the driver's."""
+
+    def _presence_slot(self, owner: str) -> int:
+        """The slot of a runtime's presence (see `hold_presence`)."""
+        return zlib.crc32(owner.encode()) & 0x3FFFFFFF
+
+    @abstractmethod
+    def _lock_slot(self, conn: _C, slot: int) -> None:
+        """Hold `slot` until the connection ends or `_unlock_slot`."""
+
+    @abstractmethod
+    def _unlock_slot(self, conn: _C, slot: int) -> None: ...
+
+    @abstractmethod
+    def _slot_free(self, conn: _C, slot: int) -> bool | None:
+        """Whether no process holds `slot` (taken and given back at once); None
+        when it cannot tell."""
+
+    # ------------------------------------------------------------ connection
+
+    async def open(self) -> None:
+        if self._conn is not None and self._thread.running:
+            return
+        self._statuses.clear()  # (another process may have written meanwhile)
+        await self._thread.open(
+            self, self._connect_once, lambda: self._conn is not None
+        )
+
+    def _connect_once(self) -> None:
+        """Connect (in the store's thread), unless an `open` before did."""
+        if self._conn is None:
+            try:
+                self._conn = self._connect()
+            except StoreError:
+                raise
+            except Exception as exc:
+                failure = self._failure(exc)
+                if failure is None:
+                    raise
+                raise failure from exc
+
+    async def close(self) -> None:
+        if not self._thread.running:
+            return
+
+        def close() -> None:
+            conn, self._conn = self._conn, None
+            self._held.clear()
+            if conn is not None:
+                self._disconnect(conn)
+
+        try:
+            with anyio.CancelScope(shield=True):
+                await self._thread.run(close)
+        finally:
+            self._thread.stop()  # after the calls given it so far
+
+    async def _run(self, fn: Callable[[_C], _T]) -> _T:
+        """Run `fn` on the connection, in the store's thread; a driver's error
+        becomes a `StoreError` naming the store."""
+        if not self._thread.running:
+            raise StoreError(f"the store {self.where} is not open")
+
+        def work() -> _T:
+            conn = self._live()
+            try:
+                return fn(conn)
+            except StoreError:
+                raise
+            except Exception as exc:
+                failure = self._failure(exc)
+                if failure is None:
+                    raise
+                raise failure from exc
+
+        return await self._thread.run(work)
+
+    def _live(self) -> _C:
+        """The connection (in the store's thread)."""
+        conn = self._conn
+        if conn is None:
+            raise StoreError(f"the store {self.where} is not open")
+        return conn
+
+    def _rows(self, conn: _C, sql: str, params: Mapping[str, Any]) -> list[Any]:
+        return list(self._execute(conn, self.q(sql), params).fetchall())
+
+    def _row(self, conn: _C, sql: str, params: Mapping[str, Any]) -> Any:
+        return self._execute(conn, self.q(sql), params).fetchone()
+
+    def _unreadable(self, loop_id: str, exc: Exception) -> StoreError:
+        return StoreError(
+            f"{self.where}: the stored data of loop {loop_id} cannot be read "
+            f"({type(exc).__name__}: {str(exc)[:300]})"
+        )
+
+    # ---------------------------------------------------------------- commits
+
+    async def commit_many(self, commits: Sequence[Commit]) -> list[Exception | None]:
+        # One trip to the store's thread for all of them, a transaction each.
+        return await self._run(lambda conn: commits_in_turn(commits, self._commit_one))
+
+    def _commit_one(self, commit: Commit) -> None:
+        """Write one commit, in the store's thread (its JSON is made here too,
+        off the event loop)."""
+        conn = self._live()
+        loop_id, epoch = commit.loop_id, commit.lease.epoch
+        cached = self._statuses.get(loop_id)
+        run_status = cached[1] if cached is not None and cached[0] == epoch else None
+        row = self.log_row(commit)
+        try:
+            self._write_commit(conn, row, run_status)
+        except StoreError:
+            self._statuses.pop(loop_id, None)
+            raise
+        except Exception as exc:
+            self._statuses.pop(loop_id, None)
+            failure = self._failure(exc)
+            if failure is None:
+                raise
+            raise failure from exc
+        self._count(row.written)
+        if row.status == LoopStatus.done.value:
+            self._statuses.pop(loop_id, None)  # it writes no more
+        elif row.status is not None:
+            self._statuses[loop_id] = (epoch, row.status)
+
+    def _fence(self, conn: _C, commit: Commit) -> StoreError:
+        """Why the loop's row refused `commit` (its fence did not hold)."""
+        loop_id, lease = commit.loop_id, commit.lease
+        row = self._row(
+            conn,
+            "SELECT owner, epoch, status FROM loops WHERE loop_id = :loop",
+            {"loop": loop_id},
+        )
+        if row is None:
+            return StoreError(f"{self.where} holds no loop {loop_id!r}")
+        owner, epoch, status = row
+        if status == LoopStatus.done.value:
+            return LeaseLostError(loop_id, lease.owner, "the loop has ended")
+        return LeaseLostError(
+            loop_id,
+            lease.owner,
+            f"{owner or 'nobody'} holds it (epoch {epoch}; this runtime's "
+            f"{lease.epoch})",
+        )
+
+    def log_row(self, commit: Commit) -> LogRow:
+        """A commit's `log` row (see `LOG_COLUMNS` and `_rows`). The JSON is
+        joined from each part's own JSON."""
+        record = commit.record
+        loop_id = commit.loop_id
+        written = 0
+        seq = text = steps = shared = path_from = None
+        if record is not None:
+            path_from = commit.path_from
+            shared = None if path_from else shared_text(record)
+            text = record_text(record, commit.path_length)
+            steps = steps_text(commit.steps)
+            seq = record.seq
+            written += len(text) + len(steps) + len(shared or "")
+        earlier = first_seq = None
+        if commit.earlier:
+            earlier = (
+                "["
+                + ",".join(record_text(r, length) for r, length in commit.earlier)
+                + "]"
+            )
+            first_seq = commit.earlier[0][0].seq
+            written += len(earlier)
+        changes = request = None
+        inference = commit.inference
+        if commit.items or commit.replaced or commit.truncate or inference:
+            items = ",".join(map(json_of, commit.items))
+            replaced = ",".join(
+                f"[{at},{json_of(item)}]"
+                for at, item in (commit.replaced or {}).items()
+            )
+            output = "null"
+            if inference is not None:
+                request = inference[0]
+                output = f"[{request},{json_of(inference[1])}]"
+            changes = (
+                f'{{"first":{commit.first},"truncate":{_BOOL[commit.truncate]},'
+                f'"items":[{items}],"replaced":[{replaced}],"inference":{output}}}'
+            )
+            written += len(changes)
+        ledger = None
+        if commit.ledger:
+            ledger = "[" + ",".join(map(ledger_entry, commit.ledger)) + "]"
+            written += len(ledger)
+        decisions = None
+        if commit.decisions:
+            decisions = "[" + ",".join(map(json_of, commit.decisions)) + "]"
+            written += len(decisions)
+        events = [(e.seq, json_of(e)) for e in commit.events]
+        written += sum(len(t) for _, t in events)
+        status = None
+        if record is not None or commit.new:
+            status = (
+                record.status.value if record is not None else LoopStatus.running.value
+            )
+        values = {
+            "loop": loop_id,
+            "loop_id": loop_id,
+            "seq": seq,
+            "record": text,
+            "earlier": earlier,
+            "first_seq": first_seq,
+            "changes": changes,
+            "request": request,
+            "ledger": ledger,
+            "path_from": path_from,
+            "path": steps,
+            "shared": shared,
+            "decisions": decisions,
+        }
+        return LogRow(commit, values, status, events, written)
+
+    # ------------------------------------------------------------------ reads
+
+    async def load(self, loop_id: str) -> StoredLoop | None:
+        def read(conn: _C) -> StoredLoop | None:
+            row = self._row(
+                conn,
+                "SELECT owner, epoch, lease_until > {now} FROM loops"
+                " WHERE loop_id = :loop",
+                {"loop": loop_id, "now": time.time()},
+            )
+            if row is None:
+                return None
+            owner, epoch, live = row
+            try:
+                last = self._row(
+                    conn,
+                    f"SELECT id, record FROM log WHERE {_SPAN} AND record IS NOT NULL"
+                    " ORDER BY id DESC LIMIT 1",
+                    {"loop": loop_id},
+                )
+                if last is None:
+                    return None  # (its first commit is being written)
+                items = self._items(conn, loop_id)
+                record = self._record(conn, loop_id, last[0], json.loads(last[1]))
+            except (ValueError, TypeError, KeyError, ValidationError) as exc:
+                raise self._unreadable(loop_id, exc) from exc
+            last_event = 0
+            if self.keeps_events:
+                found = self._row(
+                    conn,
+                    "SELECT max(seq) FROM events WHERE loop_id = :loop",
+                    {"loop": loop_id},
+                )
+                last_event = int(found[0] or 0) if found is not None else 0
+            return StoredLoop(
+                record, items, owner if live else None, int(epoch), last_event
+            )
+
+        return await self._read(read)
+
+    def _items(self, conn: _C, loop_id: str) -> list[ContextItem]:
+        items: list[ContextItem] = []
+        for (changes,) in self._rows(
+            conn,
+            f"SELECT changes FROM log WHERE {_SPAN} AND changes IS NOT NULL ORDER BY id",
+            {"loop": loop_id},
+        ):
+            change = _Changes.model_validate_json(changes)
+            first = change.first
+            if change.truncate:
+                del items[first:]
+            items[first : first + len(change.items)] = change.items
+            for at, item in change.replaced:
+                items[at] = item
+        return items
+
+    async def record_at(self, loop_id: str, seq: int) -> LoopRecord | None:
+        def read(conn: _C) -> LoopRecord | None:
+            # The record of the greatest seq up to `seq`; of several of one
+            # seq (a runtime wrote it again after another did), the last
+            # written: a row's own record, or one a later row carried.
+            found: tuple[tuple[int, int], dict[str, Any]] | None = None
+            params = {"loop": loop_id, "seq": seq}
+            try:
+                row = self._row(
+                    conn,
+                    f"SELECT seq, id, record FROM log WHERE {_SPAN} AND seq <= :seq"
+                    " AND record IS NOT NULL ORDER BY seq DESC, id DESC LIMIT 1",
+                    params,
+                )
+                if row is not None:
+                    found = ((row[0], row[1]), json.loads(row[2]))
+                for row_id, earlier in self._rows(
+                    conn,
+                    f"SELECT id, earlier FROM log WHERE {_SPAN} AND seq > :seq"
+                    " AND first_seq <= :seq",
+                    params,
+                ):
+                    for data in json.loads(earlier):
+                        at = (data["seq"], row_id)
+                        if data["seq"] <= seq and (found is None or at > found[0]):
+                            found = (at, data)
+                if found is None:
+                    return None
+                return self._record(conn, loop_id, found[0][1], found[1])
+            except (ValueError, TypeError, KeyError, ValidationError) as exc:
+                raise self._unreadable(loop_id, exc) from exc
+
+        return await self._read(read)
+
+    def _record(
+        self, conn: _C, loop_id: str, row_id: int, data: dict[str, Any]
+    ) -> LoopRecord:
+        """A record of the loop's log (`data`, its text's, from the row
+        `row_id`), made whole: what its run shares, and its path from the
+        steps of the rows up to its own (see `_rows`)."""
+        params = {"loop": loop_id, "id": row_id}
+        shared = self._row(
+            conn,
+            f"SELECT shared FROM log WHERE {_SPAN} AND id <= :id"
+            " AND shared IS NOT NULL ORDER BY id DESC LIMIT 1",
+            params,
+        )
+        if shared is None:
+            raise StoreError(
+                f"{self.where}: no row of loop {loop_id} holds what its records share"
+            )
+        path = path_of(
+            self._rows(
+                conn,
+                f"SELECT path_from, path FROM log WHERE {_SPAN} AND id <= :id"
+                " AND path IS NOT NULL ORDER BY id",
+                params,
+            )
+        )
+        return record_of(data, json.loads(shared[0]), path)
+
+    async def unfinished(self) -> list[str]:
+        def read(conn: _C) -> list[str]:
+            rows = self._rows(
+                conn,
+                "SELECT loop_id FROM loops WHERE status <> 'done' ORDER BY loop_id",
+                {},
+            )
+            return [str(loop_id) for (loop_id,) in rows]
+
+        return await self._run(read)
+
+    async def inference(self, loop_id: str, request: int) -> InferenceOutput | None:
+        def read(conn: _C) -> InferenceOutput | None:
+            row = self._row(
+                conn,
+                f"SELECT changes FROM log WHERE {_SPAN} AND request = :request"
+                " ORDER BY id DESC LIMIT 1",
+                {"loop": loop_id, "request": request},
+            )
+            if row is None:
+                return None
+            try:
+                recorded = _Changes.model_validate_json(row[0]).inference
+            except ValidationError as exc:
+                raise self._unreadable(loop_id, exc) from exc
+            return None if recorded is None else recorded[1]
+
+        return await self._run(read)
+
+    async def calls(self, loop_id: str, request: int | None = None) -> list[CallRecord]:
+        def read(conn: _C) -> list[CallRecord]:
+            rows = self._rows(
+                conn,
+                f"SELECT ledger FROM log WHERE {_SPAN} AND ledger IS NOT NULL"
+                " ORDER BY id",
+                {"loop": loop_id},
+            )
+            try:
+                return fold_ledger(loop_id, (text for (text,) in rows)).of(request)
+            except (ValueError, TypeError, KeyError, ValidationError) as exc:
+                raise self._unreadable(loop_id, exc) from exc
+
+        return await self._read(read)
+
+    async def decisions(self, loop_id: str) -> list[DecisionEntry]:
+        def read(conn: _C) -> list[DecisionEntry]:
+            rows = self._rows(
+                conn,
+                f"SELECT decisions FROM log WHERE {_SPAN} AND decisions IS NOT NULL"
+                " ORDER BY id",
+                {"loop": loop_id},
+            )
+            try:
+                return [
+                    DecisionEntry.model_validate(data)
+                    for (text,) in rows
+                    for data in json.loads(text)
+                ]
+            except (ValueError, ValidationError) as exc:
+                raise self._unreadable(loop_id, exc) from exc
+
+        return await self._run(read)
+
+    async def events(self, loop_id: str, after_seq: int = 0) -> list[AgentEvent]:
+        if not self.keeps_events:
+            raise StoreError(f"{self.where} keeps no events (make it with events=True)")
+
+        def read(conn: _C) -> list[AgentEvent]:
+            rows = self._rows(
+                conn,
+                "SELECT event FROM events WHERE loop_id = :loop AND seq > :after"
+                " ORDER BY seq",
+                {"loop": loop_id, "after": after_seq},
+            )
+            try:
+                return [AgentEventAdapter.validate_json(text) for (text,) in rows]
+            except ValidationError as exc:
+                raise self._unreadable(loop_id, exc) from exc
+
+        return await self._run(read)
+
+    async def _read(self, fn: Callable[[_C], _T]) -> _T:
+        """`fn`, reads of several statements, in one read transaction: they see
+        one state of the store, whatever another process commits meanwhile."""
+
+        def read(conn: _C) -> _T:
+            with self._snapshot(conn):
+                return fn(conn)
+
+        return await self._run(read)
+
+    @abstractmethod
+    def _snapshot(self, conn: _C) -> AbstractContextManager[object]:
+        """A read transaction."""
+
+    # ------------------------------------------------------- shared contexts
+
+    async def context(
+        self, context_id: str
+    ) -> tuple[list[ContextItem], list[str]] | None:
+        def read(conn: _C) -> tuple[list[ContextItem], list[str]] | None:
+            rows = self._rows(
+                conn,
+                "SELECT item, digest FROM contexts WHERE context_id = :id"
+                " ORDER BY position",
+                {"id": context_id},
+            )
+            if not rows:
+                return None
+            return (
+                [ContextItemAdapter.validate_json(item) for item, _ in rows],
+                [str(digest) for _, digest in rows],
+            )
+
+        return await self._read(read)
+
+    async def append_context(
+        self,
+        context_id: str,
+        first: int,
+        items: Sequence[ContextItem],
+        digests: Sequence[str],
+    ) -> None:
+        rows: list[dict[str, Any]] = [
+            {"id": context_id, "position": first + n, "item": json_of(i), "digest": d}
+            for n, (i, d) in enumerate(zip(items, digests, strict=True))
+        ]
+
+        def write(conn: _C) -> None:
+            with self._transaction(conn):
+                self._execute(
+                    conn,
+                    self.q(
+                        "DELETE FROM contexts WHERE context_id = :id"
+                        " AND position >= :first"
+                    ),
+                    {"id": context_id, "first": first},
+                )
+                for row in rows:
+                    self._execute(
+                        conn,
+                        self.q(
+                            "INSERT INTO contexts (context_id, position, item, digest)"
+                            " VALUES (:id, :position, :item, :digest)"
+                        ),
+                        row,
+                    )
+            self._count(sum(len(r["item"]) + len(r["digest"]) for r in rows))
+
+        await self._run(write)
+
+    # ----------------------------------------------------------------- leases
+
+    async def acquire(
+        self, loop_id: str, owner: str, *, replacing: str | None = None
+    ) -> Lease:
+        def write(conn: _C) -> Lease:
+            self._statuses.pop(loop_id, None)  # a new lease: a new run
+            with self._transaction(conn):
+                row = self._row(
+                    conn,
+                    "SELECT owner, epoch, status, lease_until > {now} FROM loops"
+                    " WHERE loop_id = :loop",
+                    {"loop": loop_id, "now": time.time()},
+                )
+                if row is None:
+                    raise StoreError(f"{self.where} holds no loop {loop_id!r}")
+                holder, epoch, status, live = row
+                if status == LoopStatus.done.value:
+                    raise StoreError(
+                        f"loop {loop_id} has ended: it is never taken again"
+                    )
+                if holder not in (None, owner, replacing) and live:
+                    raise LoopLockedError(loop_id, holder)
+                # Only from the epoch read (another taker, between the read and
+                # this write, makes it change nothing): one winner of a race.
+                taken = self._execute(
+                    conn,
+                    self.q(
+                        "UPDATE loops SET owner = :owner, epoch = :epoch + 1,"
+                        " lease_until = {now} + :ttl, updated = {now}"
+                        " WHERE loop_id = :loop AND epoch = :epoch"
+                    ),
+                    {
+                        "owner": owner,
+                        "epoch": int(epoch),
+                        "ttl": self.lease_ttl,
+                        "now": time.time(),
+                        "loop": loop_id,
+                    },
+                ).rowcount
+            if not taken:
+                row = self._row(
+                    conn,
+                    "SELECT owner FROM loops WHERE loop_id = :loop",
+                    {"loop": loop_id},
+                )
+                raise LoopLockedError(loop_id, str(row[0] if row else None))
+            self._count(0)
+            return Lease(owner, int(epoch) + 1)
+
+        return await self._run(write)
+
+    async def renew(
+        self, owner: str, loop_ids: Sequence[str] | None = None
+    ) -> dict[str, int]:
+        def write(conn: _C) -> dict[str, int]:
+            params = {"owner": owner, "ttl": self.lease_ttl, "now": time.time()}
+            renew = (
+                "UPDATE loops SET lease_until = {now} + :ttl WHERE owner = :owner"
+                " AND status <> 'done'"
+            )
+            renewed: dict[str, int] = {}
+            if loop_ids is None:
+                rows = self._rows(conn, f"{renew} RETURNING loop_id, epoch", params)
+                renewed.update((str(loop), int(epoch)) for loop, epoch in rows)
+            else:
+                sql = f"{renew} AND loop_id = :loop RETURNING loop_id, epoch"
+                for loop_id in loop_ids:
+                    for loop, epoch in self._rows(
+                        conn, sql, {**params, "loop": loop_id}
+                    ):
+                        renewed[str(loop)] = int(epoch)
+            self._count(0)
+            return renewed
+
+        return await self._run(write)
+
+    async def release(self, owner: str, loop_ids: Sequence[str] | None = None) -> None:
+        def write(conn: _C) -> None:
+            release = (
+                "UPDATE loops SET owner = NULL, lease_until = 0 WHERE owner = :owner"
+            )
+            if loop_ids is None:
+                self._statuses.clear()
+                self._execute(conn, self.q(release), {"owner": owner})
+            else:
+                for loop_id in loop_ids:
+                    self._statuses.pop(loop_id, None)
+                    self._execute(
+                        conn,
+                        self.q(f"{release} AND loop_id = :loop"),
+                        {"owner": owner, "loop": loop_id},
+                    )
+            self._count(0)
+
+        await self._run(write)
+
+    # --------------------------------------------------------------- presence
+
+    async def hold_presence(self, owner: str) -> None:
+        """Hold `owner`'s slot (a lock only a live process holds: the file's
+        byte-range lock, PostgreSQL's advisory lock), so another process can
+        tell it is alive (`alive`); slots are a hash of the owner's name: two
+        owners sharing one make a dead one look alive, never the reverse."""
+        slot = self._presence_slot(owner)
+
+        def hold(conn: _C) -> None:
+            held = self._held.get(slot, 0)
+            if not held:
+                self._lock_slot(conn, slot)
+            self._held[slot] = held + 1
+
+        await self._run(hold)
+        await super().hold_presence(owner)
+
+    async def drop_presence(self, owner: str) -> None:
+        await super().drop_presence(owner)
+        slot = self._presence_slot(owner)
+
+        def drop(conn: _C) -> None:
+            held = self._held.get(slot, 0) - 1
+            if held > 0:
+                self._held[slot] = held
+                return
+            self._held.pop(slot, None)
+            self._unlock_slot(conn, slot)
+
+        if self._thread.running:
+            await self._run(drop)
+
+    async def alive(self, owner: str) -> bool | None:
+        if owner in _PRESENT:
+            return True
+        slot = self._presence_slot(owner)
+
+        def check(conn: _C) -> bool | None:
+            if slot in self._held:
+                return None  # a runtime of this process shares the slot: unknown
+            free = self._slot_free(conn, slot)
+            return None if free is None else not free
+
+        return await self._run(check)
