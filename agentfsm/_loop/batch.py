@@ -9,8 +9,7 @@ reason added here is therefore one that every reader knows.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, NamedTuple
 
 from agentfsm._keys import idempotency_key
 from agentfsm.interception import ToolBatch
@@ -30,8 +29,7 @@ TRUNCATED: Final = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class PlannedCall:
+class PlannedCall(NamedTuple):
     """One call of a batch, and whether it runs."""
 
     position: int
@@ -55,8 +53,7 @@ class PlannedCall:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class BatchPlan:
+class BatchPlan(NamedTuple):
     """How a batch runs."""
 
     batch: ToolBatch
@@ -78,6 +75,12 @@ class BatchPlan:
         return runs if len(runs) <= self.concurrency else ()
 
 
+_new = tuple.__new__
+"""The plans' tuples made without their Python-level `__new__` (a plan a batch,
+a planned call each: ~16,000 instructions a benchmark run less than frozen
+dataclasses, `make bench-instructions`; tests/internals/test_batch_plan.py)."""
+
+
 def plan_of(loop: Loop, batch: ToolBatch) -> BatchPlan:
     """The plan of `batch`, the payload of the loop's current `function_call`
     step (made once: the same object for every reader)."""
@@ -89,34 +92,48 @@ def plan_of(loop: Loop, batch: ToolBatch) -> BatchPlan:
     # A response cut by the token limit may hold truncated arguments.
     truncated = output is not None and output.finish_reason == "length"
     chain = loop.tool_chain
+    decided = batch.denied or batch.outputs or truncated
+    get = tools.get
     calls = []
     for position, call in enumerate(batch.calls):
-        tool = tools.get(call.name)
-        denial = batch.denied.get(call.call_id)
-        answer = batch.outputs.get(call.call_id)
-        if denial is not None:
-            planned = PlannedCall(
-                position, call, tool, f"the call was denied: {denial}", True
-            )
-        elif answer is not None:
-            planned = PlannedCall(position, call, tool, answer)  # not run
-        elif truncated:
-            planned = PlannedCall(position, call, tool, TRUNCATED, True)
-        elif tool is None and chain is None:
-            planned = PlannedCall(position, call, tool, unknown(call, tools), True)
-        else:
-            planned = PlannedCall(position, call, tool)
-        calls.append(planned)
+        tool = get(call.name)
+        if decided or (tool is None and chain is None):
+            calls.append(_planned(batch, position, call, tool, tools, truncated))
+        else:  # (most calls: one that runs)
+            calls.append(_new(PlannedCall, (position, call, tool, None, False)))
     options = loop.options
     parallel = (
         options.tool_execution == "parallel"
-        and len(batch.calls) > 1
+        and len(calls) > 1
         and all(c.tool is None or c.tool.execution_mode == "parallel" for c in calls)
     )
-    plan = loop.plan = BatchPlan(
-        batch, tuple(calls), parallel, options.max_tool_concurrency
+    plan = loop.plan = _new(
+        BatchPlan, (batch, tuple(calls), parallel, options.max_tool_concurrency)
     )
     return plan
+
+
+def _planned(
+    batch: ToolBatch,
+    position: int,
+    call: FunctionCallItem,
+    tool: Tool | None,
+    tools: dict[str, Tool],
+    truncated: bool,
+) -> PlannedCall:
+    """A call's plan when a handler decided about some of the batch, the
+    response was truncated, or its tool is unknown."""
+    denial = batch.denied.get(call.call_id)
+    if denial is not None:
+        return PlannedCall(position, call, tool, f"the call was denied: {denial}", True)
+    answer = batch.outputs.get(call.call_id)
+    if answer is not None:
+        return PlannedCall(position, call, tool, answer)  # not run
+    if truncated:
+        return PlannedCall(position, call, tool, TRUNCATED, True)
+    if tool is None:
+        return PlannedCall(position, call, tool, unknown(call, tools), True)
+    return PlannedCall(position, call, tool)
 
 
 def unknown(call: FunctionCallItem, tools: dict[str, Tool]) -> str:
