@@ -30,8 +30,12 @@ not data, so they are given again:
   (`stop_when`, wrappers, `finish_turn`) must be given here.
 
 What it compares, and what it leaves out, is in `agentfsm._replay.compare`:
-the envelope (`event_id`, `loop_id`, `ts`), durations, handlers' `proceed`
-decisions and the deciding handler's index differ by design.
+the envelope (`event_id`, `loop_id`, `seq`, `ts`), durations, handlers'
+`proceed` decisions and the deciding handler's index differ by design, and so
+does the order the calls of a parallel batch interleave in (a batch is
+compared call by call). A loop a durable runtime recovered replays as one run
+without a crash (`agentfsm._replay.recording`: what the recovery published is
+read as such, not compared).
 
 Limits: steering and follow-up messages queued from outside the loop are not
 in the events, and nor is a `Runtime.cancel` mid-run; a recording that has
@@ -62,7 +66,7 @@ from .eventlog import read_events
 from .events import AgentEvent, ForkOrigin, LoopPaused, LoopTransition
 from .exceptions import ConfigurationError
 from .inference import InferenceInput
-from .interception import Abort, InterceptionHandler, PendingTransition
+from .interception import Abort, Decision, InterceptionHandler, PendingTransition
 from .messages import ModelContext
 from .options import LoopOptionsDict
 from .providers import _OneProviderRegistry
@@ -170,7 +174,9 @@ class ReplaySource(Protocol):
     """Where a replay reads a loop's recorded events from."""
 
     async def loop_events(self, loop_id: str | None) -> Sequence[AgentEvent]:
-        """The events of loop `loop_id` (the only one when None), in seq order.
+        """The events of loop `loop_id` (the only one when None), in seq order
+        or in the order they were published (a recovered loop's events may
+        repeat a seq: the later ones count).
 
         Raises:
             ConfigurationError: no such loop, or several and `loop_id` is None.
@@ -261,7 +267,7 @@ async def replay(
     return ReplayReport(
         loop_id=recording.loop_id,
         replay_loop_id=replay_id,
-        divergence=_divergence(recording.events, events),
+        divergence=_divergence(recording, events),
         result=result,
         events=tuple(events),
         requests=tuple(provider.requests),
@@ -349,6 +355,8 @@ async def _run(
     started = recording.started
     events: list[AgentEvent] = []
     resumes = iter(recording.resumes)
+    if recording.recovered:
+        handlers = [*handlers, _as_recovered(recording)]
     runtime = Runtime(providers=_OneProviderRegistry(provider), keep_finished=1)
     async with runtime:
         # Subscribed until after the runtime's exit: a loop left paused ends
@@ -380,16 +388,29 @@ async def _run(
     return events, await runtime.wait(loop_id), loop_id
 
 
+def _as_recovered(recording: Recording) -> InterceptionHandler:
+    """The last handler of a replay whose recording was recovered: it decides
+    each batch a recovery paused over its calls in flight as the resume did."""
+    decisions = dict(recording.recovered)
+
+    def as_resumed_after_recovery(pending: PendingTransition) -> Decision | None:
+        """The recorded resume's decision (the replay does not pause there)."""
+        return decisions.pop((pending.model_requests, pending.trigger), None)
+
+    return as_resumed_after_recovery
+
+
 def _divergence(
-    expected: Sequence[AgentEvent], actual: Sequence[AgentEvent]
+    recording: Recording, actual: Sequence[AgentEvent]
 ) -> Divergence | None:
-    mismatch = first_mismatch(expected, actual)
+    expected = recording.expected
+    mismatch = first_mismatch(expected, actual, recording.reused)
     if mismatch is None:
         return None
     i, j, differences = mismatch
     return Divergence(
-        seq=expected[i].seq if i is not None else len(expected) + 1,
-        actual_seq=actual[j].seq if j is not None else len(actual) + 1,
+        seq=expected[i].seq if i is not None else _past(expected),
+        actual_seq=actual[j].seq if j is not None else _past(actual),
         expected=edge_of(expected, i) if i is not None else None,
         actual=edge_of(actual, j) if j is not None else None,
         expected_event=expected[i] if i is not None else None,
@@ -398,6 +419,11 @@ def _divergence(
             Difference(path=path, expected=a, actual=b) for path, a, b in differences
         ),
     )
+
+
+def _past(events: Sequence[AgentEvent]) -> int:
+    """One past the last event's seq."""
+    return events[-1].seq + 1 if events else 1
 
 
 def _event_text(event: AgentEvent | None) -> str:
@@ -490,7 +516,7 @@ async def fork(
         ReplayProvider(recording),
     )
     if not captured:
-        divergence = _divergence(recording.events, events)
+        divergence = _divergence(recording, events)
         why = divergence.describe() if divergence else "the replay ended first"
         raise ConfigurationError(
             f"the replay of {recording.loop_id} never reached the fork point "
@@ -525,7 +551,7 @@ async def fork(
 def _fork_point(recording: Recording, at_seq: int) -> tuple[ForkOrigin, int]:
     """The first model request at or after `at_seq`: its origin, and its number."""
     number = 0
-    for event in recording.events:
+    for event in recording.expected:
         if isinstance(event, LoopTransition) and event.trigger in (
             Trigger.infer,
             Trigger.infer_streaming,

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
+import anyio
+import anyio.lowlevel
 import pytest
 
 from agentfsm import (
+    Abort,
     ConfigurationError,
     InferenceInput,
     LoopState,
@@ -15,20 +19,31 @@ from agentfsm import (
     ModelContext,
     Outcome,
     PendingTransition,
+    Proceed,
     Rewrite,
     Runtime,
     Tool,
     ToolBatch,
+    ToolCall,
     ToolResult,
     Trigger,
+    report_progress,
     tool,
 )
 from agentfsm.diagrams import LoopPath, render_paths_mermaid
 from agentfsm.eventlog import read_events
-from agentfsm.events import AgentEvent, LoopStarted
+from agentfsm.events import (
+    AgentEvent,
+    FunctionCallCompleted,
+    FunctionCallProgress,
+    FunctionCallStarted,
+    LoopStarted,
+)
 from agentfsm.exceptions import ProviderError
+from agentfsm.options import LoopOptionsDict
 from agentfsm.replay import EventLogSource, ReplaySource, fork, replay
 from agentfsm.results import PathStep
+from agentfsm.store import MemoryStore, SQLiteStore
 from agentfsm.testing import EventRecorder, ScriptedProvider, call, calls, text
 from agentfsm.timeline import (
     build_timeline,
@@ -37,10 +52,14 @@ from agentfsm.timeline import (
     short_ids,
     summarize,
 )
+from agentfsm.tools import ToolNext, ToolWrapper
 from tests.helpers import items_of, wait_until
 
 ran: list[tuple[int, int]] = []
 """Every call of `add` that ran: a replay adds nothing to it."""
+
+called: list[str] = []
+"""Every call of `fetch`, `lookup` and `charge` that ran (likewise)."""
 
 
 @tool
@@ -338,6 +357,522 @@ class TestReplay:
         report = await replay(recorder.events)
         assert not report.diverged, report.describe()
         assert isinstance(EventLogSource("x.jsonl"), ReplaySource)
+
+
+# ------------------------------------------------------------ parallel batches
+
+
+@tool
+async def fetch(page: str, steps: int) -> str:
+    """Fetch a page in `steps` steps, reporting each."""
+    called.append(f"fetch {page}")
+    for step in range(steps):
+        report_progress({"page": page, "step": step})
+        await anyio.lowlevel.checkpoint()
+    return f"{page}: {steps} steps"
+
+
+FETCHES = [
+    calls(
+        call("fetch", call_id="long", page="a", steps=3),
+        call("fetch", call_id="mid", page="b", steps=1),
+        call("fetch", call_id="short", page="c", steps=0),
+    ),
+    text("fetched"),
+]
+
+
+def ending_in(*order: str) -> ToolWrapper:
+    """A tool wrapper that makes a batch's calls end in `order` (by call id):
+    each waits for the one before it, whatever the scheduler does."""
+    ended = {call_id: anyio.Event() for call_id in order}
+
+    async def wrapper(tool_call: ToolCall, call_next: ToolNext) -> ToolResult:
+        call_id = tool_call.call.call_id
+        try:
+            result = await call_next(tool_call)
+            position = order.index(call_id)
+            if position:
+                with anyio.fail_after(5):  # a test that went wrong fails, never hangs
+                    await ended[order[position - 1]].wait()
+            return result
+        finally:
+            ended[call_id].set()
+
+    return wrapper
+
+
+def running_in(*order: str) -> ToolWrapper:
+    """A tool wrapper that makes a batch's calls run their tools in `order`
+    (by call id): each starts once the one before it ended."""
+    ended = {call_id: anyio.Event() for call_id in order}
+
+    async def wrapper(tool_call: ToolCall, call_next: ToolNext) -> ToolResult:
+        call_id = tool_call.call.call_id
+        try:
+            position = order.index(call_id)
+            if position:
+                with anyio.fail_after(5):  # a test that went wrong fails, never hangs
+                    await ended[order[position - 1]].wait()
+            return await call_next(tool_call)
+        finally:
+            ended[call_id].set()
+
+    return wrapper
+
+
+def changing(call_id: str, output: str) -> ToolWrapper:
+    """A tool wrapper that gives `output` for call `call_id` (a changed tool)."""
+
+    async def wrapper(tool_call: ToolCall, call_next: ToolNext) -> ToolResult:
+        result = await call_next(tool_call)
+        if tool_call.call.call_id == call_id:
+            return result.model_copy(update={"output": output})
+        return result
+
+    return wrapper
+
+
+def in_reverse(*more: ToolWrapper) -> LoopOptionsDict:
+    """Options making the fetches end long, mid, short (then `more` wrappers)."""
+    return {"tool_wrappers": [ending_in("long", "mid", "short"), *more]}
+
+
+async def record_fetches(path: Path) -> None:
+    """The three fetches, run in parallel, ending short, mid, long."""
+    provider = ScriptedProvider(FETCHES)
+    async with Runtime(providers={"scripted": provider}, event_log=path) as runtime:
+        loop_id = runtime.run_loop(
+            "agent",
+            "fetch them",
+            new_request(fetch),
+            tool_execution="parallel",
+            tool_wrappers=[ending_in("short", "mid", "long")],
+        )
+        await runtime.wait(loop_id)
+
+
+def call_of(event: AgentEvent) -> str | None:
+    """The id of the call a call's event belongs to (None for other events)."""
+    if isinstance(event, FunctionCallStarted | FunctionCallCompleted):
+        return event.call.call_id
+    if isinstance(event, FunctionCallProgress):
+        return event.call_id
+    return None
+
+
+def call_events(events: Sequence[AgentEvent]) -> list[tuple[str, str]]:
+    """The calls' events in the order published: `(type, call id)`."""
+    return [(e.type, c) for e in events if (c := call_of(e)) is not None]
+
+
+def by_call(seen: list[tuple[str, str]]) -> dict[str, list[str]]:
+    calls_seen: dict[str, list[str]] = {}
+    for kind, call_id in seen:
+        calls_seen.setdefault(call_id, []).append(kind)
+    return calls_seen
+
+
+def with_call(
+    events: Sequence[AgentEvent], call_id: str, /, **update: str
+) -> list[AgentEvent]:
+    """The events with call `call_id`'s start and end changed (`update` of
+    its `FunctionCallItem`): a recording of another run."""
+    changed = []
+    for event in events:
+        if (
+            isinstance(event, FunctionCallStarted | FunctionCallCompleted)
+            and event.call.call_id == call_id
+        ):
+            event = event.model_copy(
+                update={"call": event.call.model_copy(update=update)}
+            )
+        changed.append(event)
+    return changed
+
+
+def renumbered(events: Sequence[AgentEvent]) -> list[AgentEvent]:
+    """The events with seq 1, 2, 3, ... (after some were taken out)."""
+    return [e.model_copy(update={"seq": n}) for n, e in enumerate(events, 1)]
+
+
+class TestParallelBatches:
+    async def test_a_batch_replays_however_its_calls_interleaved(
+        self, log: Path
+    ) -> None:
+        """Recorded ending short, mid, long, replayed ending long, mid, short:
+        each call's events (progress included) are the same, their
+        interleaving is not, and that is no divergence."""
+        await record_fetches(log)
+        called.clear()
+        report = await replay(log, options=in_reverse())
+        assert not report.diverged, report.describe()
+        assert called == []
+        recorded = call_events(list(read_events(log)))
+        replayed = call_events(report.events)
+        completions = [c for kind, c in recorded if kind.endswith("completed")]
+        assert completions == ["short", "mid", "long"]
+        completions = [c for kind, c in replayed if kind.endswith("completed")]
+        assert completions == ["long", "mid", "short"]
+        assert by_call(replayed) == by_call(recorded)
+        assert by_call(recorded)["long"] == [
+            "function_call.started",
+            *["function_call.progress"] * 3,
+            "function_call.completed",
+        ]
+
+    async def test_a_changed_output_diverges_at_its_call(self, log: Path) -> None:
+        """A tool that now answers otherwise, in a batch replayed in another
+        interleaving: the divergence is that call's completion, with the
+        output it changed."""
+        await record_fetches(log)
+        report = await replay(log, options=in_reverse(changing("mid", "b: gone")))
+        divergence = report.divergence
+        assert divergence is not None, report.describe()
+        expected, actual = divergence.expected_event, divergence.actual_event
+        assert isinstance(expected, FunctionCallCompleted)
+        assert isinstance(actual, FunctionCallCompleted)
+        assert (expected.call.call_id, actual.call.call_id) == ("mid", "mid")
+        assert [(d.path, d.expected, d.actual) for d in divergence.differences] == [
+            ("output.output", "b: 1 steps", "b: gone")
+        ]
+        assert divergence.seq == expected.seq
+        edge = PathStep(
+            LoopState.inference, Trigger.call_tools, LoopState.function_call
+        )
+        assert (divergence.expected, divergence.actual) == (edge, edge)
+
+    async def test_a_call_with_other_arguments_diverges_at_its_start(
+        self, log: Path
+    ) -> None:
+        """The recorded call `mid` ran with other arguments than the model's
+        batch gives it now: its start is the divergence."""
+        await record_fetches(log)
+        arguments = '{"page":"b","steps":2}'
+        report = await replay(
+            with_call(list(read_events(log)), "mid", arguments=arguments),
+            options=in_reverse(),
+        )
+        divergence = report.divergence
+        assert divergence is not None, report.describe()
+        assert isinstance(divergence.expected_event, FunctionCallStarted)
+        assert divergence.expected_event.call.call_id == "mid"
+        assert [d.path for d in divergence.differences] == ["call.arguments"]
+
+    async def test_a_call_made_on_one_side_only_diverges(self, log: Path) -> None:
+        """A batch whose recording lacks a call the replay makes, or holds one
+        the replay does not make: the divergence pairs that call's first event
+        with where the other side goes on past the batch."""
+        await record_fetches(log)
+        events = list(read_events(log))
+
+        without = renumbered([e for e in events if call_of(e) != "short"])
+        report = await replay(without, options=in_reverse())
+        divergence = report.divergence
+        assert divergence is not None, report.describe()
+        assert divergence.expected_event is not None
+        assert divergence.expected_event.type == "loop.transition"
+        assert isinstance(divergence.actual_event, FunctionCallStarted)
+        assert divergence.actual_event.call.call_id == "short"
+
+        report = await replay(
+            with_call(events, "short", call_id="other"), options=in_reverse()
+        )
+        divergence = report.divergence
+        assert divergence is not None, report.describe()
+        assert isinstance(divergence.expected_event, FunctionCallStarted)
+        assert divergence.expected_event.call.call_id == "other"
+        assert divergence.actual_event is not None
+        assert divergence.actual_event.type == "loop.transition"
+
+    async def test_calls_alike_get_their_own_outputs(self, log: Path) -> None:
+        """Two calls with the same arguments and different outputs, run in
+        the other order in the replay: each gets its own recorded output."""
+        tickets = iter(range(1, 10))
+
+        @tool
+        async def ticket(queue: str) -> str:
+            """Take the next ticket of a queue."""
+            return f"{queue}-{next(tickets)}"
+
+        provider = ScriptedProvider(
+            [
+                calls(
+                    call("ticket", call_id="t1", queue="q"),
+                    call("ticket", call_id="t2", queue="q"),
+                )
+            ]
+        )
+        async with Runtime(providers={"scripted": provider}, event_log=log) as rt:
+            loop_id = rt.run_loop(
+                "agent",
+                "two tickets",
+                new_request(ticket),
+                tool_execution="parallel",
+                tool_wrappers=[running_in("t1", "t2")],
+            )
+            await rt.wait(loop_id)
+        report = await replay(log, options={"tool_wrappers": [running_in("t2", "t1")]})
+        assert not report.diverged, report.describe()
+        outputs = {
+            e.call.call_id: e.output.output
+            for e in report.events
+            if isinstance(e, FunctionCallCompleted)
+        }
+        assert outputs == {"t1": "q-1", "t2": "q-2"}
+
+    async def test_the_progress_a_call_reported_is_replayed(self, log: Path) -> None:
+        """Progress a tool reported is reported again, in order, by its stand-in."""
+        await record(
+            log,
+            [calls(call("fetch", call_id="f", page="a", steps=2)), text("ok")],
+            tools=[fetch],
+        )
+        report = await replay(log)
+        assert not report.diverged, report.describe()
+        progress = [
+            e.progress for e in report.events if isinstance(e, FunctionCallProgress)
+        ]
+        assert progress == [{"page": "a", "step": 0}, {"page": "a", "step": 1}]
+
+
+# ------------------------------------------------------------- recovered loops
+
+GATE: dict[str, anyio.Event] = {}
+"""`lookup` and `charge` wait on GATE["block"] while it is set."""
+
+
+@tool(on_crash="retry")
+async def lookup(key: str) -> str:
+    """Look a key up (idempotent: runs again after a crash)."""
+    called.append(f"lookup {key}")
+    for step in range(3):
+        report_progress(step)
+    if (gate := GATE.get("block")) is not None:
+        await gate.wait()
+    return f"value of {key}"
+
+
+@tool
+async def charge(cents: int) -> str:
+    """Charge, reporting each cent (not idempotent: on_crash is pause)."""
+    called.append(f"charge {cents}")
+    for cent in range(cents):
+        report_progress(cent)
+    if (gate := GATE.get("block")) is not None:
+        await gate.wait()
+    return f"charged {cents}"
+
+
+async def hold_batches(pending: PendingTransition) -> None:
+    """Hold each batch at its transition while GATE["hold"] is set."""
+    if pending.trigger is Trigger.call_tools and (gate := GATE.get("hold")):
+        await gate.wait()
+
+
+def new_store(kind: str, tmp_path: Path) -> Callable[[], SQLiteStore | MemoryStore]:
+    """A new store object on the same data each call."""
+    if kind == "memory":
+        memory = MemoryStore(events=True)
+        return lambda: memory
+    return lambda: SQLiteStore(tmp_path / "loops.db", events=True)
+
+
+async def crashed_and_recovered(
+    store: Callable[[], SQLiteStore | MemoryStore],
+    log: Path,
+    second: str,
+    resume: Callable[[Runtime, str], None] | None = None,
+) -> str:
+    """A loop running `add` (call c1) and `second` (call c2) in parallel, whose
+    runtime dies once `add` ended and `second` runs (its task cancelled, as a
+    deployment stopping would), taken up by a second runtime on the same store
+    and event log, resumed with `resume` if it recovered paused; its id."""
+    arguments: dict[str, Any] = {"key": "k"} if second == "lookup" else {"cents": 12}
+    script = [
+        calls(
+            call("add", call_id="c1", a=1, b=2), call(second, call_id="c2", **arguments)
+        )
+    ]
+    tools = [add, lookup, charge]
+    GATE["block"] = anyio.Event()
+    called.clear()
+    loop_id = ""
+    try:
+        with anyio.CancelScope() as scope:
+            async with Runtime(
+                providers={"scripted": ScriptedProvider(script)},
+                store=store(),
+                event_log=log,
+            ) as first:
+                ended = EventRecorder(first.bus, "function_call.completed")
+                loop_id = first.run_loop(
+                    "agent", "go", new_request(*tools), tool_execution="parallel"
+                )
+                # `add` published its end once its output was in the ledger.
+                await wait_until(lambda: ended.events and called)
+                scope.cancel()
+                await anyio.sleep_forever()
+    finally:
+        del GATE["block"]
+    async with Runtime(
+        providers={"scripted": ScriptedProvider([text("done")])},
+        store=store(),
+        event_log=log,
+        tools=tools,
+    ) as again:
+        recovery = await again.recover()
+        if resume is None:
+            assert recovery.running == [loop_id]
+        else:
+            assert recovery.paused == [loop_id]
+            resume(again, loop_id)
+        with anyio.fail_after(10):
+            await again.wait(loop_id)
+    return loop_id
+
+
+def proceed(runtime: Runtime, loop_id: str) -> None:
+    runtime.resume(loop_id, Proceed())
+
+
+def answer(runtime: Runtime, loop_id: str) -> None:
+    pending = runtime.get(loop_id).pending
+    assert pending is not None
+    assert isinstance(pending.payload, ToolBatch)
+    runtime.resume(loop_id, Rewrite(payload=pending.payload.answer("c2", "by hand")))
+
+
+def give_up(runtime: Runtime, loop_id: str) -> None:
+    runtime.resume(loop_id, Abort("not charged twice"))
+
+
+RECOVERIES = {
+    "a retried call": ("lookup", None, Outcome.answered),
+    "a call in flight, run again": ("charge", proceed, Outcome.answered),
+    "a call in flight, answered": ("charge", answer, Outcome.answered),
+    "a call in flight, given up": ("charge", give_up, Outcome.aborted),
+}
+
+
+class TestRecoveredLoops:
+    @pytest.mark.parametrize("store_kind", ["sqlite", "memory"])
+    @pytest.mark.parametrize("recovery", list(RECOVERIES))
+    async def test_a_recovered_loop_replays_from_its_store_and_its_log(
+        self, tmp_path: Path, log: Path, store_kind: str, recovery: str
+    ) -> None:
+        """A loop whose runtime died in a batch and that another runtime took
+        up (reusing `add`'s output from the ledger; running the call in flight
+        again, or pausing over it until a person decided) replays as one run
+        with no crash, ending as it did, from the store's events and from the
+        event log both runtimes appended to."""
+        store = new_store(store_kind, tmp_path)
+        second, resume, outcome = RECOVERIES[recovery]
+        loop_id = await crashed_and_recovered(store, log, second, resume)
+        logged = list(read_events(log))
+        assert "loop.recovered" in [e.type for e in logged]
+        assert len({e.seq for e in logged}) < len(logged)  # seqs published twice
+        ran.clear()
+        called.clear()
+        async with store() as opened:
+            from_store = await replay(opened, loop_id=loop_id)
+        from_log = await replay(log)
+        # In seq order (a seq the recovery published again, after the crashed
+        # run's), and past the recovered run's end, the crashed run's progress.
+        by_seq = await replay(sorted(logged, key=lambda e: e.seq))
+        for report in (from_store, from_log, by_seq):
+            assert not report.diverged, report.describe()
+            assert report.result.outcome is outcome
+        assert (ran, called) == ([], [])
+
+    async def test_a_loop_recovered_in_inference_replays(
+        self, tmp_path: Path, log: Path
+    ) -> None:
+        """The runtime died while a handler decided about the model's output;
+        the loop taken up publishes that output again (recorded, not asked
+        for again) and asks the handler again: one run, in the replay."""
+        store = new_store("sqlite", tmp_path)
+        GATE["hold"] = anyio.Event()
+        try:
+            with anyio.CancelScope() as scope:
+                async with Runtime(
+                    providers={"scripted": ScriptedProvider(SCRIPT[:1])},
+                    store=store(),
+                    event_log=log,
+                ) as first:
+                    loop_id = first.run_loop(
+                        "agent", "add", new_request(), hold_batches
+                    )
+                    await wait_until(lambda: first.get(loop_id).model_requests == 1)
+                    scope.cancel()
+                    await anyio.sleep_forever()
+        finally:
+            del GATE["hold"]
+        async with Runtime(
+            providers={"scripted": ScriptedProvider([text("3")])},
+            store=store(),
+            event_log=log,
+            tools=[add],
+            handlers=[hold_batches],
+        ) as again:
+            assert (await again.recover()).running == [loop_id]
+            result = await again.wait(loop_id)
+        assert result.outcome is Outcome.answered
+        logged = list(read_events(log))
+        assert [e.type for e in logged].count("inference.completed") == 3
+        async with store() as opened:
+            from_store = await replay(opened, loop_id=loop_id, handlers=[hold_batches])
+        from_log = await replay(log, handlers=[hold_batches])
+        for report in (from_store, from_log):
+            assert not report.diverged, report.describe()
+            assert report.result.outcome is Outcome.answered
+            assert len(report.requests) == 2
+
+    @pytest.mark.parametrize("changed", ["c1", "c2"])
+    async def test_a_changed_output_of_a_recovered_batch_diverges(
+        self, tmp_path: Path, log: Path, changed: str
+    ) -> None:
+        """A recovered batch is still compared: a changed output of the call
+        whose output was reused (c1), or of the one run again (c2), is the
+        divergence."""
+        await crashed_and_recovered(new_store("sqlite", tmp_path), log, "lookup")
+        report = await replay(log, options={"tool_wrappers": [changing(changed, "x")]})
+        divergence = report.divergence
+        assert divergence is not None, report.describe()
+        assert isinstance(divergence.expected_event, FunctionCallCompleted)
+        assert divergence.expected_event.call.call_id == changed
+        assert [d.path for d in divergence.differences] == ["output.output"]
+
+    async def test_a_pause_taken_up_by_another_runtime_replays(
+        self, tmp_path: Path, log: Path
+    ) -> None:
+        """Paused for approval, left by its runtime, recovered and resumed by
+        another: the recording's loop.recovered is no divergence."""
+
+        @tool(needs_approval=True)
+        async def pay(cents: int) -> str:
+            """Pay, with approval."""
+            return f"paid {cents}"
+
+        store = new_store("sqlite", tmp_path)
+        script = ScriptedProvider([calls(call("pay", cents=5))])
+        async with Runtime(
+            providers={"scripted": script}, store=store(), event_log=log
+        ) as first:
+            loop_id = first.run_loop("agent", "pay", new_request(pay))
+            await wait_until(lambda: first.get(loop_id).status is LoopStatus.paused)
+        async with Runtime(
+            providers={"scripted": ScriptedProvider([text("done")])},
+            store=store(),
+            event_log=log,
+            tools=[pay],
+        ) as again:
+            assert (await again.recover()).paused == [loop_id]
+            again.resume(loop_id, Proceed())
+            await again.wait(loop_id)
+        report = await replay(log)
+        assert not report.diverged, report.describe()
+        assert [e.type for e in report.events].count("loop.paused") == 1
 
 
 class TestReplayRefuses:

@@ -7,17 +7,33 @@ run with other ones). A handler's `proceed` is left out on both sides (it
 changes nothing: replaying with a handler added that lets everything through
 reports no divergence), and so is the index of the deciding handler. What is
 left is compared in order; the first pair that differs is the divergence.
+
+The calls of a batch are the exception. Those of a parallel batch start,
+report progress and end in an order the scheduler chooses, so their events
+(`function_call.started`, `.progress`, `.completed`) interleave differently
+from run to run. A batch's events are compared call by call (by call id),
+each call's in order, the calls in the recording's order: a call whose events
+differ, a call the replay did not make or one it made besides, is the
+divergence; the order the calls interleaved in is not. A call whose recorded
+output a recovery took from its ledger (`Recording.reused`: it ran before the
+crash) has only its `function_call.completed` to compare, and the replay,
+which runs it, counts it in `loop.idle`'s `tool_calls` where the recording may
+not have.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from itertools import zip_longest
 from typing import Any, Final, NamedTuple
 
 from pydantic import JsonValue
 
 from agentfsm.events import (
     AgentEvent,
+    FunctionCallCompleted,
+    FunctionCallProgress,
+    FunctionCallStarted,
     LoopPaused,
     LoopTransition,
     TransitionIntercepted,
@@ -34,6 +50,9 @@ _LEFT_OUT: Final[dict[str, set[str]]] = {
     "transition.intercepted": {"handler"},
 }
 _MAX_DIFFERENCES: Final = 20
+_CALL_EVENTS: Final = frozenset(
+    {"function_call.started", "function_call.progress", "function_call.completed"}
+)
 
 
 class Mismatch(NamedTuple):
@@ -60,21 +79,116 @@ def _kept(events: Sequence[AgentEvent]) -> list[int]:
 
 
 def first_mismatch(
-    expected: Sequence[AgentEvent], actual: Sequence[AgentEvent]
+    expected: Sequence[AgentEvent],
+    actual: Sequence[AgentEvent],
+    reused: Collection[int] = (),
 ) -> Mismatch | None:
-    """The first pair of compared events that differ, or None."""
+    """The first pair of compared events that differ, or None.
+
+    `reused`: indexes in `expected` of the completions of calls whose output a
+    recovery reused (see the module).
+    """
     left, right = _kept(expected), _kept(actual)
-    for n in range(max(len(left), len(right))):
-        i = left[n] if n < len(left) else None
-        j = right[n] if n < len(right) else None
+    a = b = 0
+    ran = 0  # calls the replay ran whose recorded output a recovery reused
+    while a < len(left) or b < len(right):
+        i = left[a] if a < len(left) else None
+        j = right[b] if b < len(right) else None
         if i is None or j is None:
             return Mismatch(i, j, [])
-        a, b = comparable(expected[i]), comparable(actual[j])
-        if a != b:
-            differences: list[tuple[str, JsonValue, JsonValue]] = []
-            _diff("", a, b, differences)
-            return Mismatch(i, j, differences)
+        if expected[i].type in _CALL_EVENTS and actual[j].type in _CALL_EVENTS:
+            a_end, b_end = _batch_end(expected, left, a), _batch_end(actual, right, b)
+            found = _batch_mismatch(
+                expected,
+                left[a:a_end],
+                actual,
+                right[b:b_end],
+                reused,
+                (_at(left, a_end), _at(right, b_end)),
+            )
+            if isinstance(found, Mismatch):
+                return found
+            ran += found
+            a, b = a_end, b_end
+            continue
+        x, y = comparable(expected[i]), comparable(actual[j])
+        if x != y and ran and x["type"] == "loop.idle":
+            # The recovering process did not count the calls it took from its
+            # ledger (a store that does counts them: either is the same run).
+            x = {**x, "tool_calls": x["tool_calls"] + ran}
+        if x != y:
+            return _mismatch(i, j, x, y)
+        a, b = a + 1, b + 1
     return None
+
+
+def _mismatch(i: int | None, j: int | None, a: Any, b: Any) -> Mismatch:
+    differences: list[tuple[str, JsonValue, JsonValue]] = []
+    _diff("", a, b, differences)
+    return Mismatch(i, j, differences)
+
+
+def _at(indexes: list[int], n: int) -> int | None:
+    return indexes[n] if n < len(indexes) else None
+
+
+def _batch_end(events: Sequence[AgentEvent], indexes: list[int], n: int) -> int:
+    """Past the run of call events starting at `indexes[n]` (one batch's)."""
+    while n < len(indexes) and events[indexes[n]].type in _CALL_EVENTS:
+        n += 1
+    return n
+
+
+def _call_id(event: AgentEvent) -> str:
+    if isinstance(event, FunctionCallProgress):
+        return event.call_id
+    assert isinstance(event, FunctionCallStarted | FunctionCallCompleted)
+    return event.call.call_id
+
+
+def _by_call(events: Sequence[AgentEvent], indexes: list[int]) -> dict[str, list[int]]:
+    """A batch's event indexes by call id, each call's in order (the calls in
+    the order they first published)."""
+    calls: dict[str, list[int]] = {}
+    for index in indexes:
+        calls.setdefault(_call_id(events[index]), []).append(index)
+    return calls
+
+
+def _batch_mismatch(
+    expected: Sequence[AgentEvent],
+    left: list[int],
+    actual: Sequence[AgentEvent],
+    right: list[int],
+    reused: Collection[int],
+    after: tuple[int | None, int | None],
+) -> Mismatch | int:
+    """The first call of a batch whose events differ, or how many calls the
+    replay ran whose recorded output a recovery reused. `after` is where each
+    side goes on past the batch (None: its end), what a call made on one side
+    only is paired with."""
+    replayed = _by_call(actual, right)
+    ran = 0
+    for call_id, mine in _by_call(expected, left).items():
+        theirs = replayed.pop(call_id, None)
+        if theirs is None:
+            return Mismatch(mine[0], after[1], [])
+        if len(mine) == 1 and mine[0] in reused:
+            # Only its output is recorded: it ran in the process that crashed.
+            done = [k for k in theirs if actual[k].type == "function_call.completed"]
+            ran += len(done) < len(theirs)
+            theirs = done
+        for i, j in zip_longest(mine, theirs):
+            if i is None or j is None:
+                return Mismatch(
+                    after[0] if i is None else i, after[1] if j is None else j, []
+                )
+            x, y = comparable(expected[i]), comparable(actual[j])
+            if x != y:
+                return _mismatch(i, j, x, y)
+    for theirs in replayed.values():
+        return Mismatch(after[0], theirs[0], [])
+    return ran
 
 
 def _diff(

@@ -6,8 +6,10 @@
   model from it).
 - `RecordedTool` is a tool with the recorded tool's spec (or the given tool's)
   whose calls return the recorded outputs: the first unused output of a call of
-  that tool with the same arguments, else the next unused one. Its function
-  never runs: no side effects.
+  that tool with the same call id and arguments, else with the same arguments,
+  else with the same call id (a call with other arguments: a handler changed
+  them); after reporting the progress that call reported.
+  Its function never runs: no side effects.
 """
 
 from __future__ import annotations
@@ -19,7 +21,13 @@ from typing import TYPE_CHECKING, Any
 from agentfsm.events import ToolSpec
 from agentfsm.exceptions import ProviderError, ToolError
 from agentfsm.inference import InferenceInput, InferenceOutput, OutputCompleted
-from agentfsm.tools import Tool, ToolDefinition, ToolResult
+from agentfsm.tools import (
+    Tool,
+    ToolDefinition,
+    ToolResult,
+    _current_call,
+    report_progress,
+)
 
 if TYPE_CHECKING:
     import anyio
@@ -149,17 +157,29 @@ class RecordedTool(Tool):
         cancel_scope: Callable[[], anyio.CancelScope],
     ) -> str | ToolResult:
         text = _text(arguments)
+        running = _current_call.get()
+        call_id = running.call_id if running is not None else None
         unused = [i for i in self._invocations if not i.used]
-        match = next((i for i in unused if i.arguments == text), None)
-        if match is None and unused:
-            match = unused[0]
+        # By call id first: the calls of a parallel batch may start in another
+        # order than recorded, and two with the same arguments may have had
+        # different outputs. Never another call's output by position: which
+        # call of a batch starts first is the scheduler's choice.
+        match = (
+            next(
+                (i for i in unused if (i.call_id, i.arguments) == (call_id, text)), None
+            )
+            or next((i for i in unused if i.arguments == text), None)
+            or next((i for i in unused if i.call_id == call_id), None)
+        )
         if match is None:
             raise ToolError(
                 f"replay: the recording has no more calls of tool {self.name!r} "
-                f"(this one with arguments {text})",
+                f"with call id {call_id!r} or arguments {text}",
                 tool=self.name,
             )
         match.used = True
+        for progress in match.progress:
+            report_progress(progress)
         return ToolResult(
             output=match.output, is_error=match.is_error, terminate=match.terminate
         )
