@@ -43,7 +43,8 @@ loop repairs before its first request.
 
 `--breakdown` shows where the time goes: the store with its SQL taken out, its
 thread hop taken out, or both, beside the floor without its hop (subclasses of
-SQLiteStore that override its private `_run` and `_write`: a measuring tool).
+SQLiteStore that override its private `_run` and `_write_commit`: a measuring
+tool).
 `--profile` runs only the `sqlite` subject for ~20 s under cProfile (the main
 thread only). `--quick` is a smoke run.
 
@@ -359,67 +360,25 @@ class LangGraphWorker:
 
 # ---------------------------------------------------------------------- breakdown
 # Where the store's time goes (`--breakdown`): the store run with parts of its
-# work taken out. The subclasses override two private methods of SQLiteStore as
-# it is written today (`_run`, the hop to its worker thread, and `_write`, one
-# transaction), so they are a measuring tool that follows the store's code, not
-# a supported way to run it.
-
-
-class _Anyone:
-    """A value equal to any: the owner the loop's row names is the store's."""
-
-    def __eq__(self, other: object) -> bool:
-        return True
-
-    def __ne__(self, other: object) -> bool:
-        return False
-
-    __hash__ = None  # type: ignore[assignment]
-
-
-class _NoConnection:
-    """Stands in for the connection: no statement does anything, a loop's row
-    is found once the loop has written one (`seen`), holding a value equal to
-    any (the loop's owner is the store's runtime), and every write reports one
-    row changed, as a write the store owns does."""
-
-    rowcount = 1
-
-    def __init__(self, seen: set[object]) -> None:
-        self._seen = seen
-        self._found = False
-
-    def execute(self, sql: str, params: tuple[Any, ...] = ()) -> _NoConnection:
-        if sql.startswith("SELECT owner FROM loops"):
-            self._found = params[0] in self._seen
-            self._seen.add(params[0])
-        return self
-
-    def executemany(self, *args: Any) -> _NoConnection:
-        return self
-
-    def fetchone(self) -> tuple[_Anyone] | None:
-        return (_Anyone(),) if self._found else None
+# work taken out. The subclasses override two private methods of the SQL
+# stores' base as it is written today (`_run`, the hop to the store's thread,
+# and `_write_commit`, one commit's statements), so they are a measuring tool
+# that follows the store's code, not a supported way to run it.
 
 
 class InlineStore(SQLiteStore):
     """The SQL in the event loop's thread: no hop (it blocks the event loop)."""
 
-    async def _run(self, fn: Callable[[], Any], db: Any = None) -> Any:
-        return fn()
+    async def _run(self, fn: Callable[[Any], Any]) -> Any:
+        return fn(self._live())
 
 
 class NoSQLStore(SQLiteStore):
-    """Everything but the SQL: the records built and serialized, the hop made,
-    and no statement run."""
+    """Everything but a commit's SQL: the records built and serialized, the hop
+    made, and no statement run for it."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._seen: set[object] = set()
-
-    def _write(self, fn: Callable[[Any], int], *, transaction: bool = True) -> None:
-        fn(_NoConnection(self._seen))
-        self._commits += 1
+    def _write_commit(self, conn: Any, row: Any, run_status: str | None) -> None:
+        pass
 
 
 class NoSQLInlineStore(NoSQLStore, InlineStore):

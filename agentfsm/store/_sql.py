@@ -205,8 +205,9 @@ class LogRow:
     """A commit as the dialect writes it (see `LOG_COLUMNS`)."""
 
     commit: Commit
-    values: dict[str, Any]
-    """The `log` columns, by name (and `loop`, the loop's id)."""
+    values: tuple[Any, ...]
+    """The `log` columns' values, in `LOG_COLUMNS`' order (a tuple: SQLite binds
+    parameters by position for less than by name)."""
     status: str | None
     """The loop's new status when it changes (its row is written), else None."""
     events: list[tuple[int, str]]
@@ -486,21 +487,20 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
             status = (
                 record.status.value if record is not None else LoopStatus.running.value
             )
-        values = {
-            "loop": loop_id,
-            "loop_id": loop_id,
-            "seq": seq,
-            "record": text,
-            "earlier": earlier,
-            "first_seq": first_seq,
-            "changes": changes,
-            "request": request,
-            "ledger": ledger,
-            "path_from": path_from,
-            "path": steps,
-            "shared": shared,
-            "decisions": decisions,
-        }
+        values = (
+            loop_id,
+            seq,
+            text,
+            earlier,
+            first_seq,
+            changes,
+            request,
+            ledger,
+            path_from,
+            steps,
+            shared,
+            decisions,
+        )
         return LogRow(commit, values, status, events, written)
 
     # ------------------------------------------------------------------ reads

@@ -44,7 +44,7 @@ from typing import Any, Final
 from agentfsm.exceptions import ConfigurationError
 
 from ._base import LoopIdTakenError, StoreError, StoreSchemaError, checked_lease_ttl
-from ._sql import Dialect, LogRow, SQLStore
+from ._sql import LOG_COLUMNS, Dialect, LogRow, SQLStore
 
 try:
     import psycopg
@@ -368,7 +368,8 @@ class PostgresStore(SQLStore[_Conn]):
         commit = row.commit
         lease = commit.lease
         values = {
-            **row.values,
+            **dict(zip(LOG_COLUMNS, row.values, strict=True)),
+            "loop": commit.loop_id,
             "agent": commit.record.agent_id if commit.record is not None else "",
             "owner": lease.owner,
             "epoch": lease.epoch,

@@ -111,33 +111,35 @@ a run). The unfinished loops are indexed by owner (`loops_unfinished`,
 read them, not every loop the file holds."""
 
 _COLUMNS: Final = ", ".join(LOG_COLUMNS)
-_VALUES: Final = ", ".join(f":{c}" for c in LOG_COLUMNS)
+_N: Final = len(LOG_COLUMNS)
+_VALUES: Final = ", ".join(f"?{i}" for i in range(1, _N + 1))
 _APPEND: Final = (
     f"INSERT INTO log (id, {_COLUMNS}) SELECT {next_id('l.number')}, {_VALUES}"
-    " FROM loops AS l WHERE l.loop_id = :loop"
+    " FROM loops AS l WHERE l.loop_id = ?1"
 )
-"""A commit's row (the loop's row checked or written already)."""
+"""A commit's row (the loop's row checked or written already). Its parameters
+are the row's values by position (`?1`, the first, is the loop's id), then,
+for `_APPEND_FENCED`, the fence's: the owner and the epoch."""
 _APPEND_FENCED: Final = (
-    f"{_APPEND} AND l.owner = :owner AND l.epoch = :epoch AND l.status <> 'done'"
+    f"{_APPEND} AND l.owner = ?{_N + 1} AND l.epoch = ?{_N + 2} AND l.status <> 'done'"
 )
 """A commit's row, written only while the fence holds (one statement: its own
 transaction)."""
 _NEW_LOOP: Final = (
     "INSERT INTO loops (loop_id, number, agent_id, status, owner, epoch,"
-    " lease_until, updated) VALUES (:loop, (SELECT coalesce(max(id) >> 32, 0) + 1"
-    " FROM log), :agent, :status, :owner, 1, :now + :ttl, :now)"
+    " lease_until, updated) VALUES (?, (SELECT coalesce(max(id) >> 32, 0) + 1"
+    " FROM log), ?, ?, ?, 1, ?, ?)"
 )
 """A new loop's row. Its number is one more than the greatest in the log."""
 _NEW_STATUS: Final = (
-    "UPDATE loops SET status = :status, lease_until = :now + :ttl, updated = :now"
-    " WHERE loop_id = :loop AND owner = :owner AND epoch = :epoch"
-    " AND status <> 'done'"
+    "UPDATE loops SET status = ?, lease_until = ?, updated = ?"
+    " WHERE loop_id = ? AND owner = ? AND epoch = ? AND status <> 'done'"
 )
 _HELD: Final = (
-    "SELECT 1 FROM loops WHERE loop_id = :loop AND owner = :owner"
-    " AND epoch = :epoch AND status <> 'done'"
+    "SELECT 1 FROM loops WHERE loop_id = ? AND owner = ? AND epoch = ?"
+    " AND status <> 'done'"
 )
-_EVENT: Final = "INSERT INTO events (loop_id, seq, event) VALUES (:loop, :seq, :event)"
+_EVENT: Final = "INSERT INTO events (loop_id, seq, event) VALUES (?, ?, ?)"
 
 _DIALECT: Final = Dialect(
     now=":now",
@@ -357,7 +359,8 @@ class SQLiteStore(SQLStore[sqlite3.Connection]):
     ) -> None:
         commit = row.commit
         lease = commit.lease
-        values = {**row.values, "owner": lease.owner, "epoch": lease.epoch}
+        values = row.values
+        fence = (lease.owner, lease.epoch)
         if (
             not commit.new
             and run_status is not None
@@ -366,33 +369,31 @@ class SQLiteStore(SQLStore[sqlite3.Connection]):
         ):
             # The loop's row holds this status already: the commit is its log
             # row, one statement, which lands only while the fence holds.
-            if conn.execute(_APPEND_FENCED, values).rowcount:
+            if conn.execute(_APPEND_FENCED, (*values, *fence)).rowcount:
                 return
             raise self._fence(conn, commit)
-        values["now"] = time.time()
-        values["ttl"] = self.lease_ttl
-        values["status"] = row.status
+        now = time.time()
+        loop_id = commit.loop_id
         try:
             with self._transaction(conn):
                 if commit.new:
-                    values["agent"] = commit.record.agent_id if commit.record else ""
+                    agent = commit.record.agent_id if commit.record else ""
+                    new = (loop_id, agent, row.status, lease.owner)
                     try:
-                        conn.execute(_NEW_LOOP, values)
+                        conn.execute(_NEW_LOOP, (*new, now + self.lease_ttl, now))
                     except sqlite3.IntegrityError:
-                        raise LoopIdTakenError(commit.loop_id) from None
+                        raise LoopIdTakenError(loop_id) from None
                 elif row.status is not None:
-                    if not conn.execute(_NEW_STATUS, values).rowcount:
+                    lease_until = now + self.lease_ttl
+                    status = (row.status, lease_until, now, loop_id, *fence)
+                    if not conn.execute(_NEW_STATUS, status).rowcount:
                         raise _Fenced
-                elif conn.execute(_HELD, values).fetchone() is None:
+                elif conn.execute(_HELD, (loop_id, *fence)).fetchone() is None:
                     raise _Fenced
                 conn.execute(_APPEND, values)
                 if row.events:
                     conn.executemany(
-                        _EVENT,
-                        [
-                            {"loop": commit.loop_id, "seq": seq, "event": text}
-                            for seq, text in row.events
-                        ],
+                        _EVENT, [(loop_id, seq, text) for seq, text in row.events]
                     )
         except _Fenced:
             raise self._fence(conn, commit) from None
