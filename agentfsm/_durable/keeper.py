@@ -189,9 +189,11 @@ class Keeper:
                     tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
+                await self.flusher.flush()  # (its failures are its commits')
                 try:
-                    await self.flusher.flush()
                     await store.release(self.owner)
+                except Exception as exc:  # noqa: BLE001 - logged: the leases expire
+                    self.log.error("lease_release_failed", error=error_text(exc))
                 finally:
                     await store.drop_presence(self.owner)
 
@@ -261,11 +263,14 @@ class Keeper:
                 await self._recover(loop_id, make, start, report)
             except LoopLockedError as exc:
                 report.locked[loop_id] = exc.owner
-            except StoreError as exc:
-                # Its data cannot be read, or the store failed for it: reported,
-                # and recovery goes on with the others.
-                self.log.error("loop_not_recovered", loop_id=loop_id, error=str(exc))
-                report.failed[loop_id] = error_text(exc)
+            except Exception as exc:  # noqa: BLE001 - one loop's, reported
+                # Its data cannot be read, the store failed for it, or it cannot
+                # be rebuilt: reported, and recovery goes on with the others.
+                why = error_text(exc)
+                if not isinstance(exc, StoreError):
+                    why = f"{type(exc).__name__}: {why}"
+                self.log.error("loop_not_recovered", loop_id=loop_id, error=why)
+                report.failed[loop_id] = why
                 self.forget(loop_id)
                 await self.release(loop_id)
         return report

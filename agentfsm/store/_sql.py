@@ -39,10 +39,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from json.encoder import encode_basestring
-from typing import Any, Final, Generic, TypeVar
+from typing import Any, Final, Generic, NoReturn, TypeVar
 
 import anyio
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
 from agentfsm._keys import number_text
 from agentfsm._models import json_of
@@ -155,6 +155,11 @@ class _Changes(BaseModel):
 
 
 _BOOL: Final = {False: "false", True: "true"}
+
+_DECODING: Final = (Exception,)
+"""What reading a loop's stored data may raise when the data is damaged (not
+JSON, not of the shape this store writes: an index out of range, a key
+missing, a model that does not validate): named as such (`_unreadable`)."""
 
 
 def ledger_entry(call: CallRecord) -> str:
@@ -375,11 +380,16 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
     def _row(self, conn: _C, sql: str, params: Mapping[str, Any]) -> Any:
         return self._execute(conn, self.q(sql), params).fetchone()
 
-    def _unreadable(self, loop_id: str, exc: Exception) -> StoreError:
-        return StoreError(
+    def _unreadable(self, loop_id: str, exc: Exception) -> NoReturn:
+        """Raise what a read that failed raises: the store's or the driver's
+        error as it is, any other (the stored data is not what this store
+        writes) as a `StoreError` naming the loop."""
+        if isinstance(exc, StoreError) or self._failure(exc) is not None:
+            raise exc
+        raise StoreError(
             f"{self.where}: the stored data of loop {loop_id} cannot be read "
             f"({type(exc).__name__}: {str(exc)[:300]})"
-        )
+        ) from exc
 
     # ---------------------------------------------------------------- commits
 
@@ -527,8 +537,8 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
                     return None  # (its first commit is being written)
                 items = self._items(conn, loop_id)
                 record = self._record(conn, loop_id, last[0], json.loads(last[1]))
-            except (ValueError, TypeError, KeyError, ValidationError) as exc:
-                raise self._unreadable(loop_id, exc) from exc
+            except _DECODING as exc:
+                self._unreadable(loop_id, exc)
             last_event = 0
             if self.keeps_events:
                 found = self._row(
@@ -588,8 +598,8 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
                 if found is None:
                     return None
                 return self._record(conn, loop_id, found[0][1], found[1])
-            except (ValueError, TypeError, KeyError, ValidationError) as exc:
-                raise self._unreadable(loop_id, exc) from exc
+            except _DECODING as exc:
+                self._unreadable(loop_id, exc)
 
         return await self._read(read)
 
@@ -643,8 +653,8 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
                 return None
             try:
                 recorded = _Changes.model_validate_json(row[0]).inference
-            except ValidationError as exc:
-                raise self._unreadable(loop_id, exc) from exc
+            except _DECODING as exc:
+                self._unreadable(loop_id, exc)
             return None if recorded is None else recorded[1]
 
         return await self._run(read)
@@ -659,8 +669,8 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
             )
             try:
                 return fold_ledger(loop_id, (text for (text,) in rows)).of(request)
-            except (ValueError, TypeError, KeyError, ValidationError) as exc:
-                raise self._unreadable(loop_id, exc) from exc
+            except _DECODING as exc:
+                self._unreadable(loop_id, exc)
 
         return await self._read(read)
 
@@ -678,8 +688,8 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
                     for (text,) in rows
                     for data in json.loads(text)
                 ]
-            except (ValueError, ValidationError) as exc:
-                raise self._unreadable(loop_id, exc) from exc
+            except _DECODING as exc:
+                self._unreadable(loop_id, exc)
 
         return await self._run(read)
 
@@ -696,8 +706,8 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
             )
             try:
                 return [AgentEventAdapter.validate_json(text) for (text,) in rows]
-            except ValidationError as exc:
-                raise self._unreadable(loop_id, exc) from exc
+            except _DECODING as exc:
+                self._unreadable(loop_id, exc)
 
         return await self._run(read)
 

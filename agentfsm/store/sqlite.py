@@ -26,6 +26,7 @@ replaced while the store is open is noticed at the next write.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -40,7 +41,9 @@ from typing import Any, Final, Literal
 from agentfsm.exceptions import ConfigurationError
 
 from ._base import (
+    _PRESENT,
     Commit,
+    Leases,
     LoopIdTakenError,
     StoreError,
     StoreSchemaError,
@@ -210,6 +213,8 @@ class SQLiteStore(SQLStore[sqlite3.Connection]):
         self.durability = durability
         self._busy_timeout = float(busy_timeout)
         self._identity: tuple[int, int] | None = None
+        self._moved: StoreError | None = None
+        """Why the store writes no more: its file was deleted or replaced."""
         super().__init__(
             events=bool(events),
             lease_ttl=checked_lease_ttl(lease_ttl),
@@ -249,15 +254,24 @@ class SQLiteStore(SQLStore[sqlite3.Connection]):
         """Refuse a file that is not an agentfsm store of this layout; make a
         new (empty) one one. In a write transaction: two processes opening a
         new file at once make it once, and neither sees it half made."""
-        db.execute("BEGIN IMMEDIATE")
         try:
+            db.execute("BEGIN IMMEDIATE")
             (app,) = db.execute("PRAGMA application_id").fetchone()
+        except sqlite3.DatabaseError as exc:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            if "file is not a database" not in str(exc):
+                raise
+            raise StoreSchemaError(
+                f"{self.path} is not a SQLite database, so not an agentfsm store: "
+                "it is left as it was"
+            ) from None
+        try:
             (version,) = db.execute("PRAGMA user_version").fetchone()
+            # Every object, not tables only: a file of views is another's too.
             tables = sorted(
-                name
-                for (name,) in db.execute(
-                    "SELECT name FROM sqlite_master WHERE type = 'table'"
-                )
+                f"{name}" if kind == "table" else f"{name} ({kind})"
+                for kind, name in db.execute("SELECT type, name FROM sqlite_master")
             )
             earlier = app == 0 and 0 < version < _LAYOUT and "loops" in tables
             if app == _APPLICATION_ID or earlier:
@@ -277,7 +291,7 @@ class SQLiteStore(SQLStore[sqlite3.Connection]):
             elif tables or app or version:
                 raise StoreSchemaError(
                     f"{self.path} is not an agentfsm store (SQLite application_id "
-                    f"{app}, user_version {version}, tables: "
+                    f"{app}, user_version {version}, objects: "
                     f"{', '.join(tables) or 'none'}): it is left as it was"
                 )
             else:
@@ -300,21 +314,34 @@ class SQLiteStore(SQLStore[sqlite3.Connection]):
         hint = next((h for m, h in _HINTS.items() if message.startswith(m)), None)
         if hint is not None and "busy_timeout" in hint:
             hint += f" ({self._busy_timeout:g}s)"
+        if _read_only(self.path):
+            hint = "the file's filesystem is read-only"
         detail = f"{message} ({hint})" if hint else message
         return StoreError(f"{self.path}: {detail}")
 
-    def _check_file(self) -> None:
-        """Refuse to write a file deleted or replaced since it was opened (SQLite
-        would go on writing the unlinked file, and lose every commit)."""
+    def _live(self) -> sqlite3.Connection:
+        """The connection, while its file is the one it opened (checked at every
+        operation: ~1 µs a trip)."""
+        conn = super()._live()
+        if self._moved is not None:
+            raise self._moved
         try:
             stat = os.stat(self.path)
         except FileNotFoundError:
             stat = None
-        if stat is None or (stat.st_dev, stat.st_ino) != self._identity:
-            raise StoreError(
-                f"{self.path}: the database file was deleted or replaced since the "
-                "store opened it: nothing more is written to it"
-            )
+        if stat is not None and (stat.st_dev, stat.st_ino) == self._identity:
+            return conn
+        # Deleted or replaced: SQLite would go on writing the old file (every
+        # commit lost), and leave its WAL at the path, where the next
+        # connection would apply it to whatever file is there now. So the
+        # store writes nothing more, and empties that WAL first.
+        self._moved = StoreError(
+            f"{self.path}: the database file was deleted or replaced since the "
+            "store opened it: nothing more is written to it"
+        )
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        raise self._moved
 
     # ------------------------------------------------------------- statements
 
@@ -348,11 +375,7 @@ class SQLiteStore(SQLStore[sqlite3.Connection]):
     # ---------------------------------------------------------------- commits
 
     async def commit_many(self, commits: Sequence[Commit]) -> list[Exception | None]:
-        def write(conn: sqlite3.Connection) -> list[Exception | None]:
-            self._check_file()  # once a trip (~1 µs)
-            return commits_in_turn(commits, self._commit_one)
-
-        return await self._run(write)
+        return await self._run(lambda conn: commits_in_turn(commits, self._commit_one))
 
     def _write_commit(
         self, conn: sqlite3.Connection, row: LogRow, run_status: str | None
@@ -400,6 +423,10 @@ class SQLiteStore(SQLStore[sqlite3.Connection]):
 
     # --------------------------------------------------------------- presence
 
+    # The presence file's locks are taken in the caller's thread (a lock tried,
+    # never waited for, on a local file), not the store's: they hold whatever
+    # the database file went through (deleted, replaced).
+
     def _lock_slot(self, conn: sqlite3.Connection, slot: int) -> None:
         _owners_file(self.path).hold(slot)
 
@@ -409,11 +436,37 @@ class SQLiteStore(SQLStore[sqlite3.Connection]):
     def _slot_free(self, conn: sqlite3.Connection, slot: int) -> bool | None:
         return _owners_file(self.path).free(slot)
 
+    async def hold_presence(self, owner: str) -> None:
+        _owners_file(self.path).hold(self._presence_slot(owner))
+        await Leases.hold_presence(self, owner)
+
+    async def drop_presence(self, owner: str) -> None:
+        await Leases.drop_presence(self, owner)
+        _owners_file(self.path).drop(self._presence_slot(owner))
+
     async def alive(self, owner: str) -> bool | None:
+        if owner in _PRESENT:
+            return True
         host = owner.rsplit(":", 2)[0]
         if host != socket.gethostname():
             return None  # another host: its locks may not reach this one
-        return await super().alive(owner)
+        free = _owners_file(self.path).free(self._presence_slot(owner))
+        return None if free is None else not free
+
+    async def renew(
+        self, owner: str, loop_ids: Sequence[str] | None = None
+    ) -> dict[str, int]:
+        _owners_file(self.path).refresh()  # (a presence file deleted meanwhile)
+        return await super().renew(owner, loop_ids)
+
+
+def _read_only(path: str) -> bool:
+    """Whether the filesystem holding `path` is mounted read-only."""
+    try:
+        flags = os.statvfs(os.path.dirname(os.path.abspath(path))).f_flag
+    except OSError:
+        return False
+    return bool(flags & os.ST_RDONLY)
 
 
 def _seconds(value: object) -> bool:
@@ -431,7 +484,15 @@ class _OwnersFile:
     this process through one descriptor (a POSIX lock is the process's: closing
     any descriptor of the file would drop them all, and a lock of this process
     never conflicts with another of its own, so this process's slots are
-    counted here and never tested)."""
+    counted here and never tested).
+
+    The descriptor is open while this process holds a slot (closed with the
+    last), and is the file at the path whenever a slot is taken or tested: a
+    file deleted (or replaced) meanwhile is opened again and this process's
+    slots locked in it, or other processes, which see only the file at the
+    path, would find this one's runtimes dead. The keeper's lease renewal
+    checks it too (`refresh`), so a file deleted while slots are held is back
+    within a third of a lease."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -440,55 +501,80 @@ class _OwnersFile:
         self.lock = threading.Lock()  # (each store has its own thread)
 
     def _fd(self) -> int:
-        if self.fd is None:
-            self.fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600)
-        return self.fd
-
-    def hold(self, slot: int) -> None:
-        with self.lock:
-            self._hold(slot)
-
-    def _hold(self, slot: int) -> None:
-        held = self.held.get(slot, 0)
-        if not held:
+        """The descriptor of the file at the path, this process's slots locked."""
+        fd = self.fd
+        if fd is not None:
             try:
-                fcntl.lockf(self._fd(), fcntl.LOCK_EX | fcntl.LOCK_NB, 1, slot)
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise StoreError(f"{self.path}: cannot lock ({exc})") from exc
-                # Another live process holds the slot (the hash of another
-                # owner's name): it still says "alive" for this one.
-        self.held[slot] = held + 1
+                stat = os.stat(self.path)
+            except FileNotFoundError:
+                stat = None
+            mine = os.fstat(fd)
+            if stat is not None and (stat.st_dev, stat.st_ino) == (
+                mine.st_dev,
+                mine.st_ino,
+            ):
+                return fd
+            os.close(fd)  # another file now: this process's locks move to it
+        fd = self.fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600)
+        for slot in self.held:
+            self._lock(fd, slot)
+        return fd
 
-    def drop(self, slot: int) -> None:
-        with self.lock:
-            self._drop(slot)
-
-    def _drop(self, slot: int) -> None:
-        held = self.held.get(slot, 0) - 1
-        if held > 0:
-            self.held[slot] = held
-            return
-        self.held.pop(slot, None)
-        if self.fd is not None:
-            fcntl.lockf(self.fd, fcntl.LOCK_UN, 1, slot)
-
-    def free(self, slot: int) -> bool | None:
-        with self.lock:
-            return self._free(slot)
-
-    def _free(self, slot: int) -> bool | None:
-        if slot in self.held:
-            return None  # this process holds it: it cannot tell for another
-        fd = self._fd()
+    def _lock(self, fd: int, slot: int) -> None:
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, slot)
         except OSError as exc:
-            if exc.errno in (errno.EAGAIN, errno.EACCES):
-                return False
-            raise StoreError(f"{self.path}: cannot test a lock ({exc})") from exc
-        fcntl.lockf(fd, fcntl.LOCK_UN, 1, slot)
-        return True
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                raise StoreError(f"{self.path}: cannot lock ({exc})") from exc
+            # Another live process holds the slot (the hash of another owner's
+            # name): it still says "alive" for this one.
+
+    def hold(self, slot: int) -> None:
+        with self.lock:
+            held = self.held.get(slot, 0)
+            fd = self._fd()
+            if not held:
+                self._lock(fd, slot)
+            self.held[slot] = held + 1
+
+    def drop(self, slot: int) -> None:
+        with self.lock:
+            held = self.held.get(slot, 0) - 1
+            if held > 0:
+                self.held[slot] = held
+                return
+            self.held.pop(slot, None)
+            fd = self.fd
+            if fd is None:
+                return
+            if self.held:
+                fcntl.lockf(fd, fcntl.LOCK_UN, 1, slot)
+            else:
+                os.close(fd)  # (the last: its locks go with it)
+                self.fd = None
+
+    def free(self, slot: int) -> bool | None:
+        with self.lock:
+            if slot in self.held:
+                return None  # this process holds it: it cannot tell for another
+            fd = self._fd()
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, slot)
+            except OSError as exc:
+                if exc.errno in (errno.EAGAIN, errno.EACCES):
+                    return False
+                raise StoreError(f"{self.path}: cannot test a lock ({exc})") from exc
+            fcntl.lockf(fd, fcntl.LOCK_UN, 1, slot)
+            if not self.held:
+                os.close(fd)
+                self.fd = None
+            return True
+
+    def refresh(self) -> None:
+        """Lock this process's slots in the file at the path, if it changed."""
+        with self.lock:
+            if self.held:
+                self._fd()
 
 
 _OWNERS: dict[str, _OwnersFile] = {}
