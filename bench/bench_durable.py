@@ -730,9 +730,11 @@ MEMORY_ITEM: Final = 100_000_000
 async def memory_child(kind: str) -> None:
     """One loop whose model answers with a `MEMORY_ITEM`-character text, in
     memory or on a SQLite store: prints the growth of the process's peak RSS
-    over the run, in bytes (run in a process of its own)."""
+    from before the text was made to the loop's end, in bytes (run in a
+    process of its own): the item itself and every copy of it."""
     import resource
 
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     answer = "x" * MEMORY_ITEM
 
     def model(request: InferenceInput) -> InferenceOutput:
@@ -746,7 +748,6 @@ async def memory_child(kind: str) -> None:
         providers={"scripted": FunctionProvider(model)}, store=store
     )
     async with runtime:
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         loop_id = runtime.run_loop("agent", PROMPT, inference_input())
         result = await runtime.wait(loop_id)
         assert result.answer is not None

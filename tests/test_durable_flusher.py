@@ -7,6 +7,7 @@ and nothing the loop is told disagrees with it)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -373,7 +374,7 @@ async def test_the_outputs_a_commit_carries_land_while_the_model_is_asked(
             rows = db.execute(
                 "SELECT ledger FROM log WHERE ledger NOT NULL ORDER BY id"
             )
-            entries = fold_ledger("(one loop)", [text for (text,) in rows])
+            entries = fold_ledger("(one loop)", [json.loads(text) for (text,) in rows])
         return [(c.tool, c.status) for c in entries.calls.values()]
 
     async def model(request: InferenceInput) -> InferenceOutput:

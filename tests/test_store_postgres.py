@@ -454,6 +454,7 @@ class TestLayout:
             schema,
         )
         assert [name for (name,) in tables] == [
+            "blobs",
             "contexts",
             "events",
             "log",

@@ -34,7 +34,7 @@ lease finds out there, and starts nothing).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
@@ -45,11 +45,18 @@ from agentfsm._loop.snapshot import record_of
 from agentfsm.exceptions import LoopIdTakenError, StoreError
 from agentfsm.inference import InferenceOutput
 from agentfsm.interception import ToolBatch
-from agentfsm.messages import ContextItem, FunctionCallOutputItem
+from agentfsm.messages import (
+    ContextItem,
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    ModelMessageItem,
+    UserMessage,
+)
 from agentfsm.record import DecisionEntry, LoopRecord
 from agentfsm.results import LoopStatus
 from agentfsm.states import LoopState
 from agentfsm.store._base import CallRecord, Commit, Lease
+from agentfsm.store._outline import LARGE, is_large
 
 from .flusher import Flusher, Ticket
 
@@ -119,6 +126,7 @@ class Durable:
         "flusher",
         "fresh",
         "inference",
+        "large",
         "lease",
         "ledger",
         "ledger_of",
@@ -195,6 +203,10 @@ class Durable:
         """Why a write of the loop failed (then it writes no more)."""
         self.events = events
         """The loop's events since the last commit (a store that keeps events)."""
+        self.large = False
+        """A string over `_outline.LARGE` has entered the loop: its commits may
+        carry it (its records may, for as long as it runs), and say so
+        (`Commit.large`)."""
 
     # ------------------------------------------------------------ the journal
 
@@ -409,6 +421,8 @@ class Durable:
             )
             if self.ended:
                 ledger = [*self.ended, *ledger]
+        if not self.large:
+            self.large = _large(loop, items[first:], replaced, self.inference, ledger)
         events: list[AgentEvent] = []
         if self.events is not None:
             events = self.events.drain()
@@ -433,6 +447,7 @@ class Durable:
             events,
             self.decisions,
             self.new,
+            self.large,
         )
         self.new = False
         self.inference = None
@@ -547,3 +562,45 @@ def _store_error(error: Exception) -> StoreError:
     if isinstance(error, StoreError):
         return error
     return StoreError(f"the store failed: {type(error).__name__}: {error}")
+
+
+_TEXT: Final[dict[type, str]] = {
+    ModelMessageItem: "content",
+    UserMessage: "content",
+    FunctionCallItem: "arguments",
+    FunctionCallOutputItem: "output",
+}
+"""The field of each kind of context item that may be large (read with one
+`len` per item: a commit's few new items are looked at each time)."""
+
+
+def _large(
+    loop: Loop,
+    items: Sequence[ContextItem],
+    replaced: Mapping[int, ContextItem] | None,
+    inference: tuple[int, InferenceOutput] | None,
+    ledger: Sequence[CallRecord],
+) -> bool:
+    """Whether what a commit carries holds a string over `LARGE`: its new
+    items, a model output, ledger outputs, or what the record holds besides
+    (instructions, queued messages, a structured answer)."""
+    for item in (*items, *(replaced or {}).values()):
+        field = _TEXT.get(type(item))
+        if field is None:
+            if is_large(item):
+                return True
+        elif len(getattr(item, field)) > LARGE:
+            return True
+    if inference is not None and is_large(inference[1].items):
+        return True
+    for entry in ledger:
+        if entry.output is not None and len(entry.output.output) > LARGE:
+            return True
+    instructions = loop.input.context.instructions
+    if instructions is not None and len(instructions) > LARGE:
+        return True
+    return bool(
+        (loop.steering and is_large(*loop.steering))
+        or (loop.follow_ups and is_large(*loop.follow_ups))
+        or (loop.parsed is not None and is_large(loop.parsed))
+    )

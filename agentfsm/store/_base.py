@@ -167,6 +167,9 @@ class Commit:
     new: bool = False
     """The first commit of a loop `run_loop` made: the store holds no loop of
     its id (else it refuses the commit: `LoopIdTakenError`)."""
+    large: bool = False
+    """It may carry a string over 64 KiB: a SQL store writes each such string
+    once, out of line (`store._outline`)."""
 
     @property
     def builds_on(self) -> bool:

@@ -40,6 +40,8 @@ from agentfsm._models import json_of
 from agentfsm.record import LoopRecord, RequestRecord
 from agentfsm.results import PathStep
 
+from ._outline import Outline
+
 __all__ = (
     "PATH_STEPS",
     "SHARED",
@@ -111,11 +113,14 @@ def steps_text(steps: Sequence[PathStep]) -> str:
     return f"[{','.join(parts)}]"
 
 
-def record_text(record: LoopRecord, path_length: int | None) -> str:
+def record_text(
+    record: LoopRecord, path_length: int | None, outline: Outline | None = None
+) -> str:
     """A record as a row keeps it: without what its run shares, nor the input
     request again where it is the turn's request or the step's payload (the
     very object), and with its path as its length (its first `path_length`
-    steps of the path the loop's rows make), or in full (None)."""
+    steps of the path the loop's rows make), or in full (None); its large
+    strings out of line with an `outline` (see `_outline`)."""
     given = record.input
     step = record.step
     excluded = _EXCLUDED[
@@ -123,14 +128,21 @@ def record_text(record: LoopRecord, path_length: int | None) -> str:
         record.turn.request is given,
         step is not None and step.payload is given,
     ]
+    if outline is not None:
+        data = record.model_dump(mode="json", exclude=excluded)
+        if path_length is not None:
+            data = {"path": path_length, **data}
+        return outline.dumps(data)
     text = json_of(record, exclude=excluded)
     if path_length is None:
         return text
     return f'{{"path":{path_length},{text[1:]}'
 
 
-def shared_text(record: LoopRecord) -> str:
+def shared_text(record: LoopRecord, outline: Outline | None = None) -> str:
     """What the records of a run share (`SHARED`), as JSON."""
+    if outline is not None:
+        return outline.text(record, include=SHARED)
     return json_of(record, include=SHARED)
 
 

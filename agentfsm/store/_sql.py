@@ -68,6 +68,7 @@ from ._base import (
     StoreStatistics,
     commits_in_turn,
 )
+from ._outline import Outline, inline
 from ._rows import path_of, record_of, record_text, shared_text, steps_text
 from ._thread import StoreThread
 
@@ -93,6 +94,7 @@ LOG_COLUMNS: Final = (
     "path",
     "shared",
     "decisions",
+    "outlined",
 )
 """A `log` row's columns (beside its id): the record (NULL in a commit
 without one), the records written with it (`earlier`, a JSON array, the seq
@@ -101,7 +103,9 @@ of its first in `first_seq`), what the context and the model gave
 truncation, a model output, whose request number is `request`), the ledger's
 entries (`ledger`, see `ledger_entry`), the path's steps since the row before
 (`path_from`, `path`), what the records of the run share (`shared`, in the
-run's first row: see `_rows`), the decisions made (`decisions`)."""
+run's first row: see `_rows`), the decisions made (`decisions`), and
+whether its JSON refers to large strings written out of line (`outlined`:
+see `_outline`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,11 +166,27 @@ JSON, not of the shape this store writes: an index out of range, a key
 missing, a model that does not validate): named as such (`_unreadable`)."""
 
 
-def ledger_entry(call: CallRecord) -> str:
+def ledger_entry(call: CallRecord, outline: Outline | None = None) -> str:
     """A ledger entry as a row keeps it: `[status, key, request, position,
     tool, call_id, attempt, output, terminate, by]`, joined from its parts'
     JSON (what `json.dumps` of the list gives, ensure_ascii off: checked by
     tests/internals/test_sqlite_log.py)."""
+    if outline is not None:
+        output_data = None if call.output is None else call.output.model_dump()
+        return outline.dumps(
+            [
+                call.status,
+                call.key,
+                call.request,
+                call.position,
+                call.tool,
+                call.call_id,
+                call.attempt,
+                output_data,
+                call.terminate,
+                call.by,
+            ]
+        )
     output = "null" if call.output is None else json_of(call.output)
     by = "null" if call.by is None else encode_basestring(call.by)
     return (
@@ -177,12 +197,12 @@ def ledger_entry(call: CallRecord) -> str:
     )
 
 
-def fold_ledger(loop_id: str, texts: Iterable[str]) -> LedgerFold:
-    """The ledger of a loop: its rows' `ledger` JSON arrays, in log order; the
-    last entry of a key is what the ledger holds for it."""
+def fold_ledger(loop_id: str, rows: Iterable[Any]) -> LedgerFold:
+    """The ledger of a loop: its rows' `ledger` arrays (JSON data), in log
+    order; the last entry of a key is what the ledger holds for it."""
     fold = LedgerFold()
-    for text in texts:
-        for entry in json.loads(text):
+    for entries in rows:
+        for entry in entries:
             status, key, request, position, tool, call_id, attempt = entry[:7]
             output, terminate, by = entry[7:10]
             fold.add(
@@ -219,6 +239,9 @@ class LogRow:
     """`(seq, JSON)` of each event to keep."""
     written: int
     """Bytes of row data."""
+    blobs: list[tuple[str, str, int]]
+    """`(digest, text, bytes)` of the large strings the row refers to, to
+    write first (see `_outline`)."""
 
 
 class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
@@ -236,10 +259,13 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
         self._counted = threading.Lock()
         self._commits = 0
         self._bytes = 0
-        self._statuses: dict[str, tuple[int, str]] = {}
+        self._statuses: dict[str, tuple[Lease, str]] = {}
         """The status each loop's row holds, as this store last wrote it in the
         lease of that epoch (a commit that keeps it writes only its log row).
         Used in the store's thread only."""
+        self._outlined: dict[str, dict[int, tuple[str, str, int]]] = {}
+        """The large strings each loop's run wrote out of line, by identity
+        (`_outline.Outline`'s `known`). Used in the store's thread only."""
         self._held: dict[int, int] = {}
         """The presence slots this store holds, with how many of this process's
         runtimes hold each (see `hold_presence`)."""
@@ -313,7 +339,7 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
     async def open(self) -> None:
         if self._conn is not None and self._thread.running:
             return
-        self._statuses.clear()  # (another process may have written meanwhile)
+        self._forget_all()  # (another process may have written meanwhile)
         await self._thread.open(
             self, self._connect_once, lambda: self._conn is not None
         )
@@ -401,26 +427,36 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
         """Write one commit, in the store's thread (its JSON is made here too,
         off the event loop)."""
         conn = self._live()
-        loop_id, epoch = commit.loop_id, commit.lease.epoch
+        loop_id, lease = commit.loop_id, commit.lease
         cached = self._statuses.get(loop_id)
-        run_status = cached[1] if cached is not None and cached[0] == epoch else None
+        run_status = cached[1] if cached is not None and cached[0] == lease else None
         row = self.log_row(commit)
         try:
             self._write_commit(conn, row, run_status)
         except StoreError:
-            self._statuses.pop(loop_id, None)
+            self._forget(loop_id)
             raise
         except Exception as exc:
-            self._statuses.pop(loop_id, None)
+            self._forget(loop_id)
             failure = self._failure(exc)
             if failure is None:
                 raise
             raise failure from exc
         self._count(row.written)
         if row.status == LoopStatus.done.value:
-            self._statuses.pop(loop_id, None)  # it writes no more
+            self._forget(loop_id)  # it writes no more
         elif row.status is not None:
-            self._statuses[loop_id] = (epoch, row.status)
+            self._statuses[loop_id] = (lease, row.status)
+
+    def _forget(self, loop_id: str) -> None:
+        """What this store knows of the loop's run (its status, what it wrote
+        out of line): the run ended, or another may have written meanwhile."""
+        self._statuses.pop(loop_id, None)
+        self._outlined.pop(loop_id, None)
+
+    def _forget_all(self) -> None:
+        self._statuses.clear()
+        self._outlined.clear()
 
     def _fence(self, conn: _C, commit: Commit) -> StoreError:
         """Why the loop's row refused `commit` (its fence did not hold)."""
@@ -444,15 +480,21 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
 
     def log_row(self, commit: Commit) -> LogRow:
         """A commit's `log` row (see `LOG_COLUMNS` and `_rows`). The JSON is
-        joined from each part's own JSON."""
+        joined from each part's own JSON; a `large` commit's through an
+        `Outline` (its large strings out of line)."""
         record = commit.record
         loop_id = commit.loop_id
+        outline = None
+        enc: Callable[[Any], str] = json_of
+        if commit.large:
+            outline = Outline(self._outlined.setdefault(loop_id, {}))
+            enc = outline.text
         written = 0
         seq = text = steps = shared = path_from = None
         if record is not None:
             path_from = commit.path_from
-            shared = None if path_from else shared_text(record)
-            text = record_text(record, commit.path_length)
+            shared = None if path_from else shared_text(record, outline)
+            text = record_text(record, commit.path_length, outline)
             steps = steps_text(commit.steps)
             seq = record.seq
             written += len(text) + len(steps) + len(shared or "")
@@ -460,7 +502,9 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
         if commit.earlier:
             earlier = (
                 "["
-                + ",".join(record_text(r, length) for r, length in commit.earlier)
+                + ",".join(
+                    record_text(r, length, outline) for r, length in commit.earlier
+                )
                 + "]"
             )
             first_seq = commit.earlier[0][0].seq
@@ -468,15 +512,14 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
         changes = request = None
         inference = commit.inference
         if commit.items or commit.replaced or commit.truncate or inference:
-            items = ",".join(map(json_of, commit.items))
+            items = ",".join(map(enc, commit.items))
             replaced = ",".join(
-                f"[{at},{json_of(item)}]"
-                for at, item in (commit.replaced or {}).items()
+                f"[{at},{enc(item)}]" for at, item in (commit.replaced or {}).items()
             )
             output = "null"
             if inference is not None:
                 request = inference[0]
-                output = f"[{request},{json_of(inference[1])}]"
+                output = f"[{request},{enc(inference[1])}]"
             changes = (
                 f'{{"first":{commit.first},"truncate":{_BOOL[commit.truncate]},'
                 f'"items":[{items}],"replaced":[{replaced}],"inference":{output}}}'
@@ -484,19 +527,23 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
             written += len(changes)
         ledger = None
         if commit.ledger:
-            ledger = "[" + ",".join(map(ledger_entry, commit.ledger)) + "]"
+            ledger = (
+                "[" + ",".join(ledger_entry(c, outline) for c in commit.ledger) + "]"
+            )
             written += len(ledger)
         decisions = None
         if commit.decisions:
-            decisions = "[" + ",".join(map(json_of, commit.decisions)) + "]"
+            decisions = "[" + ",".join(map(enc, commit.decisions)) + "]"
             written += len(decisions)
-        events = [(e.seq, json_of(e)) for e in commit.events]
+        events = [(e.seq, enc(e)) for e in commit.events]
         written += sum(len(t) for _, t in events)
         status = None
         if record is not None or commit.new:
             status = (
                 record.status.value if record is not None else LoopStatus.running.value
             )
+        blobs = [] if outline is None else outline.blobs
+        written += sum(size for _, _, size in blobs)
         values = (
             loop_id,
             seq,
@@ -510,8 +557,9 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
             steps,
             shared,
             decisions,
+            1 if outline is not None else None,
         )
-        return LogRow(commit, values, status, events, written)
+        return LogRow(commit, values, status, events, written, blobs)
 
     # ------------------------------------------------------------------ reads
 
@@ -529,14 +577,15 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
             try:
                 last = self._row(
                     conn,
-                    f"SELECT id, record FROM log WHERE {_SPAN} AND record IS NOT NULL"
-                    " ORDER BY id DESC LIMIT 1",
+                    f"SELECT id, record, outlined FROM log WHERE {_SPAN}"
+                    " AND record IS NOT NULL ORDER BY id DESC LIMIT 1",
                     {"loop": loop_id},
                 )
                 if last is None:
                     return None  # (its first commit is being written)
                 items = self._items(conn, loop_id)
-                record = self._record(conn, loop_id, last[0], json.loads(last[1]))
+                data = self._decoded(conn, last[1], last[2])
+                record = self._record(conn, loop_id, last[0], data)
             except _DECODING as exc:
                 self._unreadable(loop_id, exc)
             last_event = 0
@@ -555,12 +604,13 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
 
     def _items(self, conn: _C, loop_id: str) -> list[ContextItem]:
         items: list[ContextItem] = []
-        for (changes,) in self._rows(
+        for changes, outlined in self._rows(
             conn,
-            f"SELECT changes FROM log WHERE {_SPAN} AND changes IS NOT NULL ORDER BY id",
+            f"SELECT changes, outlined FROM log WHERE {_SPAN}"
+            " AND changes IS NOT NULL ORDER BY id",
             {"loop": loop_id},
         ):
-            change = _Changes.model_validate_json(changes)
+            change = self._changes(conn, changes, outlined)
             first = change.first
             if change.truncate:
                 del items[first:]
@@ -579,19 +629,20 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
             try:
                 row = self._row(
                     conn,
-                    f"SELECT seq, id, record FROM log WHERE {_SPAN} AND seq <= :seq"
-                    " AND record IS NOT NULL ORDER BY seq DESC, id DESC LIMIT 1",
+                    f"SELECT seq, id, record, outlined FROM log WHERE {_SPAN}"
+                    " AND seq <= :seq AND record IS NOT NULL"
+                    " ORDER BY seq DESC, id DESC LIMIT 1",
                     params,
                 )
                 if row is not None:
-                    found = ((row[0], row[1]), json.loads(row[2]))
-                for row_id, earlier in self._rows(
+                    found = ((row[0], row[1]), self._decoded(conn, row[2], row[3]))
+                for row_id, earlier, outlined in self._rows(
                     conn,
-                    f"SELECT id, earlier FROM log WHERE {_SPAN} AND seq > :seq"
-                    " AND first_seq <= :seq",
+                    f"SELECT id, earlier, outlined FROM log WHERE {_SPAN}"
+                    " AND seq > :seq AND first_seq <= :seq",
                     params,
                 ):
-                    for data in json.loads(earlier):
+                    for data in self._decoded(conn, earlier, outlined):
                         at = (data["seq"], row_id)
                         if data["seq"] <= seq and (found is None or at > found[0]):
                             found = (at, data)
@@ -612,7 +663,7 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
         params = {"loop": loop_id, "id": row_id}
         shared = self._row(
             conn,
-            f"SELECT shared FROM log WHERE {_SPAN} AND id <= :id"
+            f"SELECT shared, outlined FROM log WHERE {_SPAN} AND id <= :id"
             " AND shared IS NOT NULL ORDER BY id DESC LIMIT 1",
             params,
         )
@@ -628,7 +679,7 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
                 params,
             )
         )
-        return record_of(data, json.loads(shared[0]), path)
+        return record_of(data, self._decoded(conn, shared[0], shared[1]), path)
 
     async def unfinished(self) -> list[str]:
         def read(conn: _C) -> list[str]:
@@ -645,14 +696,14 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
         def read(conn: _C) -> InferenceOutput | None:
             row = self._row(
                 conn,
-                f"SELECT changes FROM log WHERE {_SPAN} AND request = :request"
-                " ORDER BY id DESC LIMIT 1",
+                f"SELECT changes, outlined FROM log WHERE {_SPAN}"
+                " AND request = :request ORDER BY id DESC LIMIT 1",
                 {"loop": loop_id, "request": request},
             )
             if row is None:
                 return None
             try:
-                recorded = _Changes.model_validate_json(row[0]).inference
+                recorded = self._changes(conn, row[0], row[1]).inference
             except _DECODING as exc:
                 self._unreadable(loop_id, exc)
             return None if recorded is None else recorded[1]
@@ -663,12 +714,13 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
         def read(conn: _C) -> list[CallRecord]:
             rows = self._rows(
                 conn,
-                f"SELECT ledger FROM log WHERE {_SPAN} AND ledger IS NOT NULL"
-                " ORDER BY id",
+                f"SELECT ledger, outlined FROM log WHERE {_SPAN}"
+                " AND ledger IS NOT NULL ORDER BY id",
                 {"loop": loop_id},
             )
             try:
-                return fold_ledger(loop_id, (text for (text,) in rows)).of(request)
+                entries = (self._decoded(conn, text, out) for text, out in rows)
+                return fold_ledger(loop_id, entries).of(request)
             except _DECODING as exc:
                 self._unreadable(loop_id, exc)
 
@@ -678,15 +730,15 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
         def read(conn: _C) -> list[DecisionEntry]:
             rows = self._rows(
                 conn,
-                f"SELECT decisions FROM log WHERE {_SPAN} AND decisions IS NOT NULL"
-                " ORDER BY id",
+                f"SELECT decisions, outlined FROM log WHERE {_SPAN}"
+                " AND decisions IS NOT NULL ORDER BY id",
                 {"loop": loop_id},
             )
             try:
                 return [
                     DecisionEntry.model_validate(data)
-                    for (text,) in rows
-                    for data in json.loads(text)
+                    for text, outlined in rows
+                    for data in self._decoded(conn, text, outlined)
                 ]
             except _DECODING as exc:
                 self._unreadable(loop_id, exc)
@@ -700,16 +752,44 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
         def read(conn: _C) -> list[AgentEvent]:
             rows = self._rows(
                 conn,
-                "SELECT event FROM events WHERE loop_id = :loop AND seq > :after"
-                " ORDER BY seq",
+                "SELECT event, outlined FROM events WHERE loop_id = :loop"
+                " AND seq > :after ORDER BY seq",
                 {"loop": loop_id, "after": after_seq},
             )
             try:
-                return [AgentEventAdapter.validate_json(text) for (text,) in rows]
+                return [
+                    AgentEventAdapter.validate_json(text)
+                    if not outlined
+                    else AgentEventAdapter.validate_python(
+                        self._decoded(conn, text, outlined)
+                    )
+                    for text, outlined in rows
+                ]
             except _DECODING as exc:
                 self._unreadable(loop_id, exc)
 
         return await self._run(read)
+
+    def _decoded(self, conn: _C, text: str, outlined: object) -> Any:
+        """A row's JSON as data, its large strings read back (`_outline`)."""
+        data = json.loads(text)
+        if not outlined:
+            return data
+        return inline(data, lambda digest: self._blob(conn, digest))
+
+    def _changes(self, conn: _C, text: str, outlined: object) -> _Changes:
+        if not outlined:
+            return _Changes.model_validate_json(text)
+        return _Changes.model_validate(self._decoded(conn, text, outlined))
+
+    def _blob(self, conn: _C, digest: str) -> str:
+        """A large string written out of line (see `_outline`)."""
+        row = self._row(
+            conn, "SELECT data FROM blobs WHERE digest = :digest", {"digest": digest}
+        )
+        if row is None:
+            raise KeyError(f"no blob {digest}")
+        return bytes(row[0]).decode("utf-8", "surrogatepass")
 
     async def _read(self, fn: Callable[[_C], _T]) -> _T:
         """`fn`, reads of several statements, in one read transaction: they see
@@ -787,7 +867,7 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
         self, loop_id: str, owner: str, *, replacing: str | None = None
     ) -> Lease:
         def write(conn: _C) -> Lease:
-            self._statuses.pop(loop_id, None)  # a new lease: a new run
+            self._forget(loop_id)  # a new lease: a new run
             with self._transaction(conn):
                 row = self._row(
                     conn,
@@ -864,11 +944,11 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
                 "UPDATE loops SET owner = NULL, lease_until = 0 WHERE owner = :owner"
             )
             if loop_ids is None:
-                self._statuses.clear()
+                self._forget_all()
                 self._execute(conn, self.q(release), {"owner": owner})
             else:
                 for loop_id in loop_ids:
-                    self._statuses.pop(loop_id, None)
+                    self._forget(loop_id)
                     self._execute(
                         conn,
                         self.q(f"{release} AND loop_id = :loop"),

@@ -38,12 +38,13 @@ from __future__ import annotations
 import re
 import zlib
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any, Final
 
 from agentfsm.exceptions import ConfigurationError
 
 from ._base import LoopIdTakenError, StoreError, StoreSchemaError, checked_lease_ttl
+from ._outline import chunks
 from ._sql import LOG_COLUMNS, Dialect, LogRow, SQLStore
 
 try:
@@ -92,13 +93,19 @@ CREATE TABLE IF NOT EXISTS {s}.log (
     path_from integer,
     path text,
     shared text,
-    decisions text
+    decisions text,
+    outlined integer
 );
 CREATE TABLE IF NOT EXISTS {s}.events (
     loop_id text NOT NULL,
     seq bigint NOT NULL,
     event text NOT NULL,
+    outlined integer,
     PRIMARY KEY (loop_id, seq)
+);
+CREATE TABLE IF NOT EXISTS {s}.blobs (
+    digest text PRIMARY KEY,
+    data bytea NOT NULL
 );
 CREATE TABLE IF NOT EXISTS {s}.contexts (
     context_id text NOT NULL,
@@ -115,7 +122,7 @@ CREATE OR REPLACE FUNCTION {s}.commit_log(
     p_status text, p_ttl float8, p_seq bigint, p_record text, p_earlier text,
     p_first_seq bigint, p_changes text, p_request integer, p_ledger text,
     p_path_from integer, p_path text, p_shared text, p_decisions text,
-    p_event_seqs bigint[], p_events text[]
+    p_outlined integer, p_event_seqs bigint[], p_events text[]
 ) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
     h_owner text;
@@ -153,14 +160,15 @@ BEGIN
     END IF;
     SELECT number INTO n FROM {s}.loops WHERE loop_id = p_loop;
     INSERT INTO {s}.log (id, loop_id, seq, record, earlier, first_seq, changes,
-        request, ledger, path_from, path, shared, decisions)
+        request, ledger, path_from, path, shared, decisions, outlined)
     VALUES (coalesce((SELECT id FROM {s}.log WHERE id BETWEEN n << 32
             AND (n << 32) + 4294967295 ORDER BY id DESC LIMIT 1) + 1, n << 32),
         p_loop, p_seq, p_record, p_earlier, p_first_seq, p_changes, p_request,
-        p_ledger, p_path_from, p_path, p_shared, p_decisions);
+        p_ledger, p_path_from, p_path, p_shared, p_decisions, p_outlined);
     IF p_events IS NOT NULL THEN
-        INSERT INTO {s}.events (loop_id, seq, event)
-        SELECT p_loop, e.seq, e.event FROM unnest(p_event_seqs, p_events) AS e(seq, event);
+        INSERT INTO {s}.events (loop_id, seq, event, outlined)
+        SELECT p_loop, e.seq, e.event, p_outlined
+        FROM unnest(p_event_seqs, p_events) AS e(seq, event);
     END IF;
     RETURN NULL;
 END
@@ -174,7 +182,8 @@ CREATE TABLE IF NOT EXISTS {s}.schema_version (
 _COMMIT: Final = (
     "SELECT commit_log(:loop, :agent, :owner, :epoch, :new, :status, :ttl, :seq,"
     " :record, :earlier, :first_seq, :changes, :request, :ledger, :path_from,"
-    " :path, :shared, :decisions, :event_seqs::bigint[], :events::text[])"
+    " :path, :shared, :decisions, :outlined, :event_seqs::bigint[],"
+    " :events::text[])"
 )
 
 _DIALECT: Final = Dialect(
@@ -380,8 +389,22 @@ class PostgresStore(SQLStore[_Conn]):
             "event_seqs": [seq for seq, _ in row.events] if row.events else None,
             "events": [text for _, text in row.events] if row.events else None,
         }
-        returned = conn.execute(self.q(_COMMIT), values).fetchone()
-        result = None if returned is None else returned[0]
+        try:
+            # A commit's large strings (see `_outline`) are written first, in
+            # its transaction (refused, it takes them back).
+            with conn.transaction() if row.blobs else nullcontext():
+                for digest, text, _ in row.blobs:
+                    conn.execute(
+                        "INSERT INTO blobs (digest, data) VALUES (%s, %s)"
+                        " ON CONFLICT (digest) DO NOTHING",
+                        (digest, b"".join(chunks(text))),
+                    )
+                returned = conn.execute(self.q(_COMMIT), values).fetchone()
+                result = None if returned is None else returned[0]
+                if result is not None and row.blobs:
+                    raise _Refused(result)
+        except _Refused as refused:
+            result = refused.result
         if result is None:
             return
         if result == "taken":
@@ -407,6 +430,14 @@ class PostgresStore(SQLStore[_Conn]):
             return False
         conn.execute("SELECT pg_advisory_unlock(%s, %s)", (self._namespace, slot))
         return True
+
+
+class _Refused(Exception):
+    """The commit function refused a commit (`result` says why)."""
+
+    def __init__(self, result: str) -> None:
+        super().__init__(result)
+        self.result = result
 
 
 def _check_schema(schema: object) -> None:

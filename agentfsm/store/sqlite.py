@@ -43,12 +43,14 @@ from agentfsm.exceptions import ConfigurationError
 from ._base import (
     _PRESENT,
     Commit,
+    Lease,
     Leases,
     LoopIdTakenError,
     StoreError,
     StoreSchemaError,
     commits_in_turn,
 )
+from ._outline import chunks
 from ._sql import LOG_COLUMNS, Dialect, LogRow, SQLStore, next_id
 
 __all__ = ("SQLiteStore",)
@@ -85,7 +87,8 @@ _SCHEMA: Final = (
     path_from INTEGER,
     path TEXT,
     shared TEXT,
-    decisions TEXT
+    decisions TEXT,
+    outlined INTEGER
 )""",
     """CREATE TABLE IF NOT EXISTS contexts (
     context_id TEXT NOT NULL,
@@ -98,7 +101,12 @@ _SCHEMA: Final = (
     loop_id TEXT NOT NULL,
     seq INTEGER NOT NULL,
     event TEXT NOT NULL,
+    outlined INTEGER,
     PRIMARY KEY (loop_id, seq)
+)""",
+    """CREATE TABLE IF NOT EXISTS blobs (
+    digest TEXT PRIMARY KEY,
+    data BLOB NOT NULL
 )""",
 )
 """The tables (see `_sql`). One row in one table is what makes a commit cheap:
@@ -115,25 +123,29 @@ read them, not every loop the file holds."""
 
 _COLUMNS: Final = ", ".join(LOG_COLUMNS)
 _N: Final = len(LOG_COLUMNS)
-_VALUES: Final = ", ".join(f"?{i}" for i in range(1, _N + 1))
-_APPEND: Final = (
-    f"INSERT INTO log (id, {_COLUMNS}) SELECT {next_id('l.number')}, {_VALUES}"
-    " FROM loops AS l WHERE l.loop_id = ?1"
-)
-"""A commit's row (the loop's row checked or written already). Its parameters
-are the row's values by position (`?1`, the first, is the loop's id), then,
-for `_APPEND_FENCED`, the fence's: the owner and the epoch."""
+_APPEND: Final = f"INSERT INTO log (id, {_COLUMNS}) VALUES (?, {', '.join('?' * _N)})"
+"""A commit's row (the loop's row checked or written already): its id, then
+its values by position."""
 _APPEND_FENCED: Final = (
-    f"{_APPEND} AND l.owner = ?{_N + 1} AND l.epoch = ?{_N + 2} AND l.status <> 'done'"
+    f"INSERT INTO log (id, {_COLUMNS}) SELECT ?{_N + 3}, "
+    + ", ".join(f"?{i}" for i in range(1, _N + 1))
+    + f" FROM loops WHERE loop_id = ?1 AND owner = ?{_N + 1}"
+    f" AND epoch = ?{_N + 2} AND status <> 'done'"
 )
 """A commit's row, written only while the fence holds (one statement: its own
-transaction)."""
+transaction): its values by position (`?1`, the first, is the loop's id),
+the owner and the epoch, its id. It reads `loops` only: an `INSERT` that
+reads the table it writes goes through a table of its own first, which held
+a 100 MB row twice more (a row id from the loop's last row, `next_id`,
+made it so)."""
+_NEXT_ID: Final = f"SELECT {next_id('number')} FROM loops WHERE loop_id = ?"
+"""The id of the loop's next row (read once a lease, then counted)."""
+_NEW_NUMBER: Final = "SELECT coalesce(max(id) >> 32, 0) + 1 FROM log"
+"""A new loop's number: one more than the greatest in the log."""
 _NEW_LOOP: Final = (
     "INSERT INTO loops (loop_id, number, agent_id, status, owner, epoch,"
-    " lease_until, updated) VALUES (?, (SELECT coalesce(max(id) >> 32, 0) + 1"
-    " FROM log), ?, ?, ?, 1, ?, ?)"
+    " lease_until, updated) VALUES (?, ?, ?, ?, ?, 1, ?, ?)"
 )
-"""A new loop's row. Its number is one more than the greatest in the log."""
 _NEW_STATUS: Final = (
     "UPDATE loops SET status = ?, lease_until = ?, updated = ?"
     " WHERE loop_id = ? AND owner = ? AND epoch = ? AND status <> 'done'"
@@ -142,7 +154,8 @@ _HELD: Final = (
     "SELECT 1 FROM loops WHERE loop_id = ? AND owner = ? AND epoch = ?"
     " AND status <> 'done'"
 )
-_EVENT: Final = "INSERT INTO events (loop_id, seq, event) VALUES (?, ?, ?)"
+_EVENT: Final = "INSERT INTO events (loop_id, seq, event, outlined) VALUES (?, ?, ?, ?)"
+_BLOB: Final = "INSERT OR IGNORE INTO blobs (digest, data) VALUES (?, zeroblob(?))"
 
 _DIALECT: Final = Dialect(
     now=":now",
@@ -215,6 +228,9 @@ class SQLiteStore(SQLStore[sqlite3.Connection]):
         self._identity: tuple[int, int] | None = None
         self._moved: StoreError | None = None
         """Why the store writes no more: its file was deleted or replaced."""
+        self._ids: dict[str, tuple[Lease, int]] = {}
+        """The id of each loop's next row (the lease writing it, the id),
+        counted while this store writes it. Used in the store's thread only."""
         super().__init__(
             events=bool(events),
             lease_ttl=checked_lease_ttl(lease_ttl),
@@ -382,30 +398,37 @@ class SQLiteStore(SQLStore[sqlite3.Connection]):
     ) -> None:
         commit = row.commit
         lease = commit.lease
+        loop_id = commit.loop_id
         values = row.values
         fence = (lease.owner, lease.epoch)
+        known = self._ids.get(loop_id)
+        row_id = known[1] if known is not None and known[0] == lease else None
         if (
             not commit.new
+            and row_id is not None
             and run_status is not None
             and row.status in (None, run_status)
             and not row.events
+            and not row.blobs
         ):
             # The loop's row holds this status already: the commit is its log
             # row, one statement, which lands only while the fence holds.
-            if conn.execute(_APPEND_FENCED, (*values, *fence)).rowcount:
-                return
-            raise self._fence(conn, commit)
+            if not conn.execute(_APPEND_FENCED, (*values, *fence, row_id)).rowcount:
+                raise self._fence(conn, commit)
+            self._ids[loop_id] = (lease, row_id + 1)
+            return
         now = time.time()
-        loop_id = commit.loop_id
         try:
             with self._transaction(conn):
                 if commit.new:
                     agent = commit.record.agent_id if commit.record else ""
-                    new = (loop_id, agent, row.status, lease.owner)
+                    (number,) = conn.execute(_NEW_NUMBER).fetchone()
+                    new = (loop_id, number, agent, row.status, lease.owner)
                     try:
                         conn.execute(_NEW_LOOP, (*new, now + self.lease_ttl, now))
                     except sqlite3.IntegrityError:
                         raise LoopIdTakenError(loop_id) from None
+                    row_id = number << 32
                 elif row.status is not None:
                     lease_until = now + self.lease_ttl
                     status = (row.status, lease_until, now, loop_id, *fence)
@@ -413,13 +436,30 @@ class SQLiteStore(SQLStore[sqlite3.Connection]):
                         raise _Fenced
                 elif conn.execute(_HELD, (loop_id, *fence)).fetchone() is None:
                     raise _Fenced
-                conn.execute(_APPEND, values)
+                if row_id is None:
+                    (row_id,) = conn.execute(_NEXT_ID, (loop_id,)).fetchone()
+                for digest, text, size in row.blobs:
+                    written = conn.execute(_BLOB, (digest, size))
+                    if written.rowcount:  # (the same text is one blob)
+                        _write_out(conn, written.lastrowid, text)
+                conn.execute(_APPEND, (row_id, *values))
                 if row.events:
+                    outlined = values[-1]
                     conn.executemany(
-                        _EVENT, [(loop_id, seq, text) for seq, text in row.events]
+                        _EVENT,
+                        [(loop_id, seq, text, outlined) for seq, text in row.events],
                     )
         except _Fenced:
             raise self._fence(conn, commit) from None
+        self._ids[loop_id] = (lease, row_id + 1)
+
+    def _forget(self, loop_id: str) -> None:
+        super()._forget(loop_id)
+        self._ids.pop(loop_id, None)
+
+    def _forget_all(self) -> None:
+        super()._forget_all()
+        self._ids.clear()
 
     # --------------------------------------------------------------- presence
 
@@ -458,6 +498,15 @@ class SQLiteStore(SQLStore[sqlite3.Connection]):
     ) -> dict[str, int]:
         _owners_file(self.path).refresh()  # (a presence file deleted meanwhile)
         return await super().renew(owner, loop_ids)
+
+
+def _write_out(conn: sqlite3.Connection, rowid: int | None, text: str) -> None:
+    """Write a large string into its blob's row (made its size, zeroed), a
+    chunk at a time: never a copy of it whole (see `_outline`)."""
+    assert rowid is not None
+    with conn.blobopen("blobs", "data", rowid) as blob:
+        for chunk in chunks(text):
+            blob.write(chunk)
 
 
 def _read_only(path: str) -> bool:

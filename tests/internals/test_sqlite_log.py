@@ -33,9 +33,9 @@ OUT = FunctionCallOutputItem(call_id='c"1', output="v")
 DONE = CALL.model_copy(update={"status": "done", "output": OUT, "terminate": True})
 
 
-def rows(*entries: CallRecord) -> list[str]:
-    """One row per entry."""
-    return [f"[{ledger_entry(entry)}]" for entry in entries]
+def rows(*entries: CallRecord) -> list[object]:
+    """One row per entry, as the store reads it back (JSON data)."""
+    return [json.loads(f"[{ledger_entry(entry)}]") for entry in entries]
 
 
 def test_a_key_holds_its_last_entry() -> None:
@@ -48,7 +48,7 @@ def test_a_key_holds_its_last_entry() -> None:
 def test_entries_of_one_row_apply_in_order() -> None:
     uncertain = CALL.model_copy(update={"status": "uncertain"})
     row = "[" + ",".join([ledger_entry(CALL), ledger_entry(uncertain)]) + "]"
-    (entry,) = fold_ledger("L", [row]).calls.values()
+    (entry,) = fold_ledger("L", [json.loads(row)]).calls.values()
     assert entry == uncertain
     assert json.loads(row)[0][5] == 'c"1'
 
