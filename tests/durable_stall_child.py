@@ -5,6 +5,8 @@ at a given point, past its lease, while another process takes the loop up.
     python durable_stall_child.py run DB SIDE STOP_AT
     python durable_stall_child.py recover DB SIDE LOOP_ID
 
+DB is a SQLite file, or `postgresql:SCHEMA:CONNINFO` (a PostgreSQL store).
+
 `run` starts the loop, prints its id, stops itself at STOP_AT and, once woken
 (SIGCONT), goes on as it can; it prints how `wait` ended as JSON. `recover`
 takes the loop up (waiting for its lease to expire), resumes it if it paused
@@ -47,7 +49,7 @@ from agentfsm import (
 )
 from agentfsm.exceptions import LoopDetachedError
 from agentfsm.providers.function import FunctionProvider
-from agentfsm.store import SQLiteStore
+from agentfsm.store import LoopStore, SQLiteStore
 from agentfsm.testing import call, calls, text
 from agentfsm.tools import ToolCall, ToolResult
 
@@ -110,10 +112,19 @@ def model(request: InferenceInput) -> InferenceOutput:
     return text("done")
 
 
+def store() -> LoopStore:
+    if DB.startswith("postgresql:"):
+        from agentfsm.store.postgres import PostgresStore
+
+        _, schema, conninfo = DB.split(":", 2)
+        return PostgresStore(conninfo, schema=schema, lease_ttl=LEASE_TTL)
+    return SQLiteStore(DB, lease_ttl=LEASE_TTL)
+
+
 def runtime() -> Runtime:
     return Runtime(
         providers={"script": FunctionProvider(model)},
-        store=SQLiteStore(DB, lease_ttl=LEASE_TTL),
+        store=store(),
         tools=[step],
         handlers=[stall_after, stall_before_end],
     )

@@ -4,7 +4,7 @@ wakes (SIGCONT): it starts no further tool call or model request, writes
 nothing (its end included), and is told the loop is no longer its.
 
 tests/durable_stall_child.py is the process: a loop of two sequential calls
-and an answer, on a SQLite store with a one-second lease. Each point at which
+and an answer, on a SQLite or a PostgreSQL store with a one-second lease. Each point at which
 it may stall is a parameter; the stalled process stops itself there.
 """
 
@@ -16,12 +16,13 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import anyio
 import pytest
 
-from agentfsm.store import SQLiteStore
+from agentfsm.store import LoopStore, SQLiteStore
 
 pytestmark = pytest.mark.e2e
 
@@ -79,7 +80,15 @@ def effects(side: Path, pid: int) -> list[str]:
 
 async def stored(db: str, loop_id: str) -> tuple[str, str, list[str], list[str]]:
     """The loop as the store holds it: outcome, status, item types, calls."""
-    async with SQLiteStore(db) as store:
+    store: LoopStore
+    if db.startswith("postgresql:"):
+        from agentfsm.store.postgres import PostgresStore
+
+        _, schema, conninfo = db.split(":", 2)
+        store = PostgresStore(conninfo, schema=schema)
+    else:
+        store = SQLiteStore(db)
+    async with store:
         loop = await store.load(loop_id)
         calls = await store.calls(loop_id)
     assert loop is not None
@@ -93,11 +102,15 @@ async def stored(db: str, loop_id: str) -> tuple[str, str, list[str], list[str]]
     )
 
 
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
 @pytest.mark.parametrize("point", POINTS)
 def test_a_stalled_owner_that_wakes_does_nothing_more(
-    tmp_path: Path, point: str
+    tmp_path: Path, point: str, kind: str, request: pytest.FixtureRequest
 ) -> None:
     db, side = str(tmp_path / "loops.db"), tmp_path / "side-effects"
+    if kind == "postgres":
+        server = request.getfixturevalue("postgres_server")
+        db = f"postgresql:t_{uuid.uuid4().hex}:{server.conninfo()}"
     stalled = start("run", db, str(side), point)
     try:
         loop_id = line(stalled)

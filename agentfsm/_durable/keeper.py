@@ -51,6 +51,7 @@ from agentfsm.exceptions import LeaseLostError, LoopLockedError, StoreError
 from agentfsm.results import ErrorInfo, LoopStatus, PathStep
 from agentfsm.states import LoopState, Outcome, Trigger
 from agentfsm.store._base import Commit, Lease, LoopStore, StoredLoop
+from agentfsm.store._outline import is_large
 from agentfsm.tools import Tool
 
 from .flusher import Flusher
@@ -314,6 +315,7 @@ class Keeper:
         durable = self._journal(loop, lease, written=len(stored.items))
         durable.valid_until = taken + self.ttl * LEASE_MARGIN
         durable.requested = loop.model_requests
+        durable.large = is_large(*stored.items)  # (its records may hold them)
         if loop.answer_at is not None and loop.answer_at < len(stored.items):
             durable.answer = stored.items[loop.answer_at]
         ledger = {c.key: c for c in await store.calls(loop_id, loop.model_requests)}

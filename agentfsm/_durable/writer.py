@@ -34,7 +34,7 @@ lease finds out there, and starts nothing).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
@@ -248,6 +248,8 @@ class Durable:
         if output is None:
             return
         self.inference = (number, output)
+        if not self.large:
+            self.large = _large_output(output)
         if loop.handlers:
             # Written now, not with the next commit: the handlers decide about
             # it first, and may take a while (a crash meanwhile would send the
@@ -286,6 +288,8 @@ class Durable:
     def decided(self, entry: DecisionEntry) -> None:
         self.decisions.append(entry)
         self.by = entry.by or entry.handler
+        if not self.large and entry.decision.payload is not None:
+            self.large = is_large(entry.decision.payload)  # (an answer, say)
 
     def queued(self, loop: Loop) -> None:
         """A steering or follow-up message was queued for the paused loop: its
@@ -340,6 +344,8 @@ class Durable:
     ) -> None:
         known = self.ledger[key]
         done = _entry(known, status="done", output=output, terminate=terminate)
+        if len(output.output) > LARGE:
+            self.large = True
         self.ledger[key] = done
         self.unfinished -= 1
         if (
@@ -422,7 +428,9 @@ class Durable:
             if self.ended:
                 ledger = [*self.ended, *ledger]
         if not self.large:
-            self.large = _large(loop, items[first:], replaced, self.inference, ledger)
+            self.large = _large(loop, items[first:]) or (
+                replaced is not None and is_large(*replaced.values())
+            )
         events: list[AgentEvent] = []
         if self.events is not None:
             events = self.events.drain()
@@ -564,43 +572,32 @@ def _store_error(error: Exception) -> StoreError:
     return StoreError(f"the store failed: {type(error).__name__}: {error}")
 
 
-_TEXT: Final[dict[type, str]] = {
-    ModelMessageItem: "content",
-    UserMessage: "content",
-    FunctionCallItem: "arguments",
-    FunctionCallOutputItem: "output",
-}
-"""The field of each kind of context item that may be large (read with one
-`len` per item: a commit's few new items are looked at each time)."""
-
-
-def _large(
-    loop: Loop,
-    items: Sequence[ContextItem],
-    replaced: Mapping[int, ContextItem] | None,
-    inference: tuple[int, InferenceOutput] | None,
-    ledger: Sequence[CallRecord],
-) -> bool:
-    """Whether what a commit carries holds a string over `LARGE`: its new
-    items, a model output, ledger outputs, or what the record holds besides
-    (instructions, queued messages, a structured answer)."""
-    for item in (*items, *(replaced or {}).values()):
-        field = _TEXT.get(type(item))
-        if field is None:
-            if is_large(item):
+def _large_output(output: InferenceOutput) -> bool:
+    """Whether a model output holds a string over `LARGE` (its items are the
+    loop's context's to be: checked once, as the output is taken)."""
+    for item in output.items:
+        if type(item) is ModelMessageItem:
+            if len(item.content) > LARGE:
                 return True
-        elif len(getattr(item, field)) > LARGE:
+        elif type(item) is FunctionCallItem:
+            if len(item.arguments) > LARGE:
+                return True
+        elif is_large(item):
             return True
-    if inference is not None and is_large(inference[1].items):
-        return True
-    for entry in ledger:
-        if entry.output is not None and len(entry.output.output) > LARGE:
+    return False
+
+
+def _large(loop: Loop, items: Sequence[ContextItem]) -> bool:
+    """Whether a commit's record, or its new items, hold a string over `LARGE`
+    that no check before found (model outputs and tool outputs are checked as
+    they are taken: `state_ran`, `end_call`): the user's messages, the
+    instructions, queued messages, a structured answer."""
+    for item in items:
+        if type(item) is UserMessage and len(item.content) > LARGE:
             return True
     instructions = loop.input.context.instructions
     if instructions is not None and len(instructions) > LARGE:
         return True
-    return bool(
-        (loop.steering and is_large(*loop.steering))
-        or (loop.follow_ups and is_large(*loop.follow_ups))
-        or (loop.parsed is not None and is_large(loop.parsed))
-    )
+    if loop.steering or loop.follow_ups or loop.parsed is not None:
+        return is_large(loop.steering, loop.follow_ups, loop.parsed)
+    return False

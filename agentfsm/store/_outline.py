@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any, Final
 
@@ -69,7 +70,7 @@ def is_large(*values: Any) -> bool:
             found = len(value) > LARGE
         elif isinstance(value, BaseModel):
             found = is_large(*value.__dict__.values())
-        elif isinstance(value, tuple | list):
+        elif isinstance(value, tuple | list | deque):
             found = is_large(*value)
         elif isinstance(value, dict):
             found = is_large(*value.values())

@@ -393,6 +393,11 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
 
         return await self._thread.run(work)
 
+    def _commit_conn(self) -> _C:
+        """The connection each commit of a trip uses (`_live`, which a dialect
+        may have checked once for the trip)."""
+        return self._live()
+
     def _live(self) -> _C:
         """The connection (in the store's thread)."""
         conn = self._conn
@@ -426,10 +431,14 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
     def _commit_one(self, commit: Commit) -> None:
         """Write one commit, in the store's thread (its JSON is made here too,
         off the event loop)."""
-        conn = self._live()
+        conn = self._commit_conn()
         loop_id, lease = commit.loop_id, commit.lease
         cached = self._statuses.get(loop_id)
-        run_status = cached[1] if cached is not None and cached[0] == lease else None
+        run_status = (
+            cached[1]
+            if cached is not None and (cached[0] is lease or cached[0] == lease)
+            else None
+        )
         row = self.log_row(commit)
         try:
             self._write_commit(conn, row, run_status)
@@ -535,15 +544,19 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
         if commit.decisions:
             decisions = "[" + ",".join(map(enc, commit.decisions)) + "]"
             written += len(decisions)
-        events = [(e.seq, enc(e)) for e in commit.events]
-        written += sum(len(t) for _, t in events)
+        events = []
+        if commit.events:
+            events = [(e.seq, enc(e)) for e in commit.events]
+            written += sum(len(t) for _, t in events)
         status = None
         if record is not None or commit.new:
             status = (
                 record.status.value if record is not None else LoopStatus.running.value
             )
-        blobs = [] if outline is None else outline.blobs
-        written += sum(size for _, _, size in blobs)
+        blobs = []
+        if outline is not None and outline.blobs:
+            blobs = outline.blobs
+            written += sum(size for _, _, size in blobs)
         values = (
             loop_id,
             seq,

@@ -42,13 +42,11 @@ from agentfsm.exceptions import ConfigurationError
 
 from ._base import (
     _PRESENT,
-    Commit,
     Lease,
     Leases,
     LoopIdTakenError,
     StoreError,
     StoreSchemaError,
-    commits_in_turn,
 )
 from ._outline import chunks
 from ._sql import LOG_COLUMNS, Dialect, LogRow, SQLStore, next_id
@@ -390,8 +388,14 @@ class SQLiteStore(SQLStore[sqlite3.Connection]):
 
     # ---------------------------------------------------------------- commits
 
-    async def commit_many(self, commits: Sequence[Commit]) -> list[Exception | None]:
-        return await self._run(lambda conn: commits_in_turn(commits, self._commit_one))
+    def _commit_conn(self) -> sqlite3.Connection:
+        # The trip's `_live` checked the file (a `stat` a trip, not a commit).
+        conn = self._conn
+        if conn is None:
+            raise StoreError(f"the store {self.where} is not open")
+        if self._moved is not None:
+            raise self._moved
+        return conn
 
     def _write_commit(
         self, conn: sqlite3.Connection, row: LogRow, run_status: str | None
@@ -402,7 +406,11 @@ class SQLiteStore(SQLStore[sqlite3.Connection]):
         values = row.values
         fence = (lease.owner, lease.epoch)
         known = self._ids.get(loop_id)
-        row_id = known[1] if known is not None and known[0] == lease else None
+        row_id = (
+            known[1]
+            if known is not None and (known[0] is lease or known[0] == lease)
+            else None
+        )
         if (
             not commit.new
             and row_id is not None
