@@ -242,6 +242,12 @@ def _unavailable(reason: str) -> None:
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[PostgresServer]:
     """A PostgreSQL server for the session (started on first use)."""
+    yield from a_server()
+
+
+def a_server() -> Iterator[PostgresServer]:
+    """A server started for a fixture and stopped after it; the test skips
+    (fails, with AGENTFSM_REQUIRE_POSTGRES=1) if none can start."""
     try:
         import psycopg  # noqa: F401 - the store's driver: skip without it
     except ImportError:

@@ -76,7 +76,7 @@ from agentfsm.store import LoopStore, SQLiteStore, StoreError, StoreSchemaError
 from agentfsm.testing import EventRecorder, call, calls, text
 from tests import durable_owner_child as owner_child
 from tests.helpers import assert_one_output_per_call, wait_until
-from tests.postgres_server import PostgresServer, ServerUnavailable, _unavailable
+from tests.postgres_server import PostgresServer, a_server
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -189,6 +189,15 @@ def start(runtime: Runtime, message: str = "t") -> str:
 async def finished(runtime: Runtime, loop_id: str) -> LoopResult:
     with anyio.fail_after(20):
         return await runtime.wait(loop_id)
+
+
+async def detached_at(runtime: Runtime, gate: Gate) -> tuple[str, LoopDetachedError]:
+    """Start a loop, let it reach the tool's gate, and see it detached there
+    (see `detached`): its id and the error."""
+    recorder = EventRecorder(runtime.bus)
+    loop_id = start(runtime)
+    await gate.reached()
+    return loop_id, await detached(runtime, recorder, loop_id)
 
 
 async def detached(
@@ -378,10 +387,7 @@ async def test_a_full_disk_detaches_the_loop_and_more_room_recovers_it(
     SIZE["t"] = 2 << 20
     gate = GATES["t"] = Gate(holds=False)
     async with runtime_on(SQLiteStore(path)) as runtime:
-        recorder = EventRecorder(runtime.bus)
-        loop_id = start(runtime)
-        await gate.reached()
-        error = await detached(runtime, recorder, loop_id)
+        loop_id, error = await detached_at(runtime, gate)
         assert f"{path}: database or disk is full" in str(error)
         assert "no space is left on the file's disk" in str(error)
         tmpfs.remount("size=64m")
@@ -454,10 +460,7 @@ async def test_a_database_deleted_mid_run_detaches_the_loop(tmp_path: Path) -> N
 
     gate = GATES["t"] = Gate(delete, holds=False)
     async with runtime_on(SQLiteStore(path)) as runtime:
-        recorder = EventRecorder(runtime.bus)
-        loop_id = start(runtime)
-        await gate.reached()
-        error = await detached(runtime, recorder, loop_id)
+        loop_id, error = await detached_at(runtime, gate)
         assert f"{path}: the database file was deleted or replaced" in str(error)
         await a_fresh_store_at(path, loop_id)
     await a_fresh_store_at(path, loop_id)
@@ -498,10 +501,7 @@ async def test_a_database_replaced_mid_run_is_left_as_it_was_put(
 
     gate = GATES["t"] = Gate(replace, holds=False)
     async with runtime_on(SQLiteStore(path)) as runtime:
-        recorder = EventRecorder(runtime.bus)
-        loop_id = start(runtime)
-        await gate.reached()
-        error = await detached(runtime, recorder, loop_id)
+        loop_id, error = await detached_at(runtime, gate)
         assert f"{path}: the database file was deleted or replaced" in str(error)
     assert digest(path) == put[0]  # the old runtime wrote nothing into it
     async with SQLiteStore(path) as store:
@@ -812,10 +812,7 @@ async def test_postgres_losing_the_connection_detaches_the_loop(
         terminate if fault == "connection terminated" else restart, holds=False
     )
     async with runtime_on(store()) as runtime:
-        recorder = EventRecorder(runtime.bus)
-        loop_id = start(runtime)
-        await gate.reached()
-        error = await detached(runtime, recorder, loop_id)
+        loop_id, error = await detached_at(runtime, gate)
         where = f"postgresql 127.0.0.1:{server.port}/agentfsm_test schema {schema}"
         assert str(error.cause).startswith(where), error
         done_before = await held_unfinished(store(), loop_id)
@@ -833,19 +830,7 @@ async def test_postgres_losing_the_connection_detaches_the_loop(
 @pytest.fixture(scope="module")
 def private_postgres() -> Iterator[PostgresServer]:
     """A server of this module's own, to restart (the session's is shared)."""
-    try:
-        import psycopg  # noqa: F401
-    except ImportError:
-        _unavailable("psycopg is not installed (pip install 'agentfsm[postgres]')")
-    try:
-        server = PostgresServer.start()
-    except (ServerUnavailable, OSError, subprocess.SubprocessError) as exc:
-        _unavailable(str(exc))
-        raise
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from a_server()
 
 
 def restart_server(server: PostgresServer) -> None:

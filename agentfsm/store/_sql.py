@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from json.encoder import encode_basestring
-from typing import Any, Final, Generic, NoReturn, TypeVar
+from typing import Any, ClassVar, Final, Generic, NoReturn, TypeVar
 
 import anyio
 from pydantic import BaseModel, ConfigDict
@@ -313,10 +313,12 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
         the loop's row holds if this store wrote it last in the commit's
         lease, else None."""
 
+    #: The driver's errors, which `_failure` names the store in.
+    _driver_error: ClassVar[type[Exception]]
+
     @abstractmethod
-    def _failure(self, exc: BaseException) -> StoreError | None:
-        """The driver's error as a `StoreError` naming the store, or None if it
-        is not the driver's."""
+    def _failure(self, exc: Exception) -> StoreError:
+        """The driver's error as a `StoreError` naming the store."""
 
     def _presence_slot(self, owner: str) -> int:
         """The slot of a runtime's presence (see `hold_presence`)."""
@@ -349,13 +351,8 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
         if self._conn is None:
             try:
                 self._conn = self._connect()
-            except StoreError:
-                raise
-            except Exception as exc:
-                failure = self._failure(exc)
-                if failure is None:
-                    raise
-                raise failure from exc
+            except self._driver_error as exc:
+                raise self._failure(exc) from exc
 
     async def close(self) -> None:
         if not self._thread.running:
@@ -383,13 +380,8 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
             conn = self._live()
             try:
                 return fn(conn)
-            except StoreError:
-                raise
-            except Exception as exc:
-                failure = self._failure(exc)
-                if failure is None:
-                    raise
-                raise failure from exc
+            except self._driver_error as exc:
+                raise self._failure(exc) from exc
 
         return await self._thread.run(work)
 
@@ -415,7 +407,7 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
         """Raise what a read that failed raises: the store's or the driver's
         error as it is, any other (the stored data is not what this store
         writes) as a `StoreError` naming the loop."""
-        if isinstance(exc, StoreError) or self._failure(exc) is not None:
+        if isinstance(exc, StoreError | self._driver_error):
             raise exc
         raise StoreError(
             f"{self.where}: the stored data of loop {loop_id} cannot be read "
@@ -442,15 +434,11 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
         row = self.log_row(commit)
         try:
             self._write_commit(conn, row, run_status)
-        except StoreError:
+        except BaseException as exc:
             self._forget(loop_id)
+            if isinstance(exc, self._driver_error):
+                raise self._failure(exc) from exc
             raise
-        except Exception as exc:
-            self._forget(loop_id)
-            failure = self._failure(exc)
-            if failure is None:
-                raise
-            raise failure from exc
         self._count(row.written)
         if row.status == LoopStatus.done.value:
             self._forget(loop_id)  # it writes no more

@@ -352,9 +352,9 @@ class PostgresStore(SQLStore[_Conn]):
                 self._lock_slot(conn, slot)
         return conn
 
-    def _failure(self, exc: BaseException) -> StoreError | None:
-        if not isinstance(exc, psycopg.Error):
-            return None
+    _driver_error = psycopg.Error
+
+    def _failure(self, exc: Exception) -> StoreError:
         return StoreError(f"{self.where}: {exc}")
 
     # ------------------------------------------------------------- statements

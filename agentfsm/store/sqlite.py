@@ -35,7 +35,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Final, Literal
 
 from agentfsm.exceptions import ConfigurationError
@@ -321,9 +321,9 @@ class SQLiteStore(SQLStore[sqlite3.Connection]):
     def _disconnect(self, conn: sqlite3.Connection) -> None:
         conn.close()
 
-    def _failure(self, exc: BaseException) -> StoreError | None:
-        if not isinstance(exc, sqlite3.Error):
-            return None
+    _driver_error = sqlite3.Error
+
+    def _failure(self, exc: Exception) -> StoreError:
         message = str(exc)
         hint = next((h for m, h in _HINTS.items() if message.startswith(m)), None)
         if hint is not None and "busy_timeout" in hint:
@@ -364,27 +364,11 @@ class SQLiteStore(SQLStore[sqlite3.Connection]):
     ) -> sqlite3.Cursor:
         return conn.execute(sql, params)
 
-    @contextmanager
-    def _transaction(self, conn: sqlite3.Connection) -> Iterator[None]:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
+    def _transaction(self, conn: sqlite3.Connection) -> AbstractContextManager[None]:
+        return _within(conn, "BEGIN IMMEDIATE")
 
-    @contextmanager
-    def _snapshot(self, conn: sqlite3.Connection) -> Iterator[None]:
-        conn.execute("BEGIN")
-        try:
-            yield
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
+    def _snapshot(self, conn: sqlite3.Connection) -> AbstractContextManager[None]:
+        return _within(conn, "BEGIN")
 
     # ---------------------------------------------------------------- commits
 
@@ -647,3 +631,16 @@ def _owners_file(path: str) -> _OwnersFile:
         if owners is None:
             owners = _OWNERS[key] = _OwnersFile(key)
         return owners
+
+
+@contextmanager
+def _within(conn: sqlite3.Connection, begin: str) -> Iterator[None]:
+    """A transaction begun by `begin`, committed unless the body raises."""
+    conn.execute(begin)
+    try:
+        yield
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
