@@ -69,7 +69,14 @@ from ._base import (
     commits_in_turn,
 )
 from ._outline import Outline, inline
-from ._rows import path_of, record_of, record_text, shared_text, steps_text
+from ._rows import (
+    ModelTexts,
+    path_of,
+    record_of,
+    record_text,
+    shared_text,
+    steps_text,
+)
 from ._thread import StoreThread
 
 __all__ = ("LOG_COLUMNS", "ROWS", "Dialect", "LogRow", "SQLStore")
@@ -152,10 +159,10 @@ class _Changes(BaseModel):
     model_config = ConfigDict(defer_build=True)
 
     first: int
-    truncate: bool
     items: list[ContextItem]
-    replaced: list[tuple[int, ContextItem]]
-    inference: tuple[int, InferenceOutput] | None
+    truncate: bool = False
+    replaced: list[tuple[int, ContextItem]] = []
+    inference: tuple[int, InferenceOutput] | None = None
 
 
 _BOOL: Final = {False: "false", True: "true"}
@@ -266,6 +273,9 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
         self._outlined: dict[str, dict[int, tuple[str, str, int]]] = {}
         """The large strings each loop's run wrote out of line, by identity
         (`_outline.Outline`'s `known`). Used in the store's thread only."""
+        self._texts = ModelTexts()
+        """The JSON of models the records share (`_rows.ModelTexts`). Used in
+        the store's thread only."""
         self._held: dict[int, int] = {}
         """The presence slots this store holds, with how many of this process's
         runtimes hold each (see `hold_presence`)."""
@@ -491,7 +501,7 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
         if record is not None:
             path_from = commit.path_from
             shared = None if path_from else shared_text(record, outline)
-            text = record_text(record, commit.path_length, outline)
+            text = record_text(record, commit.path_length, outline, self._texts)
             steps = steps_text(commit.steps)
             seq = record.seq
             written += len(text) + len(steps) + len(shared or "")
@@ -500,7 +510,8 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
             earlier = (
                 "["
                 + ",".join(
-                    record_text(r, length, outline) for r, length in commit.earlier
+                    record_text(r, length, outline, self._texts)
+                    for r, length in commit.earlier
                 )
                 + "]"
             )
@@ -509,18 +520,22 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
         changes = request = None
         inference = commit.inference
         if commit.items or commit.replaced or commit.truncate or inference:
-            items = ",".join(map(enc, commit.items))
-            replaced = ",".join(
-                f"[{at},{enc(item)}]" for at, item in (commit.replaced or {}).items()
-            )
-            output = "null"
+            # (What is at its default is left out: `_Changes` fills it in.)
+            parts = [
+                f'{{"first":{commit.first},"items":[{",".join(map(enc, commit.items))}]'
+            ]
+            if commit.truncate:
+                parts.append(',"truncate":true')
+            if commit.replaced:
+                replaced = ",".join(
+                    f"[{at},{enc(item)}]" for at, item in commit.replaced.items()
+                )
+                parts.append(f',"replaced":[{replaced}]')
             if inference is not None:
                 request = inference[0]
-                output = f"[{request},{enc(inference[1])}]"
-            changes = (
-                f'{{"first":{commit.first},"truncate":{_BOOL[commit.truncate]},'
-                f'"items":[{items}],"replaced":[{replaced}],"inference":{output}}}'
-            )
+                parts.append(f',"inference":[{request},{enc(inference[1])}]')
+            parts.append("}")
+            changes = "".join(parts)
             written += len(changes)
         ledger = None
         if commit.ledger:
