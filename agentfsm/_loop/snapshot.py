@@ -119,13 +119,16 @@ def record_of(loop: Loop, *, path: bool = True) -> LoopRecord:
             tuple(callable_name(h) for h in loop.handlers),
         )
     options, handler_names = described[2], described[3]
+    # The input's record, for the turn's request and a step's payload too when
+    # they are the input (most records: one request record made, not three).
+    given = (loop.input, request_record(loop.input, own, None))
     return _made(
         LoopRecord,
         version=RECORD_VERSION,
         loop_id=loop.loop_id,
         agent_id=loop.agent_id,
         started_at=loop.started_at,
-        input=request_record(loop.input, own, None),
+        input=given[1],
         handlers=handler_names,
         options=options,
         state=loop.state,
@@ -133,8 +136,8 @@ def record_of(loop: Loop, *, path: bool = True) -> LoopRecord:
         seq=loop.seq,
         path=tuple(loop.path) if path else (),
         context_items=len(own.items),
-        pending=step_record(loop.pending, own, repair),
-        step=step_record(loop.step, own, repair),
+        pending=step_record(loop.pending, own, repair, given),
+        step=step_record(loop.step, own, repair, given),
         pause=None
         if paused is None
         else _made(
@@ -164,7 +167,9 @@ def record_of(loop: Loop, *, path: bool = True) -> LoopRecord:
         follow_ups=tuple(loop.follow_ups or ()),
         turn=_made(
             TurnRecord,
-            request=request_record(loop.request, own, repair, copy=False),
+            request=given[1]
+            if loop.request is loop.input
+            else request_record(loop.request, own, repair, copy=False),
             output=loop.output,
             message=loop.message,
             answer_at=loop.answer_at,
@@ -320,9 +325,15 @@ def _wall(deadline_at: float) -> datetime:
 
 
 def payload_record(
-    payload: TransitionPayload, own: Any, repair: RequestMetadata | None
+    payload: TransitionPayload,
+    own: Any,
+    repair: RequestMetadata | None,
+    given: tuple[InferenceInput, RequestRecord] | None = None,
 ) -> PayloadRecord:
-    """A transition's payload as data."""
+    """A transition's payload as data (`given`: the loop's input and its
+    record, which it is most often)."""
+    if given is not None and payload is given[0]:
+        return given[1]
     if isinstance(payload, InferenceInput):
         return request_record(payload, own, repair)
     if isinstance(payload, tuple):
@@ -331,7 +342,10 @@ def payload_record(
 
 
 def step_record(
-    step: Step | None, own: Any, repair: RequestMetadata | None
+    step: Step | None,
+    own: Any,
+    repair: RequestMetadata | None,
+    given: tuple[InferenceInput, RequestRecord] | None = None,
 ) -> StepRecord | None:
     if step is None:
         return None
@@ -339,7 +353,7 @@ def step_record(
     return _made(
         StepRecord,
         trigger=trigger,
-        payload=payload_record(payload, own, repair),
+        payload=payload_record(payload, own, repair, given),
         reason=reason,
     )
 

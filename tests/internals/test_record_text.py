@@ -138,7 +138,7 @@ def maximal() -> LoopRecord:
         follow_ups=(UserMessage(content="then"),),
         turn=TurnRecord(
             request=LATER,
-            output=InferenceOutput(items=[CALL], finish_reason="tool_calls"),
+            output=InferenceOutput(items=(CALL,), finish_reason="tool_calls"),
             message=ANSWER,
             answer_at=2,
             history=3,
