@@ -47,6 +47,7 @@ from agentfsm._loop.journal import Halted
 from agentfsm._loop.snapshot import Bindings, RecoveryError, restore
 from agentfsm._loop.states import RECOVER
 from agentfsm._loop.steps import Found
+from agentfsm.events import LoopIdle
 from agentfsm.exceptions import LeaseLostError, LoopLockedError, StoreError
 from agentfsm.results import ErrorInfo, LoopStatus, PathStep
 from agentfsm.states import LoopState, Outcome, Trigger
@@ -114,6 +115,12 @@ class Keeper:
         """The queue of the loops' commits (`_durable.flusher`)."""
         self.held: dict[str, Durable] = {}
         """The journals of this runtime's loops (running or paused), by loop id."""
+        self.unreleased: set[str] = set()
+        """Loops that stopped here whose lease the store failed to give up:
+        given up again at each renewal (and never renewed)."""
+        self.on_lost: Callable[[str, LeaseLostError], None] | None = None
+        """Told when a renewal finds a loop's lease taken (the runtime stops a
+        paused loop at once: it holds no task to find out)."""
         self.log = get_logger().bind(owner=self.owner)
 
     @property
@@ -166,11 +173,15 @@ class Keeper:
 
     async def release(self, loop_id: str) -> None:
         """Give up the loop's lease (a loop that stopped here: for whoever takes
-        it up); a store that cannot is logged (the lease then expires)."""
+        it up); a store that cannot is logged, and asked again at the next
+        renewal (the lease, never renewed, expires meanwhile)."""
         try:
             await self.store.release(self.owner, [loop_id])
         except Exception as exc:  # noqa: BLE001 - logged; the lease expires
+            self.unreleased.add(loop_id)
             self.log.error("lease_release_failed", loop_id=loop_id, error=str(exc))
+        else:
+            self.unreleased.discard(loop_id)
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
@@ -201,35 +212,40 @@ class Keeper:
     async def _renew(self) -> None:
         while True:
             await anyio.sleep(self.ttl / 3)
+            for loop_id in list(self.unreleased):
+                await self.release(loop_id)
             try:
                 await self.renew()
             except Exception as exc:  # noqa: BLE001 - logged; the next try may work
                 self.log.error("lease_renewal_failed", error=error_text(exc))
 
     async def renew(self, loop_ids: list[str] | None = None) -> None:
-        """Renew this runtime's leases (those of `loop_ids`); a loop whose lease
-        is gone stops at its next step."""
+        """Renew the leases of this runtime's loops (those of `loop_ids`): only
+        of the loops it holds, not of any other the store says it owns (one
+        that stopped here, say); a loop whose lease is gone stops (at its next
+        step, or at once if it is paused: `on_lost`)."""
         held = {
             loop_id: durable
             for loop_id, durable in self.held.items()
             if (loop_ids is None or loop_id in loop_ids) and durable.stored
         }
-        sent = clock()
-        renewed = await self.store.renew(self.owner, loop_ids)
+        sent, lapses = clock(), self.store.presence_lapses
+        renewed = await self.store.renew(self.owner, list(held))
         for loop_id, durable in held.items():
             epoch = renewed.get(loop_id)
             if epoch == durable.lease.epoch:
-                durable.renewed(durable.lease, sent, self.ttl)
+                durable.renewed(durable.lease, sent, self.ttl, lapses)
             elif loop_id in self.held:
-                durable.lose(
-                    LeaseLostError(
-                        loop_id,
-                        self.owner,
-                        "another runtime took it, or it ended"
-                        if epoch is None
-                        else f"another runtime took it (epoch {epoch})",
-                    )
+                lost = LeaseLostError(
+                    loop_id,
+                    self.owner,
+                    "another runtime took it, or it ended"
+                    if epoch is None
+                    else f"another runtime took it (epoch {epoch})",
                 )
+                durable.lose(lost)
+                if self.on_lost is not None:
+                    self.on_lost(loop_id, lost)
 
     async def _confirm(self, durable: Durable) -> None:
         """Ask the store whether a loop's lease is still this runtime's (its last
@@ -243,8 +259,16 @@ class Keeper:
             await durable.landed()
         try:
             await self.renew([loop_id])
-        except StoreError as exc:
-            raise Halted(exc) from exc
+        except Exception as exc:  # the loop stops here, told why
+            error = (
+                exc
+                if isinstance(exc, StoreError)
+                else StoreError(
+                    f"{self.store!r}: the loop's lease could not be confirmed "
+                    f"({type(exc).__name__}: {error_text(exc)})"
+                )
+            )
+            raise Halted(error) from exc
 
     # --------------------------------------------------------------- recovery
 
@@ -276,20 +300,29 @@ class Keeper:
                 await self.release(loop_id)
         return report
 
-    async def _take(self, loop_id: str) -> Lease:
+    async def _take(self, loop_id: str) -> Lease | None:
         """The loop's lease, with a new epoch: at once if it is free or expired,
-        or its owner is certainly dead.
+        or its owner is certainly dead; None if the loop has ended meanwhile
+        (its owner finished it since `unfinished` listed it).
 
         Raises:
             LoopLockedError: a live runtime (or one that may be) holds it.
         """
         store = self.store
         try:
-            return await store.acquire(loop_id, self.owner)
-        except LoopLockedError as exc:
-            if await store.alive(exc.owner) is not False:
-                raise
-            return await store.acquire(loop_id, self.owner, replacing=exc.owner)
+            try:
+                return await store.acquire(loop_id, self.owner)
+            except LoopLockedError as exc:
+                if await store.alive(exc.owner) is not False:
+                    raise
+                return await store.acquire(loop_id, self.owner, replacing=exc.owner)
+        except LoopLockedError:
+            raise
+        except StoreError:
+            stored = await store.load(loop_id)
+            if stored is not None and stored.record.status is LoopStatus.done:
+                return None
+            raise
 
     async def _recover(
         self,
@@ -300,9 +333,12 @@ class Keeper:
     ) -> None:
         store = self.store
         lease = await self._take(loop_id)
+        if lease is None:
+            return  # finished by its owner meanwhile
         taken = clock()
         stored = await store.load(loop_id)
         if stored is None or stored.record.status is LoopStatus.done:
+            await self.release(loop_id)
             return  # finished by its owner meanwhile
         try:
             loop = restore(stored.record, stored.items, self.bindings, make)
@@ -369,6 +405,23 @@ class Keeper:
                 "ended_at": datetime.now(UTC),
             }
         )
+        events: list[AgentEvent] = []
+        if self.store.keeps_events:  # its end, for whoever watches it
+            seq = max(record.seq, stored.last_event) + 1
+            events.append(
+                LoopIdle(
+                    event_id=f"{record.loop_id}:{seq}",
+                    loop_id=record.loop_id,
+                    agent_id=record.agent_id,
+                    seq=seq,
+                    state=LoopState.idle,
+                    outcome=Outcome.failed,
+                    reason=message,
+                    usage=record.usage,
+                    model_requests=record.model_requests,
+                    tool_calls=record.tool_calls,
+                )
+            )
         await self.store.commit(
             Commit(
                 record.loop_id,
@@ -378,5 +431,8 @@ class Keeper:
                 path,
                 0,
                 len(stored.items),
+                events=events,
             )
         )
+        for event in events:
+            self.bus.publish_nowait(event)

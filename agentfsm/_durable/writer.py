@@ -20,7 +20,8 @@ loop's lease (`Lease`: owner and epoch). The loop waits for one to land before
 a tool runs (the commit into `function_call`, with the intents), as it pauses,
 before it ends, and before a ledger write of its own; not after a commit into
 `inference` (`_AHEAD`), which goes to the store with the next write the loop
-waits for, unless the flusher's task wrote it meanwhile.
+waits for, unless the flusher's task wrote it meanwhile, or it carries a
+handler's decision (which lands before the request it shaped goes out).
 
 The loop stops in this process (`Halted`) when a write fails or its lease is
 stale (another runtime took the loop): at the next check, before anything
@@ -39,6 +40,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
 from agentfsm import _models
+from agentfsm._errors import error_text
 from agentfsm._loop.batch import plan_of
 from agentfsm._loop.journal import Halted
 from agentfsm._loop.snapshot import record_of
@@ -133,6 +135,7 @@ class Durable:
         "lost",
         "new",
         "path_written",
+        "presence",
         "requested",
         "stored",
         "tickets",
@@ -160,6 +163,9 @@ class Durable:
         keeper's); raises `Halted` if not."""
         self.valid_until = valid_until
         """Until when (on `clock`) the lease is surely this runtime's."""
+        self.presence = flusher.store.presence_lapses
+        """The store's `presence_lapses` when `valid_until` was set (a lapse
+        since voids it)."""
         self.lost: StoreError | None = None
         """Why the lease was found stale (the lease renewal found it taken)."""
         self.new = new
@@ -217,7 +223,7 @@ class Durable:
         while tickets and tickets[0].landed:  # they land in order
             ticket = tickets.pop(0)
             if ticket.error is not None and self.failed is None:
-                self.failed = _store_error(ticket.error)
+                self.failed = _store_error(ticket.error, self.flusher.store)
             if ticket.commit.new and ticket.error is None:
                 self.stored = True
         if isinstance(self.failed, LoopIdTakenError):
@@ -233,10 +239,13 @@ class Durable:
         state = loop.state
         if state in _FREE:
             self.deferred.append((record_of(loop, path=False), len(loop.path)))
-        elif state in _AHEAD:
+        elif state in _AHEAD and not self.decisions:
             self._submit(loop, background=True)
             await self.act()  # the request goes out once the lease is known
-        else:  # into `function_call`: the intents land before a tool runs
+        else:
+            # Into `function_call`: the intents land before a tool runs; into
+            # `inference` with a handler's decision: it lands before the
+            # request it shaped goes out.
             await self.save(loop)
 
     async def state_ran(self, loop: Loop) -> None:
@@ -312,15 +321,42 @@ class Durable:
             return  # writes no more, or has more to write than its record
         if len(loop.input.context.items) != self.written:
             return  # its context changed: the next commit writes it
+        # The path's steps since the last commit that wrote them (all of it, a
+        # run's first: a recovered loop's), again by the next commit, which
+        # does not count on this one.
+        path = loop.path
         commit = Commit(
             loop.loop_id,
             self.lease,
             record_of(loop, path=False),
-            len(loop.path),
-            (),
+            len(path),
+            path[self.path_written :],
             self.path_written,
             self.written,
         )
+        self.flusher.submit(commit, background=True)
+
+    def closing(self, loop: Loop) -> None:
+        if self.failed is not None or self.lost is not None:
+            return  # it writes no more
+        if not self.ended and self.inference is None:
+            return
+        # The ledger's entries and the model's output alone: the context and
+        # the record stay as the last commit left them (recovery goes on from
+        # there, and finds these).
+        commit = Commit(
+            loop.loop_id,
+            self.lease,
+            None,
+            len(loop.path),
+            (),
+            0,
+            self.written,
+            inference=self.inference,
+            ledger=self.ended,
+            large=self.large,
+        )
+        self.ended, self.inference = [], None
         self.flusher.submit(commit, background=True)
 
     async def begin_call(self, loop: Loop, planned: PlannedCall) -> CallRecord:
@@ -368,14 +404,20 @@ class Durable:
         """Return once the lease is known to be this runtime's (a side effect
         follows); raise `Halted` if it is not."""
         self.check()
-        if clock() < self.valid_until:
+        if (
+            clock() < self.valid_until
+            and self.flusher.store.presence_lapses == self.presence
+        ):
             return
         await self.confirm(self)
         self.check()
 
-    def renewed(self, lease: Lease, sent: float, ttl: float) -> None:
-        """The store renewed the lease (the renewal was sent at `sent`)."""
+    def renewed(self, lease: Lease, sent: float, ttl: float, lapses: int) -> None:
+        """The store renewed the lease (the renewal was sent at `sent`, when
+        the store's `presence_lapses` was `lapses`)."""
         if lease.epoch == self.lease.epoch:
+            if lapses != self.presence:
+                self.valid_until, self.presence = 0.0, lapses
             self.valid_until = max(self.valid_until, sent + ttl * LEASE_MARGIN)
 
     def lose(self, error: StoreError) -> None:
@@ -566,10 +608,12 @@ def _entry(known: CallRecord, **changes: Any) -> CallRecord:
     return known.model_copy(update=changes)
 
 
-def _store_error(error: Exception) -> StoreError:
+def _store_error(error: Exception, store: object) -> StoreError:
+    """A write's error as a `StoreError` naming the store (a store of another
+    library's may raise anything)."""
     if isinstance(error, StoreError):
         return error
-    return StoreError(f"the store failed: {type(error).__name__}: {error}")
+    return StoreError(f"{store!r} failed: {type(error).__name__}: {error_text(error)}")
 
 
 def _large_output(output: InferenceOutput) -> bool:

@@ -121,6 +121,7 @@ async def run(loop: Loop) -> None:
         if journal is not None and not loop.cancel_requested:
             # The runtime closing: not the loop's end. The store keeps its
             # last transition, and `recover` goes on from it.
+            journal.closing(loop)
             halt(loop, "the runtime closed while the loop ran", None)
             raise
         # Cancelled (by `Runtime.cancel`, or the runtime closing): end the

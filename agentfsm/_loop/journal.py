@@ -75,6 +75,12 @@ class Journal(Protocol):
     def queued(self, loop: Loop) -> None:
         """A message was queued for the paused loop: store it with its record."""
 
+    def closing(self, loop: Loop) -> None:
+        """The runtime closes while the loop runs (it stops here, and is taken
+        up from its store later): queue what the loop knows that its store
+        does not yet (its calls' outputs, a model's output) for the runtime's
+        last writes."""
+
     async def begin_call(self, loop: Loop, planned: PlannedCall) -> CallRecord:
         """The call is about to run: its ledger entry (`done` when it ran
         already: never run it again; else its key is the idempotency key).

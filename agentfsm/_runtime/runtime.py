@@ -27,7 +27,7 @@ from anyio.abc import TaskGroup
 
 from agentfsm._bus import EventBus
 from agentfsm._loop import Loop
-from agentfsm._loop.driver import end_paused, expire_paused
+from agentfsm._loop.driver import end_paused, expire_paused, halt
 from agentfsm.exceptions import (
     ConfigurationError,
     EventLogError,
@@ -189,6 +189,7 @@ class Runtime:
         """The durable store's side (`agentfsm._durable.keeper`), with a store."""
         if store is not None:
             self._keeper = _keeper_of(store, self.bus, tools, handlers)
+            self._keeper.on_lost = self._lease_lost
         elif tools or handlers:
             raise ConfigurationError(
                 "tools= and handlers= bind a durable store's loops: give store= too"
@@ -728,6 +729,14 @@ class Runtime:
                 self._tg.start_soon(keeper.release, loop.loop_id)
         if loop.done is not None:
             loop.done.set()
+
+    def _lease_lost(self, loop_id: str, error: LeaseLostError) -> None:
+        """Another runtime took a loop's lease. A running loop stops at its next
+        step; a paused one, which holds no task to find out, stops here now
+        (whoever waits for it learns why)."""
+        loop = self._loops.get(loop_id)
+        if loop is not None and loop.status is LoopStatus.paused and not loop.detached:
+            halt(loop, str(error), error)
 
     def _loop_done(self, loop: Loop) -> None:
         self._loops.pop(loop.loop_id, None)

@@ -356,6 +356,12 @@ class Leases(ABC):
     lease_ttl: float = 30.0
     """Seconds a lease lasts unless renewed (a runtime renews its leases every
     third of it, and gives them up when it exits)."""
+    presence_lapses: int = 0
+    """How many times this process's presence lapsed and was taken again (a
+    PostgreSQL connection that broke: its locks went with it, and meanwhile
+    another runtime may have judged this one dead and taken its loops). A
+    lease renewed before a lapse is asked of the store again before the next
+    side effect."""
 
     @abstractmethod
     async def acquire(

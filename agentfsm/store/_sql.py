@@ -44,6 +44,7 @@ from typing import Any, ClassVar, Final, Generic, NoReturn, TypeVar
 import anyio
 from pydantic import BaseModel, ConfigDict
 
+from agentfsm._errors import error_text
 from agentfsm._keys import number_text
 from agentfsm._models import json_of
 from agentfsm.events import AgentEvent, AgentEventAdapter
@@ -441,13 +442,19 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
             if cached is not None and (cached[0] is lease or cached[0] == lease)
             else None
         )
-        row = self.log_row(commit)
         try:
+            row = self.log_row(commit)
             self._write_commit(conn, row, run_status)
         except BaseException as exc:
             self._forget(loop_id)
             if isinstance(exc, self._driver_error):
                 raise self._failure(exc) from exc
+            if isinstance(exc, Exception) and not isinstance(exc, StoreError):
+                # A value it cannot encode, say: named, as the driver's are.
+                raise StoreError(
+                    f"{self.where}: a commit of loop {loop_id} cannot be written "
+                    f"({type(exc).__name__}: {error_text(exc)[:300]})"
+                ) from exc
             raise
         self._count(row.written)
         if row.status == LoopStatus.done.value:
@@ -908,6 +915,7 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
                         "UPDATE loops SET owner = :owner, epoch = :epoch + 1,"
                         " lease_until = {now} + :ttl, updated = {now}"
                         " WHERE loop_id = :loop AND epoch = :epoch"
+                        " AND status <> 'done'"
                     ),
                     {
                         "owner": owner,
@@ -917,12 +925,16 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
                         "loop": loop_id,
                     },
                 ).rowcount
-            if not taken:
+            if not taken:  # (another took it, or its owner ended it, meanwhile)
                 row = self._row(
                     conn,
-                    "SELECT owner FROM loops WHERE loop_id = :loop",
+                    "SELECT owner, status FROM loops WHERE loop_id = :loop",
                     {"loop": loop_id},
                 )
+                if row is not None and row[1] == LoopStatus.done.value:
+                    raise StoreError(
+                        f"loop {loop_id} has ended: it is never taken again"
+                    )
                 raise LoopLockedError(loop_id, str(row[0] if row else None))
             self._count(0)
             return Lease(owner, int(epoch) + 1)
@@ -942,13 +954,14 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
             if loop_ids is None:
                 rows = self._rows(conn, f"{renew} RETURNING loop_id, epoch", params)
                 renewed.update((str(loop), int(epoch)) for loop, epoch in rows)
-            else:
+            elif loop_ids:
                 sql = f"{renew} AND loop_id = :loop RETURNING loop_id, epoch"
-                for loop_id in loop_ids:
-                    for loop, epoch in self._rows(
-                        conn, sql, {**params, "loop": loop_id}
-                    ):
-                        renewed[str(loop)] = int(epoch)
+                with self._transaction(conn):  # (one write, however many loops)
+                    for loop_id in loop_ids:
+                        for loop, epoch in self._rows(
+                            conn, sql, {**params, "loop": loop_id}
+                        ):
+                            renewed[str(loop)] = int(epoch)
             self._count(0)
             return renewed
 

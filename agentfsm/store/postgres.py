@@ -350,6 +350,8 @@ class PostgresStore(SQLStore[_Conn]):
             conn = self._conn = self._connect()
             for slot in self._held:
                 self._lock_slot(conn, slot)
+            if self._held:
+                self.presence_lapses += 1
         return conn
 
     _driver_error = psycopg.Error
