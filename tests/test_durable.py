@@ -48,6 +48,7 @@ from agentfsm.record import LoopRecord
 from agentfsm.store import (
     CallRecord,
     Commit,
+    EventArchive,
     Lease,
     LeaseLostError,
     LoopLockedError,
@@ -135,6 +136,20 @@ def store_factory(
         schema = f"t_{uuid.uuid4().hex}"
         return lambda: PostgresStore(server.conninfo(), schema=schema)
     return lambda: SQLiteStore(tmp_path / "loops.db")
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def event_stores(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Callable[[], LoopStore]:
+    """A new store object that keeps events, on the same data each call."""
+    if request.param == "postgres":
+        from agentfsm.store.postgres import PostgresStore
+
+        server = request.getfixturevalue("postgres_server")
+        schema = f"t_{uuid.uuid4().hex}"
+        return lambda: PostgresStore(server.conninfo(), schema=schema, events=True)
+    return lambda: SQLiteStore(tmp_path / "loops.db", events=True)
 
 
 def counter_ids() -> Callable[[], str]:
@@ -1280,13 +1295,13 @@ class TestLeases:
 
 class TestEventStreams:
     async def test_a_watcher_that_reconnects_misses_nothing(
-        self, tmp_path: Path
+        self, event_stores: Callable[[], LoopStore]
     ) -> None:
         """A watcher reads a loop's events up to its pause and goes; the loop is
         resumed; reconnecting from the last seq it saw, it gets the rest, once
         each, up to `loop.idle`. A watcher coming after the end gets them all
         from the store."""
-        store = SQLiteStore(tmp_path / "loops.db", events=True)
+        store = event_stores()
         provider = ScriptedProvider([calls(call("pay", amount=5)), text("paid")])
         async with Runtime(providers={"scripted": provider}, store=store) as runtime:
             recorder = EventRecorder(runtime.bus)
@@ -1305,8 +1320,9 @@ class TestEventStreams:
         assert first + rest == [e.seq for e in published]
         assert first + rest == list(range(1, len(published) + 1))
         assert everything == published
-        async with store:
-            assert await store.events(loop_id, after_seq=len(published) - 1) == [
+        async with event_stores() as again:
+            assert isinstance(again, EventArchive)
+            assert await again.events(loop_id, after_seq=len(published) - 1) == [
                 published[-1]
             ]
 
@@ -1351,15 +1367,16 @@ async def test_a_durable_runtime_cancelled_from_outside_closes_everything(
         await store.load("any")  # the store was closed
 
 
-async def test_a_store_that_keeps_events_is_a_replay_source(tmp_path: Path) -> None:
+async def test_a_store_that_keeps_events_is_a_replay_source(
+    event_stores: Callable[[], LoopStore],
+) -> None:
     """Replayed from the store, a recorded run reports no divergence; with a
     handler that denies the call, the first divergent transition."""
     from agentfsm.replay import replay
 
-    path = tmp_path / "loops.db"
     provider = ScriptedProvider([calls(call("add", a=1, b=2)), text("3")])
     async with Runtime(
-        providers={"scripted": provider}, store=SQLiteStore(path, events=True)
+        providers={"scripted": provider}, store=event_stores()
     ) as runtime:
         loop_id = runtime.run_loop("agent", "1+2?", request_with(add))
         await runtime.wait(loop_id)
@@ -1370,7 +1387,8 @@ async def test_a_store_that_keeps_events_is_a_replay_source(tmp_path: Path) -> N
             return Rewrite(payload=batch.deny(batch.calls[0].call_id, "no"))
         return None
 
-    async with SQLiteStore(path, events=True) as store:
+    async with event_stores() as store:
+        assert isinstance(store, EventArchive)
         same = await replay(store, loop_id=loop_id, tools=[add])
         changed = await replay(store, loop_id=loop_id, tools=[add], handlers=[deny])
     assert not same.diverged
