@@ -126,8 +126,6 @@ class Dialect:
     on when a lease expires)."""
     param: Callable[[str], str]
     """A named parameter's placeholder (`:name`, `%(name)s`)."""
-    new_number: str
-    """A new loop's number, in SQL."""
 
     def sql(self, text: str) -> str:
         """`text` with its `:name` parameters in this dialect and `{now}` its

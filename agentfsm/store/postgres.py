@@ -189,7 +189,6 @@ _COMMIT: Final = (
 _DIALECT: Final = Dialect(
     now="extract(epoch from clock_timestamp())",
     param=lambda name: f"%({name})s",
-    new_number="nextval('loop_numbers')",
 )
 
 

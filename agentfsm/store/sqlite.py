@@ -158,7 +158,6 @@ _BLOB: Final = "INSERT OR IGNORE INTO blobs (digest, data) VALUES (?, zeroblob(?
 _DIALECT: Final = Dialect(
     now=":now",
     param=lambda name: f":{name}",
-    new_number="(SELECT coalesce(max(id) >> 32, 0) + 1 FROM log)",
 )
 
 _HINTS: Final = {
