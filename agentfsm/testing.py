@@ -23,22 +23,28 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from pydantic_core import to_json
 
 from ._bus import EventBus, Subscription
 from ._loop import current_loop_id
+from ._runtime import current_runtime
 from .events import AgentEvent
-from .exceptions import ProviderError
+from .exceptions import NoRuntimeError, ProviderError
 from .inference import InferenceInput, InferenceOutput, StreamEvent
 from .interception import Decision, PendingTransition
 from .messages import FunctionCallItem, ModelMessageItem, ReasoningItem, TokenUsage
 from .providers.function import replay
 from .results import LoopResult, LoopView
 from .states import LoopState
+
+if TYPE_CHECKING:
+    from ._loop import Loop
+    from ._runtime import Runtime
 
 __all__ = (
     "EventRecorder",
@@ -98,6 +104,41 @@ ScriptStep = (
 """An output, an error to raise, or a function of the request."""
 
 
+class _Cursor:
+    """The next step of a loop the provider cannot watch (or of requests made
+    outside a loop)."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+class _LoopCursor(weakref.ref["Loop"]):
+    """The next step of a loop, and a weak reference to the loop: one object
+    per loop (benchmarks measure a loop's memory with this provider)."""
+
+    __slots__ = ("index", "loop_id", "provider", "runtime")
+
+    def __new__(
+        cls, loop: Loop, provider: ScriptedProvider, runtime: Runtime, index: int
+    ) -> Self:
+        return super().__new__(cls, loop, _loop_freed)
+
+    def __init__(
+        self, loop: Loop, provider: ScriptedProvider, runtime: Runtime, index: int
+    ) -> None:
+        # (`ref.__init__` only checks the arguments `__new__` took.)
+        self.loop_id = loop.loop_id
+        self.provider = provider
+        self.runtime = runtime
+        self.index = index
+
+
+def _loop_freed(cursor: _LoopCursor) -> None:
+    cursor.provider._loop_freed(cursor)
+
+
 class ScriptedProvider:
     """A provider that plays a script: the n-th request of a loop gets the n-th step.
 
@@ -106,19 +147,28 @@ class ScriptedProvider:
     function of the request. Running past the end raises `ProviderError` naming
     the script's length (a script one step short fails the loop, rather than
     starting over). `requests` records every request, in arrival order.
+
+    A loop's cursor goes with the loop: once the loop has ended (whenever in its
+    script) and its runtime has freed it, so a provider serving loops for ever
+    holds the cursors of live loops only. A loop that leaves its runtime without
+    ending (paused as the runtime exits, or detached) keeps its cursor, so the
+    runtime that takes it up goes on with its script; so do requests made
+    outside a loop, or from a loop the runtime of the current context does not
+    hold: the latest `_UNWATCHED_KEPT` of those are kept.
     """
 
-    __slots__ = ("_cursors", "_finished", "_record", "requests", "script")
+    __slots__ = ("_cursors", "_record", "_unwatched", "requests", "script")
 
-    _FINISHED_KEPT: ClassVar[int] = 4096
-    """How many finished loops are remembered (so that their next request
-    raises): enough for any loop still running, bounded for long benchmarks."""
+    _UNWATCHED_KEPT: ClassVar[int] = 4096
+    """How many cursors of loops the provider cannot watch are kept: enough for
+    any such loop still running, bounded for long benchmarks."""
 
     def __init__(self, script: Sequence[ScriptStep], *, record: bool = True) -> None:
         self.script = tuple(script)
-        self._cursors: dict[str | None, int] = {}
-        # Loops that played their last step, oldest first (a dict keeps order).
-        self._finished: dict[str | None, None] = {}
+        self._cursors: dict[str | None, _Cursor | _LoopCursor] = {}
+        """Each loop's next step (`len(script)` once it played its last)."""
+        self._unwatched: dict[str | None, None] = {}
+        """The keys of the `_Cursor`s, oldest first (a dict keeps order)."""
         self._record = record
         self.requests: list[InferenceInput] = []
         """Every request, in arrival order (unless built with `record=False`,
@@ -128,17 +178,18 @@ class ScriptedProvider:
         if self._record:
             self.requests.append(request)
         key = current_loop_id()
-        if key in self._finished or not self.script:
+        cursor = self._cursors.get(key)
+        if cursor is None or type(cursor) is _Cursor:
+            # New, or unwatched: a loop that left its runtime may be in this one.
+            cursor = self._watch(key, 0 if cursor is None else cursor.index)
+        index = cursor.index
+        if index == len(self.script):
             where = "outside a loop" if key is None else f"loop {key}"
             raise ProviderError(
                 f"the script has {len(self.script)} steps and {where} asked for "
                 f"step {len(self.script) + 1}"
             )
-        index = self._cursors.pop(key, 0)
-        if index + 1 == len(self.script):
-            self._finish(key)
-        else:
-            self._cursors[key] = index + 1
+        cursor.index = index + 1
         step = self.script[index]
         if isinstance(step, InferenceOutput):
             return step
@@ -146,10 +197,38 @@ class ScriptedProvider:
             raise step
         return step(request)
 
-    def _finish(self, key: str | None) -> None:
-        self._finished[key] = None
-        if len(self._finished) > self._FINISHED_KEPT:
-            del self._finished[next(iter(self._finished))]
+    def _watch(self, key: str | None, index: int) -> _Cursor | _LoopCursor:
+        """Cursor `key` at `index`, made to go with its loop if the runtime of
+        the current context holds the loop (a loop runs in a copy of the context
+        that started it), or kept among the unwatched ones."""
+        runtime = _runtime_of_context()
+        loop = None if key is None or runtime is None else runtime._loops.get(key)
+        if runtime is None or loop is None:
+            cursor = self._cursors[key] = _Cursor(index)
+            self._keep_unwatched(key)
+            return cursor
+        self._unwatched.pop(key, None)
+        watched = self._cursors[key] = _LoopCursor(loop, self, runtime, index)
+        return watched
+
+    def _loop_freed(self, cursor: _LoopCursor) -> None:
+        """A watched loop was freed: its cursor goes if the loop ended (the
+        runtime keeps its result); otherwise it left the runtime unfinished,
+        and the cursor is kept for whoever takes the loop up (as are those of
+        loops a `Runtime(keep_finished=0)` ended: it keeps no result to tell)."""
+        loop_id = cursor.loop_id
+        if loop_id in cursor.runtime._results:
+            del self._cursors[loop_id]
+        else:
+            self._cursors[loop_id] = _Cursor(cursor.index)
+            self._keep_unwatched(loop_id)
+
+    def _keep_unwatched(self, key: str | None) -> None:
+        unwatched = self._unwatched
+        unwatched[key] = None
+        if len(unwatched) > self._UNWATCHED_KEPT:
+            oldest = next(iter(unwatched))
+            del unwatched[oldest], self._cursors[oldest]
 
     async def complete(self, request: InferenceInput, /) -> InferenceOutput:
         """The next step of this loop's script."""
@@ -162,6 +241,13 @@ class ScriptedProvider:
         """The next step as deltas, ending with the same output `complete` returns."""
         async with replay(self._step(request)) as events:
             yield events
+
+
+def _runtime_of_context() -> Runtime | None:
+    try:
+        return current_runtime()
+    except NoRuntimeError:
+        return None
 
 
 class EventRecorder:

@@ -6,7 +6,10 @@ further events for it are dropped and counted, and it sees the hole as a gap in
 `seq`. A subscriber that asks for `backpressure=True` is never dropped from;
 instead a loop publishing to its full buffer waits for room, unless the loop
 is cancelled: a cancel never waits on a subscriber, and the events the
-cancelled loop still holds go into the buffer past its capacity.
+cancelled loop still holds go into the buffer past its capacity. Publishers
+waiting for room wait in line: each slot that frees is given to the first in
+line, and wakes that publisher only (a publisher cancelled in line passes a
+slot it was given on to the next).
 
 Publishing with no subscribers costs one attribute check: a loop's emitter
 (`agentfsm._bus.emitter`) looks at `EventBus.listening` before it even builds
@@ -52,6 +55,19 @@ class SubscriptionStatistics(NamedTuple):
     """Events waiting in the buffer."""
 
 
+class _Waiter:
+    """A publisher in line for a slot in a full backpressure buffer."""
+
+    __slots__ = ("granted", "left", "woken")
+
+    def __init__(self, woken: anyio.Event) -> None:
+        self.woken = woken
+        self.granted = False
+        """Whether a slot was given to it (it is out of the line then)."""
+        self.left = False
+        """Whether it was cancelled in line (the line skips it: no O(n) removal)."""
+
+
 class Subscription:
     """One subscriber's buffer of events; iterate it with `async for`.
 
@@ -68,8 +84,9 @@ class Subscription:
         "_buffer",
         "_bus",
         "_closed",
-        "_space",
+        "_reserved",
         "_waiter",
+        "_waiters",
         "backpressure",
         "capacity",
         "delivered",
@@ -95,18 +112,54 @@ class Subscription:
         self.dropped = 0
         self._buffer: deque[AgentEvent] = deque()
         self._waiter: anyio.Event | None = None
-        self._space: anyio.Event | None = None
+        self._reserved = 0
+        """Slots taken by publishers that have not delivered into them yet
+        (a backpressure buffer is full at `len(_buffer) + _reserved`)."""
+        self._waiters: deque[_Waiter] = deque()
+        """Publishers waiting for a slot, first come first served (never one
+        while a slot is free: each slot that frees goes to the first)."""
         self._closed = False
 
     def matches(self, event_type: str) -> bool:
         """Whether this subscription's type patterns cover `event_type`."""
         return any(fnmatch.fnmatchcase(event_type, p) for p in self.patterns)
 
-    async def _wait_for_space(self) -> None:
-        while len(self._buffer) >= self.capacity and not self._closed:
-            if self._space is None:
-                self._space = anyio.Event()
-            await self._space.wait()
+    async def _take_slot(self) -> bool:
+        """Take a slot for one event, waiting in line while the buffer is full;
+        return whether one was taken (a closed subscription gives none)."""
+        if self._closed:
+            return False
+        if len(self._buffer) + self._reserved < self.capacity:
+            self._reserved += 1
+            return True
+        waiter = _Waiter(self._bus._event())
+        self._waiters.append(waiter)
+        try:
+            await waiter.woken.wait()
+        except BaseException:
+            if waiter.granted:
+                self._give_back()  # to the next in line: no wake-up is lost
+            else:
+                waiter.left = True
+            raise
+        return waiter.granted
+
+    def _give_back(self) -> None:
+        """Return a slot taken and not used (its publisher was cancelled)."""
+        self._reserved -= 1
+        if self._waiters:
+            self._grant()
+
+    def _grant(self) -> None:
+        """Give each free slot to the first publisher in line, waking it alone."""
+        waiters = self._waiters
+        while waiters and len(self._buffer) + self._reserved < self.capacity:
+            waiter = waiters.popleft()
+            if waiter.left:
+                continue
+            waiter.granted = True
+            self._reserved += 1
+            waiter.woken.set()
 
     def receive_nowait(self) -> AgentEvent:
         """The next buffered event.
@@ -116,9 +169,10 @@ class Subscription:
             anyio.EndOfStream: the subscription is closed and drained.
         """
         if self._buffer:
-            if self._space is not None:
-                self._made_space()
-            return self._buffer.popleft()
+            event = self._buffer.popleft()
+            if self._waiters:
+                self._grant()
+            return event
         if self._closed:
             raise anyio.EndOfStream
         raise anyio.WouldBlock
@@ -154,8 +208,8 @@ class Subscription:
         its loop's events into each commit)."""
         events = list(self._buffer)
         self._buffer.clear()
-        if events and self._space is not None:
-            self._made_space()
+        if self._waiters:
+            self._grant()
         return events
 
     def buffered(self) -> list[AgentEvent]:
@@ -174,16 +228,10 @@ class Subscription:
                 raise StopAsyncIteration
             waiter = self._waiter = self._bus._event()
             await waiter.wait()
-        if self._space is not None:
-            self._made_space()
-        return buffer.popleft()
-
-    def _made_space(self) -> None:
-        """Wake the publisher waiting for room (an event is leaving the buffer)."""
-        space = self._space
-        assert space is not None
-        self._space = None
-        space.set()
+        event = buffer.popleft()
+        if self._waiters:
+            self._grant()
+        return event
 
     def close(self) -> None:
         """Unsubscribe; events already buffered can still be received."""
@@ -191,10 +239,12 @@ class Subscription:
             return
         self._closed = True
         self._bus._remove(self)
-        for event in (self._waiter, self._space):
-            if event is not None:
-                event.set()
-        self._waiter = self._space = None
+        if self._waiter is not None:
+            self._waiter.set()
+            self._waiter = None
+        for waiter in self._waiters:  # each goes on, with no slot
+            waiter.woken.set()
+        self._waiters.clear()
 
     @property
     def closed(self) -> bool:
@@ -344,28 +394,41 @@ class EventBus:
         """
         targets = self.targets(event.type, event.loop_id)
         if self.backpressure and not self.has_room(targets):
-            full = next(
-                s
-                for s in targets
-                if s.backpressure and len(s._buffer) >= s.capacity and not s._closed
-            )
+            full = next(s for s in targets if not self.has_room((s,)))
             raise BusFull(f"subscriber to {full.patterns} is full")
         self._deliver(event, targets)
 
     async def publish(self, event: AgentEvent) -> None:
-        """Deliver an event, waiting for room in backpressure subscribers' buffers."""
+        """Deliver an event, waiting for room in backpressure subscribers' buffers.
+
+        Publishers waiting for room in a buffer get its slots in the order they
+        came. A slot is kept for the event from the moment it is taken, so an
+        event waiting for room in a second buffer still finds it in the first.
+        """
         targets = self.targets(event.type, event.loop_id)
-        for sub in targets:
-            if sub.backpressure:
-                await sub._wait_for_space()
+        if not self.backpressure:
+            self._deliver(event, targets)
+            return
+        taken: list[Subscription] = []
+        try:
+            for sub in targets:
+                if sub.backpressure and await sub._take_slot():
+                    taken.append(sub)
+        except BaseException:
+            for sub in taken:
+                sub._give_back()
+            raise
+        for sub in taken:
+            sub._reserved -= 1  # the event goes into the slot it took
         self._deliver(event, targets)
 
     def has_room(self, targets: Iterable[Subscription]) -> bool:
-        """Whether every backpressure subscriber among `targets` has room for one more."""
+        """Whether every backpressure subscriber among `targets` has room for one
+        more (a slot taken by a publisher in line is not room)."""
         for sub in targets:
             if (
                 sub.backpressure
-                and len(sub._buffer) >= sub.capacity
+                and len(sub._buffer) + sub._reserved >= sub.capacity
                 and not sub._closed
             ):
                 return False

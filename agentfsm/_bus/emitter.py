@@ -10,7 +10,8 @@ import since the model classes defer building their schemas; ~10 ms before).
 A subscriber with backpressure is never dropped from. An event goes into its
 buffer at once while the buffer has room; once it is full, the emitter holds
 that event and every later one of the loop (in order), releasing them as room
-appears, and the loop awaits `flush` (which waits for room) at its next
+appears, and the loop awaits `flush` (which waits in line for room: the
+bus gives each slot that frees to the first loop waiting) at its next
 checkpoint: after each state, each streamed chunk, and before a tool runs
 (whenever `outbox` is not None). A loop publishing to a full subscriber waits
 there. A cancel never waits: a loop ending by a cancel delivers what it holds
@@ -89,7 +90,9 @@ class Emitter:
     runtime's `clock` (the events' `ts`).
     """
 
-    __slots__ = ("bus", "flushing", "held_idle", "outbox", "seq")
+    # `__weakref__`: what outlives a loop may hold it weakly (the scripted
+    # provider forgets a loop's cursor with it).
+    __slots__ = ("__weakref__", "bus", "flushing", "held_idle", "outbox", "seq")
 
     loop_id: str
     agent_id: str
