@@ -8,12 +8,15 @@ the second exception.
 
 from __future__ import annotations
 
+from ._text import encodable
+
 __all__ = ("error_text",)
 
 
 def error_text(exc: BaseException) -> str:
-    """`str(exc)`, or a description of it when `str()` itself raises."""
+    """`str(exc)` (made `encodable`: an `OSError` names a file as the OS
+    spelled it), or a description of it when `str()` itself raises."""
     try:
-        return str(exc)
+        return encodable(str(exc))
     except Exception as inner:  # noqa: BLE001 - the text of any error, even a broken one
         return f"<{type(exc).__name__} whose str() raised {type(inner).__name__}>"

@@ -14,9 +14,9 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
-from pydantic_core import PydanticUndefined, to_json
+from pydantic_core import PydanticUndefined
 
-__all__ = ("defaults", "json_of", "json_text", "trusted")
+__all__ = ("defaults", "json_of", "trusted")
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -49,9 +49,3 @@ def json_of(model: BaseModel, **options: Any) -> str:
     less a call, the method's own keyword handling, and a durable store makes
     ~26 calls a benchmark run (bench/bench_durable.py)."""
     return model.__pydantic_serializer__.to_json(model, **options).decode()
-
-
-def json_text(value: Any) -> str:
-    """`value` as text: a str as it is, anything else as JSON (tool outputs and
-    arguments)."""
-    return value if isinstance(value, str) else to_json(value).decode()

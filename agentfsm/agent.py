@@ -40,6 +40,7 @@ from typing import Any, Final, Literal, Unpack, final, get_type_hints
 import anyio
 from pydantic import BaseModel, ValidationError
 
+from ._arguments import ArgumentTypeError, ArgumentValueError, check, one_of
 from ._runtime import Runtime, current_runtime
 from .exceptions import (
     AgentFSMError,
@@ -85,10 +86,7 @@ class Conversation:
 
     def __init__(self, context: ModelContext | None = None) -> None:
         """A new conversation (or one continuing `context`)."""
-        if context is not None and not isinstance(context, ModelContext):
-            raise ConfigurationError(
-                f"context must be a ModelContext, got {type(context).__name__}"
-            )
+        check("context", context, ModelContext | None)
         self.context = context if context is not None else ModelContext()
         """The instructions and the items; each loop started on the
         conversation appends to it (and an agent with instructions sets them)."""
@@ -183,10 +181,17 @@ class Agent:
         handlers: Sequence[InterceptionHandler] | InterceptionHandler = (),
         **options: Unpack[LoopOptionsDict],
     ) -> None:
-        if not isinstance(name, str) or not name:  # type: ignore[redundant-expr]
-            raise ConfigurationError(
-                f"an agent's name must be a non-empty str, got {name!r}"
-            )
+        check("name", name, str, "a non-empty str")
+        if not name:
+            raise ArgumentValueError("an agent's name must be a non-empty str, got ''")
+        check("instructions", instructions, str | None)
+        check(
+            "output_type",
+            output_type,
+            type | dict | None,
+            "a pydantic model class, a JSON schema (dict) or None",
+        )
+        check("streaming", streaming, bool)
         self.name = name
         """The `agent_id` of the loops started from this agent."""
         self._provider, self._prefix, self.model = _model(model, provider, name)
@@ -231,10 +236,7 @@ class Agent:
         instructions, if it has any (so agents taking turns on a conversation
         each speak with their own); otherwise it keeps its own.
         """
-        if not isinstance(context, ModelContext):
-            raise ConfigurationError(
-                f"context must be a ModelContext, got {type(context).__name__}"
-            )
+        check("context", context, ModelContext)
         if self.instructions is not None:
             context.instructions = self.instructions
         return self._input.model_copy(update={"context": context})
@@ -261,6 +263,7 @@ class Agent:
             NoRuntimeError: no runtime given and none is current.
             ConfigurationError: the message or an option is wrong.
         """
+        _call_checked(message, conversation, runtime)
         if runtime is None:
             try:
                 runtime = current_runtime()
@@ -272,12 +275,10 @@ class Agent:
                 ) from None
         if conversation is None:
             conversation = Conversation()
-        elif not isinstance(conversation, Conversation):
-            raise ConfigurationError(
-                f"conversation must be a Conversation, got {type(conversation).__name__}"
-            )
-        self._register(runtime)
         merged: LoopOptionsDict = {**self._options, **options}
+        if options:  # bad ones fail before the provider is registered
+            LoopOptions.of(merged)
+        self._register(runtime)
         loop_id = runtime.run_loop(
             self.name,
             message,
@@ -323,6 +324,8 @@ class Agent:
             print(result.answer.content if result.answer else result.outcome)
             ```
         """
+        _call_checked(message, conversation, runtime)
+        check("raise_on_failure", raise_on_failure, bool)
         if runtime is None:
             with contextlib.suppress(NoRuntimeError):  # then one is opened here
                 runtime = current_runtime()
@@ -365,6 +368,9 @@ class Agent:
             ConfigurationError: called from async code (await `run` there).
             LoopFailedError: the loop failed (unless `raise_on_failure=False`).
         """
+        _call_checked(message, conversation, None)
+        check("raise_on_failure", raise_on_failure, bool)
+        one_of("backend", backend, ("asyncio", "trio"))
         try:
             anyio.get_current_task()
         except RuntimeError:  # no event loop runs here: as it should be
@@ -396,6 +402,14 @@ class Agent:
             registry.register(self._prefix, self._provider)
 
 
+def _call_checked(message: object, conversation: object, runtime: object) -> None:
+    """Refuse arguments of `start`, `run` or `run_sync` of another type than
+    they take, before a runtime is opened or a provider registered."""
+    check("message", message, str | UserMessage | None)
+    check("conversation", conversation, Conversation | None)
+    check("runtime", runtime, Runtime | None)
+
+
 def _model(
     model: str | Provider, provider: Provider | None, name: str
 ) -> tuple[Provider | None, str, str]:
@@ -403,7 +417,8 @@ def _model(
     `Agent(model, provider=provider)`."""
     if provider is not None:
         if not isinstance(model, str) or not model:
-            raise ConfigurationError(
+            error = ArgumentValueError if isinstance(model, str) else ArgumentTypeError
+            raise error(
                 f"agent {name!r}: with provider=, model must be the name of the "
                 f"model (e.g. 'llama3'), got {model!r}"
             )
@@ -423,7 +438,7 @@ def _provider_object(
             if argument == "model"
             else "a provider"
         )
-        raise ConfigurationError(
+        raise ArgumentTypeError(
             f"agent {name!r}: {argument} must be {what} object (with complete() "
             f"and stream()), got {provider!r}"
         )
@@ -437,12 +452,12 @@ def _provider_object(
 def _tools(tools: Sequence[Tool | Callable[..., Any]], name: str) -> tuple[Tool, ...]:
     if isinstance(tools, Tool) or callable(tools):
         example = getattr(tools, "name", None) or getattr(tools, "__name__", "fn")
-        raise ConfigurationError(
+        raise ArgumentTypeError(
             f"agent {name!r}: tools must be a list of tools, e.g. tools=[{example}]"
         )
     given: object = tools  # (mypy holds it cannot be a str; a caller's can)
     if isinstance(given, str | bytes) or not isinstance(given, Sequence):
-        raise ConfigurationError(
+        raise ArgumentTypeError(
             f"agent {name!r}: tools must be a list of tools, got {type(tools).__name__}"
         )
     made: list[Tool] = []
@@ -452,7 +467,7 @@ def _tools(tools: Sequence[Tool | Callable[..., Any]], name: str) -> tuple[Tool,
         elif callable(candidate):
             made.append(Tool.from_function(candidate))
         else:
-            raise ConfigurationError(
+            raise ArgumentTypeError(
                 f"agent {name!r}: a tool must be a Tool or a function, got {candidate!r}"
             )
     names = [t.name for t in made]
@@ -487,10 +502,18 @@ def _check_tool_choice(choice: str | None, tools: tuple[Tool, ...], name: str) -
 def _handler_list(
     handlers: Sequence[InterceptionHandler] | InterceptionHandler, name: str
 ) -> tuple[InterceptionHandler, ...]:
+    given: object = handlers  # (mypy holds it cannot be a str; a caller's can)
+    if not callable(given) and (
+        isinstance(given, str | bytes) or not isinstance(given, Sequence)
+    ):
+        raise ArgumentTypeError(
+            f"agent {name!r}: handlers must be a callable or a list of callables, "
+            f"got {type(given).__name__}"
+        )
     found = (handlers,) if callable(handlers) else tuple(handlers)
     for handler in found:
         if not callable(handler):
-            raise ConfigurationError(
+            raise ArgumentTypeError(
                 f"agent {name!r}: interception handler {handler!r} is not callable"
             )
     return found
@@ -501,7 +524,7 @@ def _settings(settings: ModelSettings | None, name: str) -> dict[str, Any]:
     if settings is None:
         return {}
     if not isinstance(settings, dict):
-        raise ConfigurationError(
+        raise ArgumentTypeError(
             f"agent {name!r}: model_settings must be a dict, got {type(settings).__name__}"
         )
     unknown = set(settings) - _SETTINGS

@@ -55,8 +55,10 @@ import anyio
 from anyio.abc import TaskGroup
 from pydantic import ValidationError
 
+from ._arguments import ArgumentValueError, check
 from ._bus import EventBus, Subscription
 from ._logging import get_logger
+from ._text import model_json
 from .events import AgentEvent, AgentEventAdapter
 from .exceptions import EventLogError, LoopStateError
 
@@ -95,6 +97,9 @@ class EventLogWriter:
         bus: the bus to record.
         path: the file; it is created if missing and appended to otherwise.
         buffer: how many events may wait for the writer before loops wait.
+        file_mode: the permissions of a file it creates (less the umask):
+            readable by its owner only by default, since events hold prompts
+            and tool outputs. An existing file keeps its own.
 
     Raises:
         EventLogError: on exit, when writing failed (the error says how many
@@ -107,10 +112,21 @@ class EventLogWriter:
     a cancelled runtime's exit forever; a slow one still drains)."""
 
     def __init__(
-        self, bus: EventBus, path: str | os.PathLike[str], *, buffer: int = 10_000
+        self,
+        bus: EventBus,
+        path: str | os.PathLike[str],
+        *,
+        buffer: int = 10_000,
+        file_mode: int = 0o600,
     ) -> None:
+        check("bus", bus, EventBus)
+        check("path", path, str | os.PathLike, "a str or a path")
+        check("buffer", buffer, int)
+        if buffer < 1:
+            raise ArgumentValueError(f"buffer must be at least 1, got {buffer}")
         self.bus = bus
         self.path = os.fspath(path)
+        self._file_mode = _checked_file_mode(file_mode)
         self.written = 0
         """Events written so far."""
         self.lost = 0
@@ -140,7 +156,9 @@ class EventLogWriter:
             "*", buffer=self._buffer, backpressure=True
         )
         try:
-            self._file = await anyio.to_thread.run_sync(_open_for_append, self.path)
+            self._file = await anyio.to_thread.run_sync(
+                _open_for_append, self.path, self._file_mode
+            )
         except BaseException:
             self._subscription.close()
             raise
@@ -274,7 +292,7 @@ class EventLogWriter:
             self._writing = True
         try:
             assert self._file is not None
-            lines = [event.model_dump_json().encode() + b"\n" for event in batch]
+            lines = [model_json(event).encode() + b"\n" for event in batch]
             data = memoryview(b"".join(lines))
             done = 0
             ends = itertools.accumulate(len(line) for line in lines)
@@ -325,11 +343,34 @@ class EventLogWriter:
         return text
 
 
-def _open_for_append(path: str) -> IO[bytes]:
+def _checked_file_mode(mode: object) -> int:
+    """`mode`, permission bits for a file agentfsm creates (`0o600`).
+
+    Raises:
+        ArgumentTypeError: it is not an int.
+        ArgumentValueError: it is not within 0 and 0o777.
+    """
+    check("file_mode", mode, int)
+    assert isinstance(mode, int)
+    if not 0 <= mode <= 0o777:
+        raise ArgumentValueError(
+            f"file_mode must be permission bits within 0 and 0o777, got {mode!r}"
+        )
+    return mode
+
+
+def _private_opener(mode: int) -> Callable[[str, int], int]:
+    """An `opener` for `open()` that creates a missing file with permissions
+    `mode` (less the umask) rather than 0o666: the files agentfsm writes hold
+    prompts and tool outputs. An existing file keeps its own."""
+    return lambda path, flags: os.open(path, flags, mode)
+
+
+def _open_for_append(path: str, mode: int) -> IO[bytes]:
     # "a+": every write appends, and the last byte can be read. Unbuffered (see
     # `EventLogWriter._write`). The writer closes the file in aclose(); here only
     # when ending a torn line fails.
-    file = open(path, "a+b", buffering=0)  # noqa: SIM115 - returned open, see above
+    file = open(path, "a+b", buffering=0, opener=_private_opener(mode))  # noqa: SIM115 - returned open, see above
     try:
         end = file.seek(0, os.SEEK_END) if file.seekable() else 0
         if end:

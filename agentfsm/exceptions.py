@@ -21,6 +21,7 @@ AgentFSMError                  base for everything raised by agentfsm
 │   └── ToolCancelled          the call was interrupted: ToolCallContext.raise_if_cancelled()
 ├── ProviderError              the model provider failed
 │   ├── UnknownProvider        no provider registered for a `provider:model` prefix
+│   ├── OutputLimitExceeded    a model's output went past a loop limit (names it)
 │   └── ProviderTimeout
 ├── BusFull                    publish_nowait() would have to wait for a backpressure subscriber
 ├── BusClosed                  subscribing to a closed bus
@@ -65,6 +66,7 @@ __all__ = (
     "TurnLimitExceeded",
     "NoRuntimeError",
     "NoToolCallError",
+    "OutputLimitExceeded",
     "ProviderError",
     "ProviderTimeout",
     "StoreError",
@@ -204,6 +206,19 @@ class ProviderError(AgentFSMError):
         super().__init__(message)
         self.retryable = retryable
         self.status_code = status_code
+
+
+class OutputLimitExceeded(ProviderError):
+    """A model's output went past one of the loop's limits (`LoopOptions`:
+    `max_output_calls`, `max_output_chars`, `max_stream_seconds`).
+
+    Attributes:
+        limit: the name of the limit.
+    """
+
+    def __init__(self, message: str, *, limit: str) -> None:
+        super().__init__(message)
+        self.limit = limit
 
 
 class UnknownProvider(ProviderError):

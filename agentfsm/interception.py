@@ -43,7 +43,7 @@ from typing import Annotated, Any, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, InstanceOf
 
-from ._models import json_text
+from ._text import EncodableStr, encodable, json_text
 from .inference import InferenceInput, RequestMetadata
 from .messages import FunctionCallItem, ModelMessageItem, TokenUsage, UserMessage
 from .states import LoopState, Trigger
@@ -77,18 +77,19 @@ class ToolBatch(BaseModel):
     kind: Literal["tool_batch"] = "tool_batch"
     calls: tuple[FunctionCallItem, ...]
     """The calls, in the model's order."""
-    denied: dict[str, str] = Field(default_factory=dict)
+    denied: dict[str, EncodableStr] = Field(default_factory=dict)
     """`call_id -> reason` for each denied call."""
     awaiting_approval: tuple[str, ...] = ()
     """Calls of tools that need approval; set while the loop waits for it.
     Resuming approves those not denied."""
-    outputs: dict[str, str] = Field(default_factory=dict)
+    outputs: dict[str, EncodableStr] = Field(default_factory=dict)
     """`call_id -> output` for each call answered without running it."""
 
     def deny(self, call_id: str, reason: str) -> "ToolBatch":
         """This batch with one more call denied."""
         self._check(call_id)
-        return self.model_copy(update={"denied": {**self.denied, call_id: reason}})
+        denied = {**self.denied, call_id: encodable(reason)}
+        return self.model_copy(update={"denied": denied})
 
     def approve(self, call_id: str) -> "ToolBatch":
         """This batch with one call approved (no longer denied or awaiting approval)."""
@@ -100,7 +101,8 @@ class ToolBatch(BaseModel):
     def answer(self, call_id: str, output: str) -> "ToolBatch":
         """This batch with one call answered by `output` instead of running it."""
         self._check(call_id)
-        return self.model_copy(update={"outputs": {**self.outputs, call_id: output}})
+        outputs = {**self.outputs, call_id: encodable(output)}
+        return self.model_copy(update={"outputs": outputs})
 
     def with_arguments(
         self, call_id: str, arguments: Mapping[str, Any] | str
@@ -185,7 +187,7 @@ class Pause(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     kind: Literal["pause"] = "pause"
-    reason: str
+    reason: EncodableStr
 
     def __init__(self, reason: str | None = None, /, **data: Any) -> None:
         """`Pause("why")` or `Pause(reason="why")`."""
@@ -200,7 +202,7 @@ class Abort(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     kind: Literal["abort"] = "abort"
-    reason: str
+    reason: EncodableStr
 
     def __init__(self, reason: str | None = None, /, **data: Any) -> None:
         """`Abort("why")` or `Abort(reason="why")`."""

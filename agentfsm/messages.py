@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from pydantic_core import from_json
 
 from . import _models
+from ._text import EncodableStr
 
 __all__ = (
     "ContextItem",
@@ -37,7 +38,7 @@ class UserMessage(BaseModel):
     model_config = _FROZEN
 
     type: Literal["user_message"] = "user_message"
-    content: str
+    content: EncodableStr
     """The text of the message."""
 
 
@@ -47,9 +48,9 @@ class ModelMessageItem(BaseModel):
     model_config = _FROZEN
 
     type: Literal["model_message"] = "model_message"
-    content: str
+    content: EncodableStr
     """The text of the message."""
-    refusal: str | None = None
+    refusal: EncodableStr | None = None
     """The model's refusal, when it declined to answer."""
 
 
@@ -59,7 +60,7 @@ class ReasoningItem(BaseModel):
     model_config = _FROZEN
 
     type: Literal["reasoning"] = "reasoning"
-    content: str
+    content: EncodableStr
     """Reasoning text, or a summary when the provider only returns one."""
     encrypted_content: str | None = None
     """Opaque reasoning state some providers want sent back unchanged."""
@@ -71,11 +72,11 @@ class FunctionCallItem(BaseModel):
     model_config = _FROZEN
 
     type: Literal["function_call"] = "function_call"
-    call_id: str
+    call_id: EncodableStr
     """Identifies the call; its output carries the same id."""
-    name: str
+    name: EncodableStr
     """The tool's name."""
-    arguments: str
+    arguments: EncodableStr
     """The arguments as the model wrote them: a JSON object, as text."""
 
     def parsed_arguments(self) -> Any:
@@ -89,9 +90,9 @@ class FunctionCallOutputItem(BaseModel):
     model_config = _FROZEN
 
     type: Literal["function_call_output"] = "function_call_output"
-    call_id: str
+    call_id: EncodableStr
     """The `call_id` of the `FunctionCallItem` this answers."""
-    output: str
+    output: EncodableStr
     """What the tool returned, as text (JSON for non-string results), or the error."""
     is_error: bool = False
     """Whether the call failed (unknown tool, bad arguments, raised, timed out, denied)."""
@@ -144,7 +145,7 @@ class ModelContext(BaseModel):
     # private attribute: those cost ~2 µs to set up in every `ModelContext()`
     # and ~3 µs to read (through the model's `__getattr__`).
 
-    instructions: str | None = None
+    instructions: EncodableStr | None = None
     """The system prompt."""
     items: list[ContextItem] = Field(default_factory=list)
     """The conversation, oldest first."""

@@ -15,13 +15,13 @@ Example:
     ```
 """
 
-import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal, TypeAlias, TypedDict
 
 from pydantic import BaseModel, ConfigDict
 
+from ._arguments import ArgumentTypeError, seconds, seconds_or_none
 from .exceptions import ConfigurationError
 from .inference import InferenceOutput, ModelWrapper
 from .messages import ContextItem, FunctionCallOutputItem
@@ -29,6 +29,9 @@ from .results import LoopView
 from .tools import ToolWrapper
 
 __all__ = (
+    "DEFAULT_MAX_CHARS",
+    "DEFAULT_MAX_OUTPUT_CALLS",
+    "DEFAULT_MAX_STREAM_SECONDS",
     "DEFAULT_MAX_TURNS",
     "MAX_TURNS_CAP",
     "FinishTurn",
@@ -45,6 +48,17 @@ DEFAULT_MAX_TURNS: Final = 50
 """Model requests a loop may make unless `max_turns` says otherwise."""
 MAX_TURNS_CAP: Final = 10_000
 """The most `max_turns` may be."""
+
+DEFAULT_MAX_OUTPUT_CALLS: Final = 128
+"""Function calls one model output may hold unless `max_output_calls` says otherwise."""
+DEFAULT_MAX_CHARS: Final = 10_000_000
+"""Characters one model output, or one tool output, may hold by default
+(`max_output_chars`, `max_tool_output_chars`): ~10 MB of ASCII, far beyond
+any context window, well within memory."""
+DEFAULT_MAX_STREAM_SECONDS: Final = 1800.0
+"""Seconds one streamed model request may take by default (`max_stream_seconds`):
+long enough for the slowest reasoning model, short enough that a server
+trickling bytes cannot hold a loop forever."""
 
 QueueMode: TypeAlias = Literal["all", "one-at-a-time"]
 """How a steering or follow-up queue drains: everything queued, or one message per turn."""
@@ -110,6 +124,10 @@ class LoopOptionsDict(TypedDict, total=False):
     retry_backoff: float
     structured_output_retries: int
     finish_turn: FinishTurn | None
+    max_output_calls: int
+    max_output_chars: int
+    max_stream_seconds: float | None
+    max_tool_output_chars: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, weakref_slot=True)
@@ -138,6 +156,17 @@ class LoopOptions:
         structured_output_retries: how often an answer that fails `structured_output`
             goes back to the model before the loop fails.
         finish_turn: awaited after each complete turn with a `TurnSnapshot`.
+        max_output_calls: the most function calls one model output may hold;
+            more fail the loop (`OutputLimitExceeded`).
+        max_output_chars: the most characters one model output may hold, its
+            items together (a stream's chunks are counted as they come); more
+            fail the loop (`OutputLimitExceeded`). Characters, not bytes:
+            counting them costs nothing.
+        max_stream_seconds: the longest one streamed model request may take
+            (None: no bound); longer fails the loop (`OutputLimitExceeded`).
+        max_tool_output_chars: the most characters one tool output may hold;
+            a longer one reaches the model as an error output saying so (the
+            call ran; its output is not kept).
     """
 
     max_turns: int = DEFAULT_MAX_TURNS
@@ -154,6 +183,10 @@ class LoopOptions:
     retry_backoff: float = 0.5
     structured_output_retries: int = 2
     finish_turn: FinishTurn | None = field(default=None)
+    max_output_calls: int = DEFAULT_MAX_OUTPUT_CALLS
+    max_output_chars: int = DEFAULT_MAX_CHARS
+    max_stream_seconds: float | None = DEFAULT_MAX_STREAM_SECONDS
+    max_tool_output_chars: int = DEFAULT_MAX_CHARS
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -174,48 +207,44 @@ class LoopOptions:
                 raise ConfigurationError(
                     f"{name} must be 'all' or 'one-at-a-time', got {getattr(self, name)!r}"
                 )
-        for name in ("inference_timeout", "deadline"):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise ConfigurationError(f"{name} must be positive, got {value}")
+        for name in ("max_output_calls", "max_output_chars", "max_tool_output_chars"):
+            if getattr(self, name) < 1:
+                raise ConfigurationError(
+                    f"{name} must be at least 1, got {getattr(self, name)}"
+                )
         for name in ("max_retries", "structured_output_retries"):
             if getattr(self, name) < 0:
                 raise ConfigurationError(
                     f"{name} must be >= 0, got {getattr(self, name)}"
                 )
-        if self.retry_backoff < 0:
-            raise ConfigurationError(
-                f"retry_backoff must be >= 0, got {self.retry_backoff}"
-            )
 
     def _check_types(self) -> None:
-        """Refuse a value of the wrong type by name, before it fails deep inside."""
+        """Refuse a value of the wrong type (or a duration no timer can take:
+        NaN, negative, infinite) by name, before it fails deep inside."""
         for name in _INTS:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
-                raise ConfigurationError(
+                raise ArgumentTypeError(
                     f"{name} must be an int, got {type(value).__name__} {value!r}"
                 )
         for name in _SECONDS:
-            value = getattr(self, name)
-            if value is None and name != "retry_backoff":
-                continue
-            if (
-                not isinstance(value, int | float)
-                or isinstance(value, bool)
-                or not math.isfinite(value)
-            ):
-                raise ConfigurationError(
-                    f"{name} must be a finite number of seconds, got {value!r}"
+            if name == "retry_backoff":
+                seconds(name, self.retry_backoff)
+            else:  # a timeout or a deadline: NaN, 0, negatives and inf refused
+                seconds_or_none(
+                    name,
+                    getattr(self, name),
+                    positive=True,
+                    rule="a finite number of seconds > 0 or None",
                 )
         for name in _CALLABLES:
             for item in getattr(self, name):
                 if not callable(item):
-                    raise ConfigurationError(
+                    raise ArgumentTypeError(
                         f"{name} must hold callables, got {type(item).__name__} {item!r}"
                     )
         if self.finish_turn is not None and not callable(self.finish_turn):
-            raise ConfigurationError(
+            raise ArgumentTypeError(
                 f"finish_turn must be callable, got {type(self.finish_turn).__name__}"
             )
 
@@ -235,7 +264,7 @@ class LoopOptions:
             if name in values:
                 given = values[name]
                 if not isinstance(given, Sequence) or isinstance(given, str):
-                    raise ConfigurationError(
+                    raise ArgumentTypeError(
                         f"{name} must be a list, got {type(given).__name__}"
                     )
                 values[name] = tuple(given)
@@ -247,8 +276,16 @@ _INTS: Final = (
     "max_tool_concurrency",
     "max_retries",
     "structured_output_retries",
+    "max_output_calls",
+    "max_output_chars",
+    "max_tool_output_chars",
 )
-_SECONDS: Final = ("inference_timeout", "deadline", "retry_backoff")
+_SECONDS: Final = (
+    "inference_timeout",
+    "deadline",
+    "retry_backoff",
+    "max_stream_seconds",
+)
 _CALLABLES: Final = ("stop_when", "tool_wrappers", "model_wrappers")
 
 _DEFAULT: Final = LoopOptions()

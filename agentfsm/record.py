@@ -33,6 +33,11 @@ from . import _models
 from .inference import InferenceOutput
 from .interception import ToolBatch
 from .messages import ContextItem, ModelMessageItem, TokenUsage, UserMessage
+from .options import (
+    DEFAULT_MAX_CHARS,
+    DEFAULT_MAX_OUTPUT_CALLS,
+    DEFAULT_MAX_STREAM_SECONDS,
+)
 from .results import ErrorInfo, LoopStatus, PathStep
 from .states import LoopState, Outcome, Trigger
 
@@ -207,6 +212,11 @@ class OptionsRecord(BaseModel):
     retry_backoff: float
     structured_output_retries: int
     finish_turn: str | None
+    # Defaults: a record written before these limits existed restores with them.
+    max_output_calls: int = DEFAULT_MAX_OUTPUT_CALLS
+    max_output_chars: int = DEFAULT_MAX_CHARS
+    max_stream_seconds: float | None = DEFAULT_MAX_STREAM_SECONDS
+    max_tool_output_chars: int = DEFAULT_MAX_CHARS
 
 
 _last_options: "tuple[weakref.ref[LoopOptions], OptionsRecord] | None" = None

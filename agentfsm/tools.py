@@ -45,9 +45,9 @@ from pydantic import (
     JsonValue,
     ValidationError,
 )
-from pydantic_core import to_json
 
-from . import _models
+from . import _models, _text
+from ._arguments import seconds_or_none, timeout_or_none
 from ._tool_schema import arguments_model, awaits, docstring
 from .exceptions import (
     ConfigurationError,
@@ -130,7 +130,7 @@ class ToolResult(BaseModel):
         """A result holding `value` (text as is, anything else as JSON)."""
         if isinstance(value, ToolResult):
             return value
-        text = _models.json_text(value)
+        text = _text.json_text(value)
         return _models.trusted(
             cls, {"output": text, "is_error": False, "terminate": False}, _RESULT_FIELDS
         )
@@ -221,8 +221,7 @@ class Tool:
             raise ConfigurationError(
                 f"on_crash must be 'pause' or 'retry', got {on_crash!r}"
             )
-        if timeout is not None and timeout <= 0:
-            raise ConfigurationError(f"tool timeout must be positive, got {timeout}")
+        timeout_or_none("timeout", timeout)  # NaN would fail every call
         if execution_mode not in ("parallel", "sequential"):
             raise ConfigurationError(
                 f"execution_mode must be 'parallel' or 'sequential', got {execution_mode!r}"
@@ -385,7 +384,7 @@ class Tool:
         ):  # a tuple: `str | ToolResult` builds a union per call
             return value
         try:
-            return to_json(value).decode()
+            return _text.json_text(value)
         except ValueError as exc:  # PydanticSerializationError, circular references
             raise ToolError(
                 f"tool {self.name!r} returned a value that cannot be serialized "
@@ -636,8 +635,10 @@ class ToolCallContext:
         Raises:
             ConfigurationError: called from the event loop's thread (it would
                 block every loop, and the interruption could never come; an
-                async tool awaits instead, and is cancelled there).
+                async tool awaits instead, and is cancelled there); or
+                `timeout` is no finite number of seconds >= 0 (nor None).
         """
+        seconds_or_none("timeout", timeout)
         if threading.get_ident() == self._thread:
             raise ConfigurationError(
                 "wait_cancelled() blocks its thread: call it from a sync tool "
@@ -724,7 +725,7 @@ class ToolCall(BaseModel):
 
     def with_arguments(self, arguments: Mapping[str, Any] | str) -> "ToolCall":
         """This call with other arguments."""
-        return self.model_copy(update={"arguments": _models.json_text(arguments)})
+        return self.model_copy(update={"arguments": _text.json_text(arguments)})
 
 
 ToolNext: TypeAlias = Callable[[ToolCall], Awaitable[ToolResult]]

@@ -748,7 +748,9 @@ async def memory_child(kind: str) -> None:
         providers={"scripted": FunctionProvider(model)}, store=store
     )
     async with runtime:
-        loop_id = runtime.run_loop("agent", PROMPT, inference_input())
+        loop_id = runtime.run_loop(
+            "agent", PROMPT, inference_input(), max_output_chars=MEMORY_ITEM
+        )
         result = await runtime.wait(loop_id)
         assert result.answer is not None
         assert len(str(result.answer.content)) == MEMORY_ITEM

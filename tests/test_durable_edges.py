@@ -75,6 +75,18 @@ async def paused(rt: Runtime) -> str:
     return loop_id
 
 
+async def stored_as_paused(stores: Callable[[], LoopStore], loop_id: str) -> None:
+    """Wait until the store holds the loop paused: the commit that pauses it
+    may land after the runtime shows it paused (a loaded machine delays it)."""
+    with anyio.fail_after(10):
+        while True:
+            async with stores() as store:
+                stored = await store.load(loop_id)
+            if stored is not None and stored.record.status is LoopStatus.paused:
+                return
+            await anyio.sleep(0.01)
+
+
 @pytest.fixture(params=["memory", "sqlite"])
 def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], LoopStore]:
     """A new store object on the same data each call."""
@@ -95,6 +107,7 @@ async def test_a_paused_loop_whose_lease_is_taken_stops_here_at_once(
         recorder = EventRecorder(first.bus)
         loop_id = await paused(first)
         owner = first._keeper.owner  # type: ignore[union-attr]
+        await stored_as_paused(stores, loop_id)
         async with stores() as store:
             taken = await store.acquire(loop_id, "another", replacing=owner)
         with anyio.fail_after(10):

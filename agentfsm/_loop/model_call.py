@@ -14,16 +14,15 @@ from typing import TYPE_CHECKING, Final
 import anyio
 
 from agentfsm._errors import error_text
-from agentfsm.exceptions import ProviderError, ProviderTimeout
+from agentfsm.exceptions import OutputLimitExceeded, ProviderError, ProviderTimeout
 from agentfsm.inference import (
     InferenceInput,
     InferenceOutput,
     OutputCompleted,
-    ReasoningDelta,
     StreamEvent,
-    TextDelta,
-    ToolCallDelta,
 )
+
+from .bounds import checked_delta, checked_output
 
 if TYPE_CHECKING:
     from .loop import Loop
@@ -31,7 +30,6 @@ if TYPE_CHECKING:
 __all__ = ("request_model",)
 
 _MAX_BACKOFF: Final = 8.0
-_DELTAS: Final = (TextDelta, ReasoningDelta, ToolCallDelta)
 
 
 async def request_model(
@@ -40,6 +38,13 @@ async def request_model(
     """The innermost model call: the provider, with timeout and transient retries."""
     options = loop.options
     timeout = options.inference_timeout
+    # A stream's own bound, when it is the nearer one: a server trickling
+    # chunks never times out a read, so only a deadline ends it.
+    limit = options.max_stream_seconds if streaming else None
+    if limit is not None and (timeout is None or limit < timeout):
+        timeout = limit
+    else:
+        limit = None
     attempt = 0
     while True:
         published = loop.seq
@@ -58,6 +63,12 @@ async def request_model(
                 ) as scope:
                     output = await call
                 if scope.cancelled_caught:
+                    if limit is not None:
+                        raise OutputLimitExceeded(
+                            f"the stream from {request.model!r} ran past "
+                            f"max_stream_seconds={timeout:g}",
+                            limit="max_stream_seconds",
+                        )
                     raise ProviderTimeout(
                         f"the request to {request.model!r} timed out after {timeout:g}s"
                     )
@@ -79,7 +90,7 @@ async def request_model(
                     f"provider for {request.model!r} returned {type(output).__name__}, "
                     "not an InferenceOutput"
                 )
-            return output
+            return checked_output(output, request.model, options)
         # The backoff sleeps outside the `except`: a cancellation during it
         # would carry the error (and, through its traceback, the loop) as its
         # context, which anyio's asyncio task keeps until the collector runs.
@@ -92,7 +103,8 @@ async def _stream(
     model: str,
 ) -> InferenceOutput:
     output: InferenceOutput | None = None
-    index = 0
+    index = chars = 0
+    options = loop.options
     async with stream as deltas:
         async for delta in deltas:
             if isinstance(delta, OutputCompleted):
@@ -102,11 +114,7 @@ async def _stream(
                 raise ProviderError(
                     f"the stream from {model!r} sent a chunk after its output"
                 )
-            if not isinstance(delta, _DELTAS):
-                raise ProviderError(
-                    f"the stream from {model!r} sent a {type(delta).__name__}, "
-                    "not a TextDelta, ReasoningDelta, ToolCallDelta or OutputCompleted"
-                )
+            delta, chars = checked_delta(delta, model, options, chars)
             loop.emit_stream(index, delta)
             index += 1
             if loop.outbox is not None:

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Final, TypeAlias
 
 import anyio
 
-from agentfsm import _models
+from agentfsm import _models, _text
 from agentfsm._errors import error_text
 from agentfsm.exceptions import ToolError, UnknownTool
-from agentfsm.messages import FunctionCallOutputItem
+from agentfsm.messages import FunctionCallItem, FunctionCallOutputItem
 from agentfsm.tools import (
     ToolCall,
     ToolCallContext,
@@ -32,6 +32,7 @@ from agentfsm.tools import (
 )
 
 from .batch import BatchPlan, PlannedCall, unknown
+from .bounds import checked_tool_output
 from .journal import Halted
 from .wrappers import chain_wrappers
 
@@ -108,14 +109,14 @@ async def run_call(loop: Loop, planned: PlannedCall) -> CallResult:
     started = time.perf_counter()
     call = planned.call
     if planned.output is not None:
-        out = _output(call.call_id, planned.output, planned.is_error)
+        out = _output(loop, call, planned.output, planned.is_error)
         return _ended(loop, planned, out, started), False
     journal = loop.journal
     if journal is None:
         output, is_error, terminate = await _invoke(loop, planned, None, None)
-        return _ended(
-            loop, planned, _output(call.call_id, output, is_error), started
-        ), (terminate)
+        return _ended(loop, planned, _output(loop, call, output, is_error), started), (
+            terminate
+        )
     entry = await journal.begin_call(loop, planned)
     if entry.status == "done" and entry.output is not None:
         loop.emit_call_completed(call, entry.output, time.perf_counter() - started)
@@ -123,16 +124,21 @@ async def run_call(loop: Loop, planned: PlannedCall) -> CallResult:
     output, is_error, terminate = await _invoke(
         loop, planned, entry.key, journal.fencing_token
     )
-    out = _output(call.call_id, output, is_error)
+    out = _output(loop, call, output, is_error)
     with anyio.CancelScope(shield=True):  # the output is known: record it
         await journal.end_call(loop, entry.key, out, terminate)
     return _ended(loop, planned, out, started), terminate
 
 
-def _output(call_id: str, output: str, is_error: bool) -> FunctionCallOutputItem:
+def _output(
+    loop: Loop, call: FunctionCallItem, output: str, is_error: bool
+) -> FunctionCallOutputItem:
+    """The output item of a call: its text as the context may hold it (see
+    `bounds.checked_tool_output`)."""
+    output, is_error = checked_tool_output(call.name, output, is_error, loop.options)
     values = {
         "type": "function_call_output",
-        "call_id": call_id,
+        "call_id": call.call_id,
         "output": output,
         "is_error": is_error,
     }
@@ -200,7 +206,7 @@ async def _invoke(
             output, is_error = value.output, value.is_error
             terminate = value.terminate
         else:  # what `ToolResult.of` holds, without making one
-            output = _models.json_text(value)
+            output = _text.json_text(value)
     except UnknownTool:
         output, is_error = unknown(call, loop.tools_by_name), True
     except ToolError as exc:

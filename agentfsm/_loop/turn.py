@@ -8,6 +8,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from agentfsm._text import encodable
 from agentfsm.exceptions import ConfigurationError
 from agentfsm.inference import InferenceInput, InferenceOutput, RequestMetadata
 from agentfsm.messages import ContextItem, FunctionCallOutputItem, UserMessage
@@ -15,6 +16,7 @@ from agentfsm.options import QueueMode, TurnSnapshot
 from agentfsm.record import callable_name
 from agentfsm.tools import Tool
 
+from .bounds import checked_user
 from .repair import normalized
 from .steps import _T, Step
 
@@ -73,10 +75,11 @@ def request_metadata(loop: Loop) -> RequestMetadata:
 
 
 def drain(queue: deque[UserMessage], mode: QueueMode) -> tuple[UserMessage, ...]:
-    """Take what a queue releases this turn: everything, or its first message."""
+    """Take what a queue releases this turn: everything, or its first message
+    (made `bounds.checked_user`)."""
     if mode == "one-at-a-time":
-        return (queue.popleft(),) if queue else ()
-    drained = tuple(queue)
+        return (checked_user(queue.popleft()),) if queue else ()
+    drained = tuple([checked_user(m) for m in queue])
     queue.clear()
     return drained
 
@@ -111,7 +114,7 @@ def stop_check(loop: Loop) -> str | None:
             if verdict is True:
                 return "stop_condition"
             if isinstance(verdict, str):
-                return verdict
+                return encodable(verdict)
             raise ConfigurationError(
                 f"stop condition {callable_name(condition)} returned "
                 f"{type(verdict).__name__}: it returns a bool, a str (the reason) "

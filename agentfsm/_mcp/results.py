@@ -21,7 +21,7 @@ from mcp_types import (
     TextResourceContents,
 )
 
-from agentfsm import _models
+from agentfsm._text import json_text
 from agentfsm.tools import ToolResult
 
 __all__ = ("tool_result",)
@@ -34,7 +34,7 @@ def tool_result(
     if result.is_error:
         message = text_of(result.content)
         if not message and result.structured_content is not None:
-            message = _models.json_text(result.structured_content)
+            message = json_text(result.structured_content)
         return ToolResult(output=message or "the tool failed", is_error=True)
     structured = result.structured_content
     if structured is not None:

@@ -196,7 +196,7 @@ def _never(**kwargs: Any) -> Any:
 
 
 def _text(arguments: str | Mapping[str, Any]) -> str:
-    from agentfsm._models import json_text
+    from agentfsm._text import json_text
 
     return json_text(arguments)
 

@@ -22,6 +22,8 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import TypeAlias
 
+from agentfsm._arguments import ArgumentTypeError, given
+from agentfsm._text import encodable
 from agentfsm.exceptions import ConfigurationError
 
 __all__ = ("Clock", "IdSource", "checked_clock", "checked_ids", "utc_now", "uuid7")
@@ -70,13 +72,13 @@ def checked_clock(clock: object) -> Clock:
     `started_at`), so the caller sees the error, not a loop.
 
     Raises:
-        ConfigurationError: `clock` is not callable.
+        ArgumentTypeError: `clock` is not callable.
     """
     if clock is utc_now:
         return utc_now
     if not callable(clock):
-        raise ConfigurationError(
-            f"clock must be a callable returning a datetime, got {type(clock).__name__}"
+        raise ArgumentTypeError(
+            f"clock must be a callable returning a datetime, got {given(clock)}"
         )
 
     def checked() -> datetime:
@@ -98,13 +100,13 @@ def checked_ids(ids: object, known: Callable[[str], bool]) -> IdSource:
     a repeated id would replace a loop the runtime still tracks.
 
     Raises:
-        ConfigurationError: `ids` is not callable.
+        ArgumentTypeError: `ids` is not callable.
     """
     if ids is uuid7:
         return uuid7
     if not callable(ids):
-        raise ConfigurationError(
-            f"ids must be a callable returning a str, got {type(ids).__name__}"
+        raise ArgumentTypeError(
+            f"ids must be a callable returning a str, got {given(ids)}"
         )
 
     def checked() -> str:
@@ -112,6 +114,11 @@ def checked_ids(ids: object, known: Callable[[str], bool]) -> IdSource:
         if not isinstance(loop_id, str) or not loop_id:
             raise ConfigurationError(
                 f"ids {ids!r} returned {loop_id!r}: a loop id is a non-empty str"
+            )
+        if encodable(loop_id) is not loop_id:
+            raise ConfigurationError(
+                f"ids {ids!r} returned {loop_id!r}: a loop id cannot hold a lone "
+                "surrogate (no store or log can write it)"
             )
         if known(loop_id):
             raise ConfigurationError(

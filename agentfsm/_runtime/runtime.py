@@ -25,9 +25,12 @@ from typing import TYPE_CHECKING, Any, Final, Self, TypeVar, Unpack
 import anyio
 from anyio.abc import TaskGroup
 
+from agentfsm._arguments import ArgumentTypeError, ArgumentValueError, check, given
 from agentfsm._bus import EventBus
 from agentfsm._loop import Loop
+from agentfsm._loop.bounds import checked_user
 from agentfsm._loop.driver import end_paused, expire_paused, halt
+from agentfsm._text import encodable
 from agentfsm.exceptions import (
     ConfigurationError,
     EventLogError,
@@ -55,7 +58,7 @@ from agentfsm.states import LoopState
 
 from .backend import Primitives, primitives
 from .ids import Clock, IdSource, checked_clock, checked_ids, utc_now, uuid7
-from .inputs import agent_id_of, handlers_of, user_message_of
+from .inputs import agent_id_of, bindings_checked, handlers_of, user_message_of
 from .instrument import Instrument
 from .services import Services
 from .workers import WorkerPool
@@ -131,6 +134,11 @@ class Runtime:
             default a UUIDv7, which `loops()` sorts by creation time. A
             Temporal workflow passes sources built on `workflow.now()` and
             `workflow.uuid4()`; tests, a fixed clock and counter ids.
+
+    Raises:
+        TypeError: an argument of another type than the parameter takes (the
+            message names it; a `ConfigurationError` too). Every method checks
+            its arguments so, before it changes, stores or publishes anything.
     """
 
     def __init__(
@@ -146,19 +154,24 @@ class Runtime:
         clock: Clock = utc_now,
         ids: IdSource = uuid7,
     ) -> None:
+        if not isinstance(providers, Mapping | ProviderRegistry | None):
+            raise ArgumentTypeError(
+                "providers must map model prefixes to providers, e.g. "
+                f"providers={{'scripted': provider}}, got {given(providers)}"
+            )
         if type(keep_finished) is not int or keep_finished < 0:  # bool, str: refused
-            raise ConfigurationError(
-                f"keep_finished must be an int >= 0, got {keep_finished!r}"
+            error = (
+                ArgumentValueError if type(keep_finished) is int else ArgumentTypeError
             )
-        if event_log is not None and not isinstance(event_log, str | os.PathLike):
-            raise ConfigurationError(
-                f"event_log must be a path, got {type(event_log).__name__}"
-            )
-        if instrument is not None and not isinstance(instrument, Instrument):
-            raise ConfigurationError(
-                "instrument must be an instrument such as agentfsm.otel.OpenTelemetry(), "
-                f"got {type(instrument).__name__}"
-            )
+            raise error(f"keep_finished must be an int >= 0, got {keep_finished!r}")
+        check("event_log", event_log, str | os.PathLike | None, "a path")
+        check(
+            "instrument",
+            instrument,
+            Instrument | None,
+            "an instrument such as agentfsm.otel.OpenTelemetry()",
+        )
+        bindings_checked(tools, handlers)
         self._instrument = instrument
         self.providers = (
             providers
@@ -333,6 +346,13 @@ class Runtime:
             LoopStateError: the runtime is not running.
             Exception: whatever entering `context` raised.
         """
+        check(
+            "context",
+            context,
+            AbstractAsyncContextManager,
+            "an async context manager (with __aenter__ and __aexit__)",
+        )
+        check("name", name, str | None)
         if self._tg is None or self._closing:
             raise LoopStateError(_NOT_RUNNING)
         return await self._services.enter(context, name or type(context).__name__)
@@ -417,16 +437,13 @@ class Runtime:
             ConfigurationError: the input cannot start a loop (the error says why).
             LoopStateError: the runtime is not running.
         """
-        if self._tg is None:
-            raise LoopStateError(_NOT_RUNNING)
-        if not isinstance(inference_input, InferenceInput):
-            raise ConfigurationError(
-                f"inference_input must be an InferenceInput, got {type(inference_input).__name__}"
-            )
+        check("inference_input", inference_input, InferenceInput)
         agent_id = agent_id_of(agent_id)
         loop_options = LoopOptions.of(options)
         user_message = user_message_of(message, inference_input)
         handlers = handlers_of(interception_handler)
+        if self._tg is None:
+            raise LoopStateError(_NOT_RUNNING)
         # An unknown provider fails here, loudly, before the loop exists.
         self.providers.resolve(inference_input.model)
         loop_id = self._ids()
@@ -520,6 +537,8 @@ class Runtime:
             LoopStateError: the runtime's store keeps no events (make it with
                 `events=True`).
         """
+        check("loop_id", loop_id, str)
+        check("after_seq", after_seq, int)
         keeper = self._keeper
         if keeper is None or not keeper.store.keeps_events:
             raise LoopStateError(
@@ -548,8 +567,10 @@ class Runtime:
         """The running or paused loop with this id; None if it has finished.
 
         Raises:
+            ArgumentTypeError: `loop_id` is not a str.
             UnknownLoopError: no such loop (never started, or forgotten).
         """
+        check("loop_id", loop_id, str)
         loop = self._loops.get(loop_id)
         if loop is None and loop_id not in self._results:
             detached = self._detached.get(loop_id)
@@ -617,8 +638,15 @@ class Runtime:
         """Cancel a loop (running or paused); it ends in `idle` with outcome `cancelled`.
 
         Cancelling a finished loop does nothing.
+
+        Args:
+            loop_id: the loop.
+            reason: why (the loop's result and `loop.idle` event carry it).
         """
+        check("reason", reason, str | None)
         loop = self._live(loop_id)
+        if reason is not None:
+            reason = encodable(reason)
         if loop is not None and loop.cancel(reason) and self._tg is not None:
             self._spawn(loop)
 
@@ -634,6 +662,13 @@ class Runtime:
         Raises:
             LoopStateError: the loop is not paused.
         """
+        # Refused before anything else: the loop stays paused as it was.
+        if not isinstance(decision, Proceed | Rewrite | Pause | Abort | None):
+            raise ArgumentTypeError(
+                "resume() takes a decision (Proceed, Rewrite, Pause or Abort) or "
+                f"None as decision, got {given(decision)}"
+            )
+        check("by", by, str | None)
         loop = self._live(loop_id)
         if loop is None:
             raise LoopStateError(f"loop {loop_id} is done, not paused")
@@ -641,15 +676,6 @@ class Runtime:
             raise LoopStateError(f"loop {loop_id} is {loop.status}, not paused")
         if self._tg is None:
             raise LoopStateError("the runtime is not running")
-        if decision is not None and not isinstance(
-            decision, Proceed | Rewrite | Pause | Abort
-        ):
-            raise ConfigurationError(  # refused: the loop stays paused as it was
-                "resume() takes a decision (Proceed, Rewrite, Pause or Abort) or "
-                f"None, got {type(decision).__name__}"
-            )
-        if by is not None and not isinstance(by, str):
-            raise ConfigurationError(f"by must be a str, got {type(by).__name__}")
         workers = self._workers
         assert workers is not None
         chosen = decision if decision is not None else Proceed()
@@ -686,22 +712,23 @@ class Runtime:
     def _queue(
         self, loop_id: str, message: UserMessage | str, *, follow_up: bool
     ) -> None:
+        if not isinstance(message, str | UserMessage):  # callers without a type checker
+            kind = "follow_up" if follow_up else "steer"  # type: ignore[unreachable]
+            raise ArgumentTypeError(
+                f"{kind}() takes a str or a UserMessage as message, got {given(message)}"
+            )
         loop = self._live(loop_id)
         if loop is None or loop.status is LoopStatus.done:
             raise LoopStateError(f"loop {loop_id} has ended; start a new loop instead")
-        if not isinstance(message, str | UserMessage):  # callers without a type checker
-            kind = "follow_up" if follow_up else "steer"  # type: ignore[unreachable]
-            raise ConfigurationError(
-                f"{kind}() takes a str or a UserMessage, got {type(message).__name__}"
-            )
         if isinstance(message, str):
             message = UserMessage(content=message)
-        loop.queue(message, follow_up=follow_up)
+        loop.queue(checked_user(message), follow_up=follow_up)
         if loop.journal is not None and loop.status is LoopStatus.paused:
             loop.journal.queued(loop)  # stored with the pause, not only in memory
 
     def loops(self, *, status: LoopStatus | None = None) -> list[str]:
         """Ids of the loops the runtime knows, oldest first (optionally of one status)."""
+        check("status", status, LoopStatus | None)
         ids = [
             i for i, lp in self._loops.items() if status is None or lp.status is status
         ]
@@ -764,10 +791,7 @@ def _keeper_of(
     from agentfsm._durable.keeper import Keeper
     from agentfsm.store import LoopStore
 
-    if not isinstance(store, LoopStore):
-        raise ConfigurationError(
-            f"store must be a LoopStore (agentfsm.store), got {type(store).__name__}"
-        )
+    check("store", store, LoopStore, "a LoopStore (agentfsm.store)")
     return Keeper(store, bus, tools, handlers)
 
 

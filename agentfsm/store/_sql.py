@@ -329,6 +329,11 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
     def _failure(self, exc: Exception) -> StoreError:
         """The driver's error as a `StoreError` naming the store."""
 
+    def _key_of(self, value: Any) -> str:
+        """A loop id as a `loop_id` column holds it, as its caller named it (a
+        dialect may store ids its text type cannot hold escaped)."""
+        return str(value)
+
     def _presence_slot(self, owner: str) -> int:
         """The slot of a runtime's presence (see `hold_presence`)."""
         return zlib.crc32(owner.encode()) & 0x3FFFFFFF
@@ -709,7 +714,7 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
                 "SELECT loop_id FROM loops WHERE status <> 'done' ORDER BY loop_id",
                 {},
             )
-            return [str(loop_id) for (loop_id,) in rows]
+            return [self._key_of(loop_id) for (loop_id,) in rows]
 
         return await self._run(read)
 
@@ -951,7 +956,7 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
             renewed: dict[str, int] = {}
             if loop_ids is None:
                 rows = self._rows(conn, f"{renew} RETURNING loop_id, epoch", params)
-                renewed.update((str(loop), int(epoch)) for loop, epoch in rows)
+                renewed.update((self._key_of(loop), int(epoch)) for loop, epoch in rows)
             elif loop_ids:
                 sql = f"{renew} AND loop_id = :loop RETURNING loop_id, epoch"
                 with self._transaction(conn):  # (one write, however many loops)
@@ -959,7 +964,7 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
                         for loop, epoch in self._rows(
                             conn, sql, {**params, "loop": loop_id}
                         ):
-                            renewed[str(loop)] = int(epoch)
+                            renewed[self._key_of(loop)] = int(epoch)
             self._count(0)
             return renewed
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+from agentfsm._arguments import check, seconds
 from agentfsm.events import AgentEvent
 from agentfsm.inference import InferenceOutput
 from agentfsm.messages import ContextItem
@@ -32,7 +33,6 @@ from ._base import (
     StoredLoop,
     StoreError,
     StoreStatistics,
-    checked_lease_ttl,
     run_commits,
 )
 
@@ -84,8 +84,9 @@ class MemoryStore(LoopStore, EventArchive, SharedContexts):
     runtime but not the process)."""
 
     def __init__(self, *, events: bool = False, lease_ttl: float = 30.0) -> None:
+        check("events", events, bool)
         self.keeps_events = events
-        self.lease_ttl = checked_lease_ttl(lease_ttl)
+        self.lease_ttl = seconds("lease_ttl", lease_ttl, positive=True)
         self._contexts: dict[str, tuple[list[ContextItem], list[str]]] = {}
         self._loops: dict[str, _Entry] = {}
         self._commits = 0

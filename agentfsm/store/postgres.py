@@ -31,6 +31,16 @@ A connection that breaks (the server restarted) is dropped, and the next
 operation opens a new one; the operation that met the break raises
 `StoreError` (it is not retried: its transaction may or may not have
 committed).
+
+Messages name the server by its host, port, database and schema, never by
+its password: neither the conninfo's nor what a malformed URI puts where libpq
+reads a host, port or database (`_secrets`); an error connecting chains none
+of psycopg's, which keep the connection's parameters.
+
+PostgreSQL's `text` cannot hold a NUL. What a loop's rows hold is JSON (a NUL
+is `\\u0000` there) and large strings are `bytea`; the ids a column holds as
+they are (a loop's, an agent's, a shared context's) are escaped when they
+hold one (`_key`), so a store of either kind holds the same loops.
 """
 
 from __future__ import annotations
@@ -40,10 +50,16 @@ import zlib
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from typing import Any, Final
+from urllib.parse import unquote
 
-from agentfsm.exceptions import ConfigurationError
+from agentfsm._arguments import (
+    ArgumentTypeError,
+    ArgumentValueError,
+    check,
+    seconds,
+)
 
-from ._base import LoopIdTakenError, StoreError, StoreSchemaError, checked_lease_ttl
+from ._base import LoopIdTakenError, StoreError, StoreSchemaError
 from ._outline import chunks
 from ._sql import LOG_COLUMNS, Dialect, LogRow, SQLStore
 
@@ -206,7 +222,8 @@ class PostgresStore(SQLStore[_Conn]):
     Args:
         conninfo: a libpq connection string or URI (`"host=... dbname=..."`,
             `"postgresql://user@host/db"`); empty: libpq's defaults and `PG*`
-            environment variables.
+            environment variables. Its password is never in a message or
+            the store's `repr`.
         schema: the PostgreSQL schema holding the store's tables (created if
             missing): lowercase letters, digits and `_`.
         events: keep the events the runtime's loops publish (see `SQLiteStore`).
@@ -231,29 +248,26 @@ class PostgresStore(SQLStore[_Conn]):
         lease_ttl: float = 30.0,
         connect_timeout: float = 10.0,
     ) -> None:
-        if not isinstance(conninfo, str):
-            raise ConfigurationError(
+        if not isinstance(conninfo, str):  # (not quoted: it may hold a password)
+            raise ArgumentTypeError(
                 f"conninfo must be a str, got {type(conninfo).__name__}"
             )
-        try:
-            params = conninfo_to_dict(conninfo)
-        except psycopg.ProgrammingError:
-            # (libpq's message may quote the string, password included.)
-            raise ConfigurationError(
-                "conninfo is not a libpq connection string or URI (see "
-                "https://www.postgresql.org/docs/current/libpq-connect.html)"
-            ) from None
+        params = _parsed(conninfo)
         _check_schema(schema)
-        _check_positive("connect_timeout", connect_timeout)
-        self.conninfo = conninfo
+        check("events", events, bool)
+        lease_ttl = seconds("lease_ttl", lease_ttl, positive=True)
+        connect_timeout = seconds("connect_timeout", connect_timeout, positive=True)
+        self._conninfo = conninfo
+        self._secrets = _secrets(conninfo, params)
+        """What no message may show (see `_redacted`)."""
         self.schema = schema
-        self.where = _describe(params, schema)
+        self.where = self._redacted(_describe(params, schema))
         self._connect_timeout = max(1, round(connect_timeout))  # libpq: whole seconds
         self._namespace = zlib.crc32(f"agentfsm:{schema}".encode()) & 0x7FFFFFFF
         """The first key of this store's presence locks (the slot the second)."""
         super().__init__(
-            events=bool(events),
-            lease_ttl=checked_lease_ttl(lease_ttl),
+            events=events,
+            lease_ttl=lease_ttl,
             thread_name=f"agentfsm-postgres {self.where}",
         )
 
@@ -261,14 +275,24 @@ class PostgresStore(SQLStore[_Conn]):
 
     def _open_connection(self) -> _Conn:
         try:
-            conn = psycopg.connect(
-                self.conninfo,
+            return psycopg.connect(
+                self._conninfo,
                 autocommit=True,  # transactions are explicit (`conn.transaction()`)
                 connect_timeout=self._connect_timeout,
             )
         except psycopg.Error as exc:
-            raise StoreError(f"cannot connect to {self.where}: {exc}") from exc
-        return conn
+            error = StoreError(
+                f"cannot connect to {self.where}: {self._redacted(str(exc))}"
+            )
+        # Raised out of the handler, unchained: the driver's error holds the
+        # connection's parameters, password included (its `pgconn`).
+        raise error
+
+    def _redacted(self, text: str) -> str:
+        """`text` (a message naming the server) without the conninfo's secrets."""
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
 
     def _connect(self) -> _Conn:
         conn = self._open_connection()
@@ -277,7 +301,9 @@ class PostgresStore(SQLStore[_Conn]):
             conn.execute(f'SET search_path TO "{self.schema}"')
         except psycopg.Error as exc:
             conn.close()
-            raise StoreError(f"cannot open the store {self.where}: {exc}") from exc
+            raise StoreError(
+                f"cannot open the store {self.where}: {self._redacted(str(exc))}"
+            ) from exc
         except BaseException:
             conn.close()
             raise
@@ -356,12 +382,17 @@ class PostgresStore(SQLStore[_Conn]):
     _driver_error = psycopg.Error
 
     def _failure(self, exc: Exception) -> StoreError:
-        return StoreError(f"{self.where}: {exc}")
+        return StoreError(f"{self.where}: {self._redacted(str(exc))}")
 
     # ------------------------------------------------------------- statements
 
     def _execute(self, conn: _Conn, sql: str, params: Mapping[str, Any] = {}) -> Any:
+        if any(_escaped(params.get(name)) for name in _ID_PARAMS):
+            params = {k: _key(v) if k in _ID_PARAMS else v for k, v in params.items()}
         return conn.execute(sql, params)
+
+    def _key_of(self, value: Any) -> str:
+        return _key_read(str(value))
 
     @contextmanager
     def _transaction(self, conn: _Conn) -> Iterator[None]:
@@ -379,8 +410,8 @@ class PostgresStore(SQLStore[_Conn]):
         lease = commit.lease
         values = {
             **dict(zip(LOG_COLUMNS, row.values, strict=True)),
-            "loop": commit.loop_id,
-            "agent": commit.record.agent_id if commit.record is not None else "",
+            "loop": _key(commit.loop_id),
+            "agent": _key(commit.record.agent_id if commit.record is not None else ""),
             "owner": lease.owner,
             "epoch": lease.epoch,
             "new": commit.new,
@@ -444,24 +475,104 @@ class _Refused(Exception):
 def _check_schema(schema: object) -> None:
     # (Interpolated into the SQL, quoted: so only a plain lowercase name.)
     if not isinstance(schema, str) or not _SCHEMA_NAME.fullmatch(schema):
-        raise ConfigurationError(
+        error = ArgumentValueError if isinstance(schema, str) else ArgumentTypeError
+        raise error(
             "schema must be a lowercase PostgreSQL name ([a-z_][a-z0-9_]*, at most "
             f"63 characters), got {schema!r}"
         )
 
 
-def _check_positive(name: str, value: object) -> None:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not value > 0
-        or value == float("inf")
-    ):
-        raise ConfigurationError(f"{name} must be a positive number, got {value!r}")
+_ID_PARAMS: Final = ("loop", "id")
+"""The parameters of `SQLStore`'s statements that name a loop or a shared
+context (`id` is a row's number elsewhere: `_key` leaves it as it is)."""
+_ESCAPED: Final = "\x01"
+"""How an id stored escaped starts (see `_key`)."""
+_TO_ESCAPE: Final = re.compile("[%\x00]")
+_TO_UNESCAPE: Final = re.compile("%(?:25|00)")
+
+
+def _escaped(value: object) -> bool:
+    """Whether `value` is an id `_key` changes."""
+    return isinstance(value, str) and ("\x00" in value or value.startswith(_ESCAPED))
+
+
+def _key(value: Any) -> Any:
+    """An id (a loop's, an agent's, a shared context's) as a text column holds
+    it, which it could not with a NUL in it: itself, unless it holds a NUL or
+    starts with `_ESCAPED`; then `_ESCAPED` and the id with `%` and NUL
+    percent-encoded (injective: any other id is kept as it is). A value that
+    is not such a str is returned as it is."""
+    if not _escaped(value):
+        return value
+    return _ESCAPED + _TO_ESCAPE.sub(_escape, value)
+
+
+def _escape(match: re.Match[str]) -> str:
+    return "%25" if match[0] == "%" else "%00"
+
+
+def _key_read(text: str) -> str:
+    """An id as `_key` stored it, as it was given."""
+    if not text.startswith(_ESCAPED):
+        return text
+    return _TO_UNESCAPE.sub(_unescape, text[1:])
+
+
+def _unescape(match: re.Match[str]) -> str:
+    return "%" if match[0] == "%25" else "\x00"
+
+
+def _parsed(conninfo: str) -> dict[str, Any]:
+    """The conninfo's parameters.
+
+    Raises:
+        ArgumentValueError: it is not a connection string or URI (the message
+            neither quotes it nor chains libpq's, which may: a password).
+    """
+    try:
+        return conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError:
+        pass
+    raise ArgumentValueError(
+        "conninfo is not a libpq connection string or URI (see "
+        "https://www.postgresql.org/docs/current/libpq-connect.html)"
+    )
+
+
+_URI: Final = re.compile(r"postgres(?:ql)?://", re.IGNORECASE)
+_PORTS: Final = re.compile(r"[0-9,]*")
+_SECRET_PARAMS: Final = ("password", "sslpassword", "oauth_client_secret")
+_SHORTEST_PIECE: Final = 3
+"""A fragment of a password shorter than this is not redacted (it would blank
+out common words of a message, and gives little away)."""
+
+
+def _secrets(conninfo: str, params: Mapping[str, Any]) -> tuple[str, ...]:
+    """What no message may show, longest first: the passwords; and what a
+    malformed URI may put where libpq reads a host, port or database (its
+    userinfo after the user's name when it holds an unencoded `/`, a port
+    that is not a number), with its pieces around `/` and `@`."""
+    found = {str(params.get(name) or "") for name in _SECRET_PARAMS}
+    pieces: set[str] = set()
+    port = str(params.get("port") or "")
+    if not _PORTS.fullmatch(port):
+        found.add(port)
+        pieces.update(port.split(","))
+    uri = _URI.match(conninfo)
+    if uri is not None:
+        head = conninfo[uri.end() :].split("?", 1)[0]
+        _, colon, password = head[: max(head.rfind("@"), 0)].partition(":")
+        if colon:
+            for text in (password, unquote(password)):
+                found.add(text)
+                pieces.update(re.split("[/@]", text))
+    found.update(p for p in pieces if len(p) >= _SHORTEST_PIECE)
+    found.discard("")
+    return tuple(sorted(found, key=len, reverse=True))
 
 
 def _describe(params: dict[str, Any], schema: str) -> str:
-    """Where the store is, for messages (never the password)."""
+    """Where the store is, for messages (before `_redacted`)."""
     host = params.get("host") or params.get("hostaddr") or "localhost"
     port = params.get("port")
     dbname = params.get("dbname") or params.get("user") or "(default database)"

@@ -17,8 +17,8 @@ beside the database (`<path>-owners`): the kernel drops it when the process
 dies, so another process can tell at once that a lease's owner is gone (and
 take the lease before it expires), whatever the PID namespace.
 
-The file is created readable by its owner only (0600; SQLite gives its `-wal`
-and `-shm` files the same mode), marked as an agentfsm store
+The file is created readable by its owner only (0600, or `file_mode`; SQLite
+gives its `-wal` and `-shm` files the same mode), marked as an agentfsm store
 (`PRAGMA application_id`), and checked at open: a file of another program, or
 of another layout, is refused without being changed. A file deleted or
 replaced while the store is open is noticed at the next write.
@@ -38,7 +38,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Final, Literal
 
-from agentfsm.exceptions import ConfigurationError
+from agentfsm._arguments import check, one_of, seconds
+from agentfsm.eventlog import _checked_file_mode
 
 from ._base import (
     _PRESENT,
@@ -178,13 +179,18 @@ class SQLiteStore(SQLStore[sqlite3.Connection]):
     """Durable loops in one SQLite file.
 
     Args:
-        path: the database file (created if missing, mode 0600).
+        path: the database file (created if missing, with `file_mode`).
         durability: `"normal"` (the default) or `"strict"` (fsync every commit).
         events: keep the events the runtime's loops publish, for
             `Runtime.watch` to resume a stream from a seq (each commit writes
             the events published since the one before).
         lease_ttl: seconds a runtime's lease on a loop lasts unless renewed.
         busy_timeout: seconds to wait for another process's write lock.
+        file_mode: the permissions of the files it creates (less the umask):
+            the database, which SQLite's `-wal` and `-shm` files copy, and
+            `<path>-owners`. Readable by their owner only by default, since
+            the store holds prompts and tool outputs; `0o660` shares them with
+            a group. Existing files keep their own.
 
     Raises:
         StoreSchemaError: (at open) the file is not an agentfsm store, or one
@@ -203,25 +209,17 @@ class SQLiteStore(SQLStore[sqlite3.Connection]):
         events: bool = False,
         lease_ttl: float = 30.0,
         busy_timeout: float = 10.0,
+        file_mode: int = 0o600,
     ) -> None:
-        from ._base import checked_lease_ttl
-
-        if durability not in ("normal", "strict"):
-            raise ConfigurationError(
-                f"durability must be 'normal' or 'strict', got {durability!r}"
-            )
-        if not isinstance(path, str | os.PathLike):
-            raise ConfigurationError(
-                f"path must be a str or a path, got {type(path).__name__}"
-            )
-        if not _seconds(busy_timeout):
-            raise ConfigurationError(
-                f"busy_timeout must be a number of seconds >= 0, got {busy_timeout!r}"
-            )
+        check("path", path, str | os.PathLike, "a str or a path")
+        one_of("durability", durability, ("normal", "strict"))
+        check("events", events, bool)
+        lease_ttl = seconds("lease_ttl", lease_ttl, positive=True)
         self.path = os.fspath(path)
         self.where = self.path
         self.durability = durability
-        self._busy_timeout = float(busy_timeout)
+        self._busy_timeout = seconds("busy_timeout", busy_timeout)
+        self.file_mode = _checked_file_mode(file_mode)
         self._identity: tuple[int, int] | None = None
         self._moved: StoreError | None = None
         """Why the store writes no more: its file was deleted or replaced."""
@@ -229,16 +227,18 @@ class SQLiteStore(SQLStore[sqlite3.Connection]):
         """The id of each loop's next row (the lease writing it, the id),
         counted while this store writes it. Used in the store's thread only."""
         super().__init__(
-            events=bool(events),
-            lease_ttl=checked_lease_ttl(lease_ttl),
+            events=events,
+            lease_ttl=lease_ttl,
             thread_name=f"agentfsm-sqlite {self.path}",
         )
 
     # ------------------------------------------------------------ connection
 
     def _connect(self) -> sqlite3.Connection:
+        # Created here, not by SQLite (which would make it 0644 less the
+        # umask): SQLite gives the `-wal` and `-shm` files the database's mode.
         try:
-            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, self.file_mode)
         except FileExistsError:
             pass
         except OSError as exc:
@@ -454,26 +454,29 @@ class SQLiteStore(SQLStore[sqlite3.Connection]):
 
     # --------------------------------------------------------------- presence
 
+    def _owners(self) -> _OwnersFile:
+        return _owners_file(self.path, self.file_mode)
+
     # The presence file's locks are taken in the caller's thread (a lock tried,
     # never waited for, on a local file), not the store's: they hold whatever
     # the database file went through (deleted, replaced).
 
     def _lock_slot(self, conn: sqlite3.Connection, slot: int) -> None:
-        _owners_file(self.path).hold(slot)
+        self._owners().hold(slot)
 
     def _unlock_slot(self, conn: sqlite3.Connection, slot: int) -> None:
-        _owners_file(self.path).drop(slot)
+        self._owners().drop(slot)
 
     def _slot_free(self, conn: sqlite3.Connection, slot: int) -> bool | None:
-        return _owners_file(self.path).free(slot)
+        return self._owners().free(slot)
 
     async def hold_presence(self, owner: str) -> None:
-        _owners_file(self.path).hold(self._presence_slot(owner))
+        self._owners().hold(self._presence_slot(owner))
         await Leases.hold_presence(self, owner)
 
     async def drop_presence(self, owner: str) -> None:
         await Leases.drop_presence(self, owner)
-        _owners_file(self.path).drop(self._presence_slot(owner))
+        self._owners().drop(self._presence_slot(owner))
 
     async def alive(self, owner: str) -> bool | None:
         if owner in _PRESENT:
@@ -481,13 +484,13 @@ class SQLiteStore(SQLStore[sqlite3.Connection]):
         host = owner.rsplit(":", 2)[0]
         if host != socket.gethostname():
             return None  # another host: its locks may not reach this one
-        free = _owners_file(self.path).free(self._presence_slot(owner))
+        free = self._owners().free(self._presence_slot(owner))
         return None if free is None else not free
 
     async def renew(
         self, owner: str, loop_ids: Sequence[str] | None = None
     ) -> dict[str, int]:
-        _owners_file(self.path).refresh()  # (a presence file deleted meanwhile)
+        self._owners().refresh()  # (a presence file deleted meanwhile)
         return await super().renew(owner, loop_ids)
 
 
@@ -507,11 +510,6 @@ def _read_only(path: str) -> bool:
     except OSError:
         return False
     return bool(flags & os.ST_RDONLY)
-
-
-def _seconds(value: object) -> bool:
-    """Whether `value` is a number of seconds >= 0 (not a bool, not NaN)."""
-    return not isinstance(value, bool) and isinstance(value, int | float) and value >= 0
 
 
 class _Fenced(Exception):
@@ -534,8 +532,10 @@ class _OwnersFile:
     checks it too (`refresh`), so a file deleted while slots are held is back
     within a third of a lease."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, mode: int) -> None:
         self.path = path
+        self.mode = mode
+        """The permissions the file is created with (the database's)."""
         self.fd: int | None = None
         self.held: dict[int, int] = {}
         self.lock = threading.Lock()  # (each store has its own thread)
@@ -555,7 +555,7 @@ class _OwnersFile:
             ):
                 return fd
             os.close(fd)  # another file now: this process's locks move to it
-        fd = self.fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600)
+        fd = self.fd = os.open(self.path, os.O_CREAT | os.O_RDWR, self.mode)
         for slot in self.held:
             self._lock(fd, slot)
         return fd
@@ -621,14 +621,14 @@ _OWNERS: dict[str, _OwnersFile] = {}
 _OWNERS_LOCK = threading.Lock()
 
 
-def _owners_file(path: str) -> _OwnersFile:
+def _owners_file(path: str, mode: int) -> _OwnersFile:
     """This process's `_OwnersFile` for the database at `path` (one per file,
-    whatever number of stores opened it)."""
+    whatever number of stores opened it; created with the first's `mode`)."""
     key = os.path.realpath(path) + "-owners"
     with _OWNERS_LOCK:
         owners = _OWNERS.get(key)
         if owners is None:
-            owners = _OWNERS[key] = _OwnersFile(key)
+            owners = _OWNERS[key] = _OwnersFile(key, mode)
         return owners
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from agentfsm._loop.bounds import checked_user
 from agentfsm._loop.steps import _T, Step
 from agentfsm._loop.turn import drain, infer_step
 from agentfsm.interception import TransitionPayload
@@ -24,9 +25,9 @@ __all__ = ("context_update",)
 async def context_update(loop: Loop, payload: TransitionPayload) -> Step:
     context = loop.input.context
     if isinstance(payload, UserMessage):
-        context.append(payload)
+        context.append(checked_user(payload))
     elif isinstance(payload, tuple):
-        context.extend(payload)
+        context.extend([checked_user(m) for m in payload])
     if loop.path[-1].trigger is _T.start and loop.steering:
         # Steering is polled before the first request, too.
         context.extend(drain(loop.steering, loop.options.steering_mode))

@@ -110,18 +110,29 @@ def parse(
 
 
 def _validate_json_schema(schema: dict[str, Any], text: str) -> Any:
-    """Parse `text` as JSON and validate it against a JSON schema (needs `jsonschema`)."""
-    import jsonschema  # imported here: only loops with a JSON-schema output need it
+    """Parse `text` as JSON and validate it against a JSON schema (needs
+    `jsonschema`; imported here: only loops with a JSON-schema output need it).
 
-    data = from_json(text)
-    errors = sorted(
-        jsonschema.Draft202012Validator(schema).iter_errors(data),
-        key=lambda e: list(e.path),
-    )
-    if errors:
+    Raises:
+        ValueError: the answer is not JSON, or does not fit the schema.
+        StructuredOutputError: the schema itself cannot be used (the request
+            checks it, so only a schema changed since can): no answer could fit.
+    """
+    from agentfsm._jsonschema import SchemaProblem, errors, validator
+
+    try:
+        check = validator(schema, draft="2020-12")
+        data = from_json(text)
+        found = errors(check, data)
+    except SchemaProblem as exc:
+        raise StructuredOutputError(
+            f"structured_output is not a usable JSON schema: {exc}"
+        ) from None
+    if found:
+        found.sort(key=lambda e: list(e.path))
         raise ValueError(
             "; ".join(
-                f"{'.'.join(map(str, e.path)) or 'answer'}: {e.message}" for e in errors
+                f"{'.'.join(map(str, e.path)) or 'answer'}: {e.message}" for e in found
             )
         )
     return data
