@@ -15,9 +15,15 @@ abort) an `agentfsm.decision` event naming the handler and its reason. A span
 is current while its work runs, so the spans of a provider's HTTP client nest
 under `chat`, and what a tool does (in a worker thread too) under `execute_tool`.
 
-Messages, tool arguments and results are recorded only when content capture is
-on: `capture_content=True`, or, when it is not given,
-`OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true` in the environment.
+Messages, instructions, tool descriptions, arguments and results are recorded
+only when content capture is on: `capture_content=True`, or, when it is not
+given, `OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true` in the
+environment. So are the texts that may quote them: a tool's error output, an
+exception's message and traceback, a failed loop's reason; with capture off a
+span records their type (`error.type`) and says `content not captured` in their
+place. Text is recorded with its lone surrogates escaped (`\\udcff`), and a
+tracer, span processor or exporter that fails is logged (`otel_failed`): the
+loop goes on as it would untraced.
 
 With no tracer provider configured (OpenTelemetry's default, a proxy until one
 is set) a loop costs two dictionary lookups more and makes no span; the first
@@ -53,6 +59,7 @@ try:
     from opentelemetry.trace import (
         NoOpTracer,
         ProxyTracerProvider,
+        Span,
         Tracer,
         TracerProvider,
     )
@@ -62,6 +69,7 @@ except ImportError as exc:  # pragma: no cover - depends on what is installed
     ) from exc
 
 from agentfsm._otel.loop_trace import Decisions, LoopTrace
+from agentfsm._otel.spans import guarded
 from agentfsm.exceptions import ConfigurationError
 from agentfsm.results import LoopStatus
 
@@ -221,30 +229,36 @@ class OpenTelemetry:
     def start_run(self, loop: Loop, start: Callable[[Loop], None], /) -> None:
         """Hand `loop` to a worker with its segment's span current (the worker
         runs it in a copy of this context; the caller's is left as it was)."""
-        trace_ = self._loops.get(loop.loop_id)
-        if trace_ is None:
-            tracer = self._tracer or self._active_tracer()
-            if tracer is None:  # nothing to trace to: the loop runs as it would
-                start(loop)
-                return
-            trace_ = self._trace(loop, tracer)
-        elif trace_.span is not None:
-            # Resumed while its paused run was still publishing the pause: that
-            # run goes on with the resumed part, which is a segment of its own.
-            trace_.end_segment(loop)
-        span = trace_.begin(loop, in_run=True)
+        span = guarded("start_run", self._begin_run, loop, otherwise=None)
+        if span is None:  # nothing to trace to: the loop runs as it would
+            start(loop)
+            return
         token = otel_context.attach(trace.set_span_in_context(span))
         try:
             start(loop)
         finally:
             otel_context.detach(token)
 
+    def _begin_run(self, loop: Loop) -> Span | None:
+        """The span of the run about to start; None if nothing is traced."""
+        trace_ = self._loops.get(loop.loop_id)
+        if trace_ is None:
+            tracer = self._tracer or self._active_tracer()
+            if tracer is None:
+                return None
+            trace_ = self._trace(loop, tracer)
+        elif trace_.span is not None:
+            # Resumed while its paused run was still publishing the pause: that
+            # run goes on with the resumed part, which is a segment of its own.
+            trace_.end_segment(loop)
+        return trace_.begin(loop, in_run=True)
+
     def run_ended(self, loop: Loop, /) -> None:
         """A run returned: its segment ends."""
         trace_ = self._loops.get(loop.loop_id)
         if trace_ is None:
             return
-        trace_.end_segment(loop)
+        guarded("run_ended", trace_.end_segment, loop, otherwise=None)
         if loop.status is LoopStatus.done:
             self._forget(trace_)
 
@@ -253,7 +267,7 @@ class OpenTelemetry:
         trace_ = self._loops.get(loop.loop_id)
         if trace_ is None:
             return
-        trace_.ended(loop)
+        guarded("loop_ended", trace_.ended, loop, otherwise=None)
         if not trace_.in_run:  # ended without a run: no `run_ended` follows
             self._forget(trace_)
 
@@ -267,8 +281,6 @@ class OpenTelemetry:
                 decisions = Decisions.open(loop.bus, self._loops)
                 if decisions is not None:
                     self._decisions[loop.bus] = decisions
-            if decisions is not None:
-                decisions.users += 1
         trace_ = LoopTrace(
             loop,
             tracer,
@@ -277,6 +289,8 @@ class OpenTelemetry:
             conversation_id=_conversation.get() or loop.loop_id,
             decisions=decisions,
         )
+        if decisions is not None:
+            decisions.users += 1
         trace_.wire(loop)
         self._loops[loop.loop_id] = trace_
         return trace_

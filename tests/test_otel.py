@@ -199,7 +199,6 @@ async def test_a_loop_is_an_invoke_agent_span_with_its_chat_and_tool_spans_under
         "gen_ai.tool.name": "add",
         "gen_ai.tool.call.id": "c1",
         "gen_ai.tool.type": "function",
-        "gen_ai.tool.description": "Add two numbers.",
     }
     assert agent.status.status_code is StatusCode.UNSET
     # The tool ran between the two requests, inside the loop's span.
@@ -588,6 +587,7 @@ def content_attributes(traces: Traces) -> set[str]:
         "gen_ai.output.messages",
         "gen_ai.system_instructions",
         "gen_ai.tool.definitions",
+        "gen_ai.tool.description",
         "gen_ai.tool.call.arguments",
         "gen_ai.tool.call.result",
     }
@@ -621,6 +621,7 @@ async def test_the_environment_variable_turns_content_capture_on(
         "gen_ai.output.messages",
         "gen_ai.system_instructions",
         "gen_ai.tool.definitions",
+        "gen_ai.tool.description",
         "gen_ai.tool.call.arguments",
         "gen_ai.tool.call.result",
     }
@@ -641,6 +642,7 @@ async def test_the_environment_variable_turns_content_capture_on(
     tool_span = traces.one("execute_tool add")
     assert attrs(tool_span)["gen_ai.tool.call.arguments"] == '{"a":1,"b":2}'
     assert attrs(tool_span)["gen_ai.tool.call.result"] == "3"
+    assert attrs(tool_span)["gen_ai.tool.description"] == "Add two numbers."
     agent = traces.one("invoke_agent calculator")
     assert attrs(agent)["gen_ai.output.messages"] == (
         '[{"role":"assistant","parts":[{"type":"text","content":"3"}],"finish_reason":"stop"}]'
@@ -669,29 +671,40 @@ async def test_the_argument_overrides_the_environment_variable(
 # ------------------------------------------------------------------ errors
 
 
+@pytest.mark.parametrize("capture", [True, False])
 async def test_a_failing_request_fails_its_chat_span_and_the_loop_span(
-    traces: Traces,
+    traces: Traces, capture: bool
 ) -> None:
-    result = await run(traces.instrument(), [ProviderError("bad request")])
+    result = await run(
+        traces.instrument(capture_content=capture), [ProviderError("bad request")]
+    )
 
     assert result.outcome is Outcome.failed
+    # An error's message may quote the model's server: it is content.
+    message = "bad request" if capture else "content not captured"
     chat = traces.one("chat demo")
     assert chat.status.status_code is StatusCode.ERROR
+    assert chat.status.description == message
     assert attrs(chat)["error.type"] == "agentfsm.exceptions.ProviderError"
     [exception] = events(chat, "exception")
-    assert exception["exception.message"] == "bad request"
+    assert exception["exception.type"] == "agentfsm.exceptions.ProviderError"
+    assert exception.get("exception.message") == (message if capture else None)
+    assert ("exception.stacktrace" in exception) is capture
     agent = traces.one("invoke_agent calculator")
     assert agent.status.status_code is StatusCode.ERROR
-    assert agent.status.description == "bad request"
+    assert agent.status.description == message
     assert attrs(agent)["error.type"] == "ProviderError"
     assert attrs(agent)["agentfsm.outcome"] == "failed"
-    assert events(agent, "exception") == [
-        {"exception.type": "ProviderError", "exception.message": "bad request"}
-    ]
+    assert attrs(agent)["agentfsm.reason"] == message
+    expected = {"exception.type": "ProviderError"}
+    if capture:
+        expected["exception.message"] = "bad request"
+    assert events(agent, "exception") == [expected]
 
 
+@pytest.mark.parametrize("capture", [True, False])
 async def test_a_failing_tool_call_fails_its_span_and_the_loop_goes_on(
-    traces: Traces,
+    traces: Traces, capture: bool
 ) -> None:
     @tool
     async def boom() -> str:
@@ -709,14 +722,20 @@ async def test_a_failing_tool_call_fails_its_span_and_the_loop_goes_on(
         ),
         text("sorry"),
     ]
-    result = await run(traces.instrument(), script, request(boom, refuse))
+    result = await run(
+        traces.instrument(capture_content=capture), script, request(boom, refuse)
+    )
 
     assert result.outcome is Outcome.answered
     spans = {attrs(s)["gen_ai.tool.call.id"]: s for s in traces.named("execute_tool")}
     assert attrs(spans["b"])["error.type"] == "ValueError"
-    assert [e["exception.message"] for e in events(spans["b"], "exception")] == ["no"]
+    [exception] = events(spans["b"], "exception")
+    assert exception["exception.type"] == "ValueError"
+    assert exception.get("exception.message") == ("no" if capture else None)
     assert attrs(spans["r"])["error.type"] == "tool_error"
-    assert spans["r"].status.description == "not today"
+    assert spans["r"].status.description == (
+        "not today" if capture else "content not captured"
+    )
     assert attrs(spans["m"])["error.type"] == "agentfsm.exceptions.UnknownTool"
     assert spans["m"].name == "execute_tool missing"
     assert all(s.status.status_code is StatusCode.ERROR for s in spans.values())

@@ -7,15 +7,21 @@ and `gen_ai.tool.definitions` are JSON strings: a message is
 `{"type": "tool_call_response", "id", "response"}` or
 `{"type": "reasoning", "content": ...}`. Consecutive items of one role make one
 message (a model's output is one assistant message, whatever it holds).
+
+Every text from a model, a tool, a user or an MCP server that a span holds
+outside these opt-in attributes (an error output, an exception's message, a
+failed loop's reason) goes through `untrusted`, which withholds it unless
+content is captured.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Final
 
-from pydantic_core import from_json, to_json
+from pydantic_core import from_json
 
+from agentfsm._text import encodable, json_text
 from agentfsm.inference import InferenceOutput
 from agentfsm.messages import (
     ContextItem,
@@ -28,22 +34,31 @@ from agentfsm.messages import (
 from agentfsm.tools import Tool
 
 __all__ = (
+    "WITHHELD",
     "answer_messages",
     "finish_reason",
     "input_messages",
-    "json_text",
     "output_messages",
     "system_instructions",
     "tool_definitions",
+    "untrusted",
 )
 
+WITHHELD: Final = "content not captured"
+"""What a span holds in place of untrusted text while content capture is off."""
 
-def json_text(value: Any) -> str:
-    return to_json(value).decode()
+
+def untrusted(text: str, capture: bool) -> str:
+    """Text from a model, a tool, a user or an MCP server (or an error message
+    that may quote one), as a span may hold it: the text, its lone surrogates
+    escaped, when content is captured; else `WITHHELD`."""
+    return encodable(text) if capture else WITHHELD
 
 
 def _arguments(text: str) -> Any:
-    """A call's arguments as JSON data; the text itself when it is not JSON."""
+    """A call's arguments as JSON data; the text itself when it is not JSON
+    (or JSON that holds a lone surrogate)."""
+    text = encodable(text)
     try:
         return from_json(text)
     except ValueError:

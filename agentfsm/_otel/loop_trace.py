@@ -12,6 +12,11 @@ with the segment's span current (`OpenTelemetry.start_run`). Each committed
 transition is an `agentfsm.transition` event of the segment's span, and each
 handler's decision an `agentfsm.decision` event (read from the bus: see
 `Decisions`).
+
+A failed loop's reason and error message may quote a model's answer or a
+tool's output: they are recorded only when content is captured
+(`content.untrusted`). The reasons a handler, a stop condition or a
+`cancel` gives are the application's own, and are recorded as they are.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import Link, Span, SpanContext, SpanKind, StatusCode, Tracer
+from opentelemetry.trace import Link, Span, SpanContext, SpanKind, Tracer
 
 from agentfsm._loop.tool_call import chain_tool_wrappers
 from agentfsm.events import TransitionIntercepted
@@ -31,12 +36,22 @@ from agentfsm.messages import TokenUsage, UserMessage
 from agentfsm.providers import split_model
 from agentfsm.record import callable_name
 from agentfsm.results import LoopStatus
-from agentfsm.states import Outcome
+from agentfsm.states import Outcome, Trigger
 from agentfsm.tools import ToolCall, ToolNext, ToolResult
 
 from . import content
 from .model import TracedProviders
-from .spans import failed, provider_name
+from .spans import (
+    NO_SPAN,
+    add_event,
+    end,
+    failed,
+    guarded,
+    provider_name,
+    set_attributes,
+    set_error,
+    start_span,
+)
 
 if TYPE_CHECKING:
     from agentfsm._bus import EventBus, Subscription
@@ -190,11 +205,12 @@ class LoopTrace:
         links: tuple[Link, ...] = ()
         if self.previous is not None:
             links = (Link(self.previous, {"agentfsm.link": "resumes"}),)
-        span = self.span = self.tracer.start_span(
+        span = self.span = start_span(
+            self.tracer,
             f"invoke_agent {self.agent_id}",
-            kind=SpanKind.INTERNAL,
-            attributes=attributes,
-            links=links,
+            SpanKind.INTERNAL,
+            attributes,
+            links,
         )
         self.in_run = in_run
         self.usage_at_start = loop.usage
@@ -206,51 +222,67 @@ class LoopTrace:
         span = self.span
         if span is None:
             return
-        if self.decisions is not None:
-            self.decisions.drain()
-        span.set_attributes(_usage(loop.usage, self.usage_at_start))
-        if loop.status is not LoopStatus.done:
-            # Paused (a resume calls `start_run` before it applies its decision).
-            span.set_attribute("agentfsm.status", "paused")
-            if loop.paused is not None:
-                span.set_attribute("agentfsm.pause_reason", loop.paused.reason)
-        span.end()
-        self.previous = span.get_span_context()
-        self.span = None
-        self.in_run = False
-        self.segments += 1
+        try:
+            if self.decisions is not None:
+                self.decisions.drain()
+            attributes: dict[str, Any] = _usage(loop.usage, self.usage_at_start)
+            if loop.status is not LoopStatus.done:
+                # Paused (a resume calls `start_run` before it applies its decision).
+                attributes["agentfsm.status"] = "paused"
+                if loop.paused is not None:
+                    attributes["agentfsm.pause_reason"] = loop.paused.reason
+            set_attributes(span, attributes)
+        finally:
+            end(span)
+            self.previous = span.get_span_context()
+            self.span = None
+            self.in_run = False
+            self.segments += 1
 
     def ended(self, loop: Loop) -> None:
         """Record how the loop ended on its segment (one opened for it if it
         ended while paused, with no run: the runtime closed, its deadline)."""
-        if self.decisions is not None:
-            self.decisions.drain()
-        span = self.span or self.begin(loop, in_run=False)
+        try:
+            if self.decisions is not None:
+                self.decisions.drain()
+            self._outcome(self.span or self.begin(loop, in_run=False), loop)
+        finally:
+            if not self.in_run:
+                self.end_segment(loop)
+
+    def _outcome(self, span: Span, loop: Loop) -> None:
+        failure = loop.outcome is Outcome.failed
         attributes: dict[str, Any] = {
             "agentfsm.outcome": str(loop.outcome),
             "agentfsm.model_requests": loop.model_requests,
             "agentfsm.tool_calls": loop.tool_calls,
         }
         if loop.reason is not None:
-            attributes["agentfsm.reason"] = loop.reason
+            attributes["agentfsm.reason"] = self._reason(loop.reason, failure)
         if self.capture_content and loop.answer is not None:
             attributes["gen_ai.output.messages"] = content.answer_messages(loop.answer)
-        span.set_attributes(attributes)
         error = loop.error
-        if loop.outcome is Outcome.failed and error is not None:
-            span.set_attribute("error.type", error.type)
-            span.add_event(
-                "exception",
-                {"exception.type": error.type, "exception.message": error.message},
-            )
-            span.set_status(StatusCode.ERROR, error.message)
-        if not self.in_run:
-            self.end_segment(loop)
+        if failure and error is not None:
+            attributes["error.type"] = error.type
+            message = content.untrusted(error.message, self.capture_content)
+            exception = {"exception.type": error.type}
+            if self.capture_content:
+                exception["exception.message"] = message
+            add_event(span, "exception", exception)
+            set_error(span, message)
+        set_attributes(span, attributes)
+
+    def _reason(self, reason: str, failure: bool) -> str:
+        """A reason as a span holds it: a failure's is its error's message."""
+        return content.untrusted(reason, self.capture_content) if failure else reason
 
     # ---------------------------------------------------------------- events
 
     def committed(self, loop: Loop) -> None:
         """The loop's commit hook: the transition, after the decisions about it."""
+        guarded("transition", self._committed, loop, otherwise=None)
+
+    def _committed(self, loop: Loop) -> None:
         if self.decisions is not None:
             self.decisions.drain()
         span = self.span or self.begin(loop, in_run=False)
@@ -267,8 +299,10 @@ class LoopTrace:
             attributes["agentfsm.rewritten_from"] = rewritten_from.value
         step = loop.step
         if step is not None and step[2] is not None:
-            attributes["agentfsm.reason"] = step[2]
-        span.add_event("agentfsm.transition", attributes)
+            attributes["agentfsm.reason"] = self._reason(
+                step[2], trigger == Trigger.fail
+            )
+        add_event(span, "agentfsm.transition", attributes)
 
     def decided(self, event: TransitionIntercepted) -> None:
         """A handler's decision (drained from the bus by `Decisions`)."""
@@ -291,8 +325,11 @@ class LoopTrace:
             attributes["agentfsm.new_dest"] = event.new_dest.value
         if event.reason is not None:
             attributes["agentfsm.reason"] = event.reason
-        span.add_event(
-            "agentfsm.decision", attributes, timestamp=int(event.ts.timestamp() * 1e9)
+        add_event(
+            span,
+            "agentfsm.decision",
+            attributes,
+            timestamp=int(event.ts.timestamp() * 1e9),
         )
 
     # ---------------------------------------------------------------- tools
@@ -301,6 +338,21 @@ class LoopTrace:
         """The innermost tool wrapper: an `execute_tool {name}` span, current
         while the tool runs (a sync tool's worker thread runs in a copy of the
         context, so it sees the span too)."""
+        span = guarded("execute_tool", self._tool_span, call, otherwise=NO_SPAN)
+        token = otel_context.attach(trace.set_span_in_context(span))
+        try:
+            result = await next_(call)
+        except BaseException as exc:
+            failed(span, exc, self.capture_content)
+            raise
+        else:
+            guarded("execute_tool", self._tool_result, span, result, otherwise=None)
+            return result
+        finally:
+            otel_context.detach(token)
+            end(span)
+
+    def _tool_span(self, call: ToolCall) -> Span:
         name = call.call.name
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "execute_tool",
@@ -308,28 +360,26 @@ class LoopTrace:
             "gen_ai.tool.call.id": call.call.call_id,
             "gen_ai.tool.type": "function",
         }
-        if call.tool is not None and call.tool.definition.description:
-            attributes["gen_ai.tool.description"] = call.tool.definition.description
         if self.capture_content:
-            attributes["gen_ai.tool.call.arguments"] = call.arguments
-        span = self.tracer.start_span(
-            f"execute_tool {name}", kind=SpanKind.INTERNAL, attributes=attributes
+            # An MCP server's tool describes itself: its description is content.
+            if call.tool is not None and call.tool.definition.description:
+                attributes["gen_ai.tool.description"] = content.untrusted(
+                    call.tool.definition.description, self.capture_content
+                )
+            attributes["gen_ai.tool.call.arguments"] = content.untrusted(
+                call.arguments, self.capture_content
+            )
+        return start_span(
+            self.tracer, f"execute_tool {name}", SpanKind.INTERNAL, attributes
         )
-        token = otel_context.attach(trace.set_span_in_context(span))
-        try:
-            result = await next_(call)
-            if result.is_error:
-                span.set_attribute("error.type", "tool_error")
-                span.set_status(StatusCode.ERROR, result.output)
-            if self.capture_content:
-                span.set_attribute("gen_ai.tool.call.result", result.output)
-            return result
-        except BaseException as exc:
-            failed(span, exc)
-            raise
-        finally:
-            otel_context.detach(token)
-            span.end()
+
+    def _tool_result(self, span: Span, result: ToolResult) -> None:
+        output = content.untrusted(result.output, self.capture_content)
+        if result.is_error:
+            set_attributes(span, {"error.type": "tool_error"})
+            set_error(span, output)
+        if self.capture_content:
+            set_attributes(span, {"gen_ai.tool.call.result": output})
 
 
 def _usage(now: TokenUsage, before: TokenUsage) -> dict[str, int]:

@@ -26,7 +26,16 @@ from agentfsm.inference import InferenceInput, InferenceOutput, OutputCompleted
 from agentfsm.providers import Provider, ProviderRegistry, StreamEvent, split_model
 
 from . import content
-from .spans import failed, provider_name, server_attributes
+from .spans import (
+    NO_SPAN,
+    end,
+    failed,
+    guarded,
+    provider_name,
+    server_attributes,
+    set_attributes,
+    start_span,
+)
 
 if TYPE_CHECKING:
     from .loop_trace import LoopTrace
@@ -59,21 +68,31 @@ class TracedProvider:
         self._trace = trace
 
     async def complete(self, request: InferenceInput, /) -> InferenceOutput:
-        span = start_chat(self._trace, self._inner, request, streaming=False)
+        trace_ = self._trace
+        span = guarded(
+            "chat",
+            start_chat,
+            trace_,
+            self._inner,
+            request,
+            streaming=False,
+            otherwise=NO_SPAN,
+        )
         token = otel_context.attach(trace.set_span_in_context(span))
         try:
             output = await self._inner.complete(request)
+        except BaseException as exc:
+            failed(span, exc, trace_.capture_content)
+            raise
+        else:
             # Checked by the loop once the call returns (a provider returning
             # something else fails it): here it only decides what is recorded.
             if isinstance(output, InferenceOutput):
-                record_output(self._trace, span, output)
+                guarded("chat", record_output, trace_, span, output, otherwise=None)
             return output
-        except BaseException as exc:
-            failed(span, exc)
-            raise
         finally:
             otel_context.detach(token)
-            span.end()
+            end(span)
 
     def stream(
         self, request: InferenceInput, /
@@ -106,9 +125,7 @@ def start_chat(
         attributes["gen_ai.request.stop_sequences"] = request.stop_sequences
     if request.structured_output is not None:
         attributes["gen_ai.output.type"] = "json"
-    span = trace_.tracer.start_span(
-        f"chat {model}", kind=SpanKind.CLIENT, attributes=attributes
-    )
+    span = start_span(trace_.tracer, f"chat {model}", SpanKind.CLIENT, attributes)
     if trace_.capture_content and span.is_recording():
         # After the sampler, and only for a span it keeps: the content grows
         # with the context (the messages are serialized at every request).
@@ -122,7 +139,7 @@ def start_chat(
             captured["gen_ai.tool.definitions"] = content.tool_definitions(
                 request.tools
             )
-        span.set_attributes(captured)
+        set_attributes(span, captured)
     return span
 
 
@@ -146,7 +163,7 @@ def record_output(trace_: LoopTrace, span: Span, output: InferenceOutput) -> Non
             attributes["gen_ai.response.model"] = response_model
     if trace_.capture_content and span.is_recording():
         attributes["gen_ai.output.messages"] = content.output_messages(output)
-    span.set_attributes(attributes)
+    set_attributes(span, attributes)
 
 
 class _TracedStream:
@@ -178,8 +195,14 @@ class _TracedStream:
         self._chunks: _Chunks | None = None
 
     async def __aenter__(self) -> AsyncIterator[StreamEvent]:
-        span = self._span = start_chat(
-            self._trace, self._provider, self._request, streaming=True
+        span = self._span = guarded(
+            "chat",
+            start_chat,
+            self._trace,
+            self._provider,
+            self._request,
+            streaming=True,
+            otherwise=NO_SPAN,
         )
         started = time.monotonic()
         self._token = otel_context.attach(trace.set_span_in_context(span))
@@ -187,7 +210,7 @@ class _TracedStream:
             self._inner = self._provider.stream(self._request)
             deltas = await self._inner.__aenter__()
         except BaseException as exc:
-            self._finish(exc)
+            guarded("chat", self._finish, exc, otherwise=None)
             raise
         self._chunks = _Chunks(deltas, span, started)
         return self._chunks
@@ -205,19 +228,21 @@ class _TracedStream:
             exc = error
             raise
         finally:
-            self._finish(exc)
+            guarded("chat", self._finish, exc, otherwise=None)
 
     def _finish(self, exc: BaseException | None) -> None:
         span = self._span
         assert span is not None
-        chunks = self._chunks
-        if exc is not None:
-            failed(span, exc)
-        elif chunks is not None and chunks.output is not None:
-            record_output(self._trace, span, chunks.output)
         assert self._token is not None
         otel_context.detach(self._token)
-        span.end()
+        chunks = self._chunks
+        try:
+            if exc is not None:
+                failed(span, exc, self._trace.capture_content)
+            elif chunks is not None and chunks.output is not None:
+                record_output(self._trace, span, chunks.output)
+        finally:
+            end(span)
 
 
 class _Chunks:
@@ -242,7 +267,7 @@ class _Chunks:
         delta = await anext(self._deltas)
         if self._started is not None:
             seconds = time.monotonic() - self._started
-            self._span.set_attribute("gen_ai.response.time_to_first_chunk", seconds)
+            set_attributes(self._span, {"gen_ai.response.time_to_first_chunk": seconds})
             self._started = None
         if isinstance(delta, OutputCompleted):
             self.output = delta.output
