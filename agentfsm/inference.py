@@ -89,21 +89,20 @@ def _unique_names(tools: tuple[Tool, ...]) -> tuple[Tool, ...]:
 
 def _json_schema(value: Any) -> Any:
     """A dict `structured_output`, refused when it is not a valid JSON schema
-    (draft 2020-12, the draft answers are validated with). Unchecked, the model
-    was called first, and the loop failed only on its answer, with jsonschema's
-    error about the schema (`UnknownType`, say)."""
+    (draft 2020-12, the draft answers are validated with) or has a `$ref` that
+    does not resolve within it (nothing is ever fetched: see
+    `agentfsm._jsonschema`). Unchecked, the model was called first, and the
+    loop failed only on its answer, with jsonschema's error about the schema
+    (`UnknownType`, `PointerToNowhere`)."""
     if isinstance(value, dict):
-        # Imported here, like where answers are validated: it costs ~50 ms, and
-        # only requests with a JSON-schema output need it.
-        from jsonschema import Draft202012Validator
-        from jsonschema.exceptions import SchemaError
+        # Imported here, like where answers are validated: jsonschema costs
+        # ~50 ms, and only requests with a JSON-schema output need it.
+        from agentfsm._jsonschema import SchemaProblem, check
 
         try:
-            Draft202012Validator.check_schema(value)
-        except SchemaError as exc:
-            raise ValueError(
-                f"not a valid JSON schema: {exc.json_path}: {exc.message}"
-            ) from None
+            check(value, draft="2020-12")
+        except SchemaProblem as exc:
+            raise ValueError(f"not a valid JSON schema: {exc}") from None
     elif isinstance(value, type) and not issubclass(value, BaseModel):
         # `InstanceOf[type[BaseModel]]` takes any class: `int` reached the
         # loop, which failed on the answer with an AttributeError.
@@ -189,7 +188,8 @@ class InferenceInput(BaseModel):
         AfterValidator(_json_schema),
     ] = None
     """A pydantic model or JSON schema the answer must follow (a schema is
-    checked against JSON Schema draft 2020-12 here, before any model call)."""
+    checked against JSON Schema draft 2020-12 here, before any model call; each
+    `$ref` in it must resolve within it: nothing is ever fetched)."""
 
     @property
     def effective_tool_choice(self) -> str | None:

@@ -35,6 +35,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import (
+    TYPE_CHECKING,
     Any,
     Final,
     Literal,
@@ -57,12 +58,14 @@ from mcp.server.mcpserver import MCPServer
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
+from ._arguments import seconds, timeout_or_none
 from ._logging import get_logger
 from ._mcp.arguments import Arguments
 from ._mcp.options import (
     ApprovalRule,
     ToolFilter,
     approval_rule,
+    label_of,
     name_filter,
     names,
     prefix_of,
@@ -73,6 +76,9 @@ from ._mcp.results import tool_result
 from ._runtime import Runtime, current_runtime
 from .exceptions import AgentFSMError, ConfigurationError, ToolError
 from .tools import DEFAULT_TOOL_TIMEOUT, Tool, ToolDefinition, ToolResult
+
+if TYPE_CHECKING:
+    from ._jsonschema import SchemaProblem
 
 __all__ = (
     "DEFAULT_CONNECT_TIMEOUT",
@@ -115,6 +121,7 @@ class MCPConnectionError(AgentFSMError):
 class MCPToolsetOptions(TypedDict, total=False):
     """Options of `MCPToolset` and `mcp_tools`."""
 
+    name: str | None
     prefix: str | None
     include: Collection[str] | ToolFilter | None
     exclude: Collection[str]
@@ -135,6 +142,11 @@ class MCPTool(Tool):
     schema before they are sent; the server's result becomes a `ToolResult`:
     `is_error` an error output, structured content (as JSON) preferred over
     the text blocks.
+
+    Raises:
+        SchemaProblem: the input or output schema is not a valid one, or has
+            a reference that does not resolve within it (the toolset leaves
+            the tool out).
     """
 
     __slots__ = ("_arguments", "_toolset", "spec")
@@ -156,6 +168,15 @@ class MCPTool(Tool):
         """The tool as the server listed it."""
         self._toolset = toolset
         self._arguments = Arguments(name, spec.input_schema)
+        if spec.output_schema is not None:
+            # The SDK validates results against it (without retrieving): a
+            # schema it cannot use would fail every call.
+            from ._jsonschema import SchemaProblem, check
+
+            try:
+                check(spec.output_schema)
+            except SchemaProblem as exc:
+                raise SchemaProblem(f"output schema {exc}") from None
         self._describe(
             ToolDefinition(
                 name=name,
@@ -199,8 +220,23 @@ class MCPToolset(Sequence[MCPTool]):
     `mcp_tools` enters one for the runtime's lifetime, which is what a program
     wants; enter one yourself to hold a session for a shorter time.
 
+    A listed tool whose input or output schema is not a valid JSON schema, or
+    has a `$ref` that does not resolve within the schema (another document, a
+    URL, a file, a pointer to nothing), is left out, with a warning logged
+    (`mcp_tool_refused`) naming the server, the tool and the problem: one
+    broken tool does not cost the server's others, and no reference is ever
+    fetched or read. When `include` names such a tool, connecting fails with a
+    `ConfigurationError` saying so instead, as for a tool the server lacks.
+
+    Errors, logs and tool outputs name the server by a short label: `name`,
+    or the executable's file name (of a command), or the host and port (of a
+    URL), or the server object's name; never the command's arguments or the
+    URL's path, query or user info, which may hold a token and would reach
+    the model's provider and event logs.
+
     Args:
         server: which server (see `MCPServerSpec`).
+        name: what errors, logs and tool outputs call the server (see above).
         prefix: prepended to every tool name, with an underscore (`"calc"`:
             `add` becomes `calc_add`), so that two servers' tools cannot clash.
         include: the server's tool names to offer (every other is left out), or
@@ -224,15 +260,16 @@ class MCPToolset(Sequence[MCPTool]):
     def __init__(
         self, server: MCPServerSpec, **options: Unpack[MCPToolsetOptions]
     ) -> None:
-        self._target, self.name = target_of(server)  # `name`: for errors and logs
+        self._target, derived = target_of(server)
+        self.name = label_of(options.get("name"), derived)
+        """The server's label, for errors, logs and tool outputs."""
         self._prefix = prefix_of(options.get("prefix"))
         self._include = name_filter("include", options.get("include"))
         self._exclude = names("exclude", options.get("exclude", ()))
         self._approval = approval_rule(options.get("needs_approval", False))
-        timeout = options.get("timeout", DEFAULT_TOOL_TIMEOUT)
-        if timeout is not None and not timeout > 0:
-            raise ConfigurationError(f"timeout must be positive, got {timeout}")
-        self._timeout = timeout
+        self._timeout = timeout_or_none(
+            "timeout", options.get("timeout", DEFAULT_TOOL_TIMEOUT)
+        )
         self._execution_mode = options.get("execution_mode", "parallel")
         if self._execution_mode not in ("parallel", "sequential"):
             raise ConfigurationError(
@@ -240,11 +277,11 @@ class MCPToolset(Sequence[MCPTool]):
                 f"got {self._execution_mode!r}"
             )
         self._on_change = options.get("on_change")
-        self._connect_timeout = options.get("connect_timeout", DEFAULT_CONNECT_TIMEOUT)
-        if not self._connect_timeout > 0:
-            raise ConfigurationError(
-                f"connect_timeout must be positive, got {self._connect_timeout}"
-            )
+        self._connect_timeout = seconds(
+            "connect_timeout",
+            options.get("connect_timeout", DEFAULT_CONNECT_TIMEOUT),
+            positive=True,
+        )
         self._mode = options.get("mode", "auto")
         if self._mode not in ("auto", "legacy", *MODERN_PROTOCOL_VERSIONS):
             raise ConfigurationError(
@@ -416,6 +453,8 @@ class MCPToolset(Sequence[MCPTool]):
                     f"{', '.join(sorted(missing))} (it has: "
                     f"{', '.join(sorted(t.name for t in listed)) or 'none'})"
                 )
+        from ._jsonschema import SchemaProblem  # imports jsonschema, as listing does
+
         before = {t.spec.name: t for t in self._tools}
         offered = []
         for spec in listed:
@@ -425,19 +464,37 @@ class MCPToolset(Sequence[MCPTool]):
             if kept is not None and kept.spec == spec:
                 offered.append(kept)
                 continue
-            offered.append(
-                MCPTool(
-                    self,
-                    spec,
-                    name=spec.name
-                    if self._prefix is None
-                    else f"{self._prefix}_{spec.name}",
-                    timeout=self._timeout,
-                    needs_approval=self._approval(spec),
-                    execution_mode=self._execution_mode,
-                )
-            )
+            try:
+                tool = self._tool(spec)
+            except SchemaProblem as exc:
+                self._refuse(spec, exc, first=first)
+                continue
+            offered.append(tool)
         return tuple(offered)
+
+    def _tool(self, spec: mcp_types.Tool) -> MCPTool:
+        return MCPTool(
+            self,
+            spec,
+            name=spec.name if self._prefix is None else f"{self._prefix}_{spec.name}",
+            timeout=self._timeout,
+            needs_approval=self._approval(spec),
+            execution_mode=self._execution_mode,
+        )
+
+    def _refuse(
+        self, spec: mcp_types.Tool, problem: SchemaProblem, *, first: bool
+    ) -> None:
+        """Leave out a tool whose schema cannot be used (see the class's
+        docstring); an error when `include` named it on connecting."""
+        if first and isinstance(self._include, frozenset):
+            raise ConfigurationError(
+                f"include names tool {spec.name!r} of MCP server {self.name}, "
+                f"which cannot be offered: its {problem}"
+            )
+        get_logger().warning(
+            "mcp_tool_refused", server=self.name, tool=spec.name, problem=str(problem)
+        )
 
     def _wanted(self, spec: mcp_types.Tool) -> bool:
         if spec.name in self._exclude:
@@ -464,6 +521,10 @@ class MCPToolset(Sequence[MCPTool]):
         except MCPConnectionError as exc:
             raise ToolError(str(exc), tool=tool.name) from exc
         except mcp.MCPError as exc:
+            if exc.error.code == mcp_types.CONNECTION_CLOSED:  # the server is gone
+                raise ToolError(
+                    f"the session with MCP server {self.name} was lost", tool=tool.name
+                ) from exc
             # A protocol error (an unknown tool, on some servers): the call failed.
             raise ToolError(
                 f"MCP server {self.name} refused the call: {exc.error.message}",
@@ -476,6 +537,11 @@ class MCPToolset(Sequence[MCPTool]):
         except ValidationError as exc:
             raise ToolError(
                 f"MCP server {self.name} sent a result that is not one: {exc}",
+                tool=tool.name,
+            ) from exc
+        except Exception as exc:  # said without the URL a transport's error may quote
+            raise ToolError(
+                f"the call to MCP server {self.name} failed: {reason(exc)}",
                 tool=tool.name,
             ) from exc
         return tool_result(result, tool.spec.output_schema)
@@ -515,7 +581,7 @@ class MCPToolset(Sequence[MCPTool]):
                 # No replay after a lost stream: listen again and fetch the list,
                 # since a change may have been missed meanwhile.
                 get_logger().warning(
-                    "mcp_listen_lost", server=self.name, error=str(exc)
+                    "mcp_listen_lost", server=self.name, error=reason(exc)
                 )
                 if not started:
                     started = True
@@ -562,7 +628,8 @@ async def mcp_tools(
 
     Raises:
         ConfigurationError: an option is wrong, or `include` names a tool the
-            server does not have.
+            server does not have or whose schema cannot be used (see
+            `MCPToolset`).
         MCPConnectionError: the server could not be started or reached, or did
             not list its tools within `connect_timeout`.
         NoRuntimeError: no `runtime` given and none is current.

@@ -1,5 +1,10 @@
 """An MCP tool's arguments: the schema the model is sent, and the check of
-what the model wrote against it (the server checks them again)."""
+what the model wrote against it (the server checks them again).
+
+The schema comes from the server, which agentfsm does not trust: it is checked
+when the tool is listed, and its references resolve within it or the tool is
+not offered (`agentfsm._jsonschema`); a `$ref` never makes the host fetch a
+URL or read a file."""
 
 from __future__ import annotations
 
@@ -14,8 +19,13 @@ __all__ = ("Arguments",)
 
 
 class Arguments:
-    """The input schema of one tool, and its validator (made on first use:
-    jsonschema costs ~50 ms to import)."""
+    """The input schema of one tool, and its validator.
+
+    Raises:
+        SchemaProblem: the schema is not a valid one, or has a reference that
+            does not resolve within it: the tool is not to be offered (see
+            `agentfsm._jsonschema`).
+    """
 
     __slots__ = ("_validator", "schema", "tool")
 
@@ -27,7 +37,13 @@ class Arguments:
         schema.setdefault("type", "object")
         schema.setdefault("properties", {})
         self.schema = schema
-        self._validator: Any = None
+        # Imported when a tool is listed: jsonschema costs ~50 ms to import.
+        from agentfsm._jsonschema import SchemaProblem, validator
+
+        try:
+            self._validator = validator(schema)
+        except SchemaProblem as exc:
+            raise SchemaProblem(f"input schema {exc}") from None
 
     def validate(self, arguments: str | Mapping[str, Any]) -> dict[str, Any]:
         """The arguments as a dict, once they fit the schema.
@@ -36,18 +52,19 @@ class Arguments:
             ToolArgumentsError: not a JSON object, or naming each field that
                 does not fit the schema and why.
         """
+        from agentfsm._jsonschema import SchemaProblem, errors
+
         values = self._object(arguments)
-        validator = self._validator
-        if validator is None:
-            validator = self._validator = _validator(self.schema)
-        if validator is not False:
-            problems = [
-                f"{'.'.join(map(str, error.absolute_path)) or 'arguments'}: "
-                f"{error.message}"
-                for error in validator.iter_errors(values)
-            ]
-            if problems:
-                raise self._error("; ".join(problems))
+        try:
+            found = errors(self._validator, values)
+        except SchemaProblem as exc:
+            raise self._error(str(exc)) from None
+        problems = [
+            f"{'.'.join(map(str, error.absolute_path)) or 'arguments'}: {error.message}"
+            for error in found
+        ]
+        if problems:
+            raise self._error("; ".join(problems))
         return values
 
     def _object(self, arguments: str | Mapping[str, Any]) -> dict[str, Any]:
@@ -66,20 +83,3 @@ class Arguments:
         return ToolArgumentsError(
             f"invalid arguments for tool {self.tool!r}: {problem}", tool=self.tool
         )
-
-
-def _validator(schema: dict[str, Any]) -> Any:
-    """A jsonschema validator of the schema (of the draft it names, 2020-12 by
-    default); `False` when the schema is not a valid one: the server alone
-    checks the arguments then."""
-    import jsonschema.validators
-    from jsonschema.exceptions import SchemaError
-
-    kind = jsonschema.validators.validator_for(
-        schema, default=jsonschema.validators.Draft202012Validator
-    )
-    try:
-        kind.check_schema(schema)
-    except SchemaError:
-        return False
-    return kind(schema)

@@ -1,0 +1,167 @@
+"""Every jsonschema validator of agentfsm, built one way: no `$ref` ever retrieves.
+
+Schemas come from parties agentfsm does not trust (an MCP server's tool list)
+or from users who may not know that jsonschema, left to its defaults, follows
+a `$ref` it cannot resolve by fetching it: an HTTP GET with no timeout, on the
+event loop's thread, or a `file://` read whose content then shows up in
+validation errors. Here a validator's registry retrieves nothing (it holds
+the schema and jsonschema's bundled metaschemas), and a schema is checked when
+it is taken: valid against its draft's metaschema, and each `$ref`,
+`$dynamicRef` and `$recursiveRef` in it resolved within the schema itself. A
+schema that fails either is refused with a `SchemaProblem` saying where and
+why, before it reaches a model; validation never meets an unresolvable
+reference later.
+
+Import this module where a schema is first checked, not at the top of a
+module: it imports jsonschema and referencing (~50 ms). Their names are bound
+here at import, not inside the functions, so that a Temporal workflow sandbox,
+which passes `agentfsm` modules through, never imports a second referencing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+import jsonschema.validators
+import referencing.jsonschema
+from jsonschema.exceptions import SchemaError, ValidationError
+from jsonschema.protocols import Validator
+from referencing import Registry, Resource
+from referencing.exceptions import Unresolvable
+
+if TYPE_CHECKING:
+    from referencing._core import Resolver
+
+__all__ = ("Draft", "SchemaProblem", "check", "errors", "validator")
+
+Draft = Literal["declared", "2020-12"]
+"""Which draft a schema is read as: the one its `$schema` names (2020-12 when
+it names none, or one jsonschema does not know), or 2020-12 whatever it says."""
+
+_REFERENCES: Final = ("$ref", "$dynamicRef", "$recursiveRef")
+
+
+class SchemaProblem(ValueError):
+    """A JSON schema agentfsm will not use: not a valid schema of its draft, or
+    with a reference that does not resolve within it (the message says where)."""
+
+
+def validator(schema: Mapping[str, Any], *, draft: Draft = "declared") -> Validator:
+    """A validator of `schema`, once `check` accepts it, whose registry
+    retrieves nothing.
+
+    Raises:
+        SchemaProblem: see `check`.
+    """
+    kind = _kind(schema, draft)
+    _check(kind, schema)
+    # An explicit registry replaces jsonschema's default one, which retrieves
+    # what it does not hold; `Registry()` retrieves nothing.
+    return kind(schema, registry=Registry())
+
+
+def check(schema: Mapping[str, Any], *, draft: Draft = "declared") -> None:
+    """Refuse a schema that is not valid against its draft's metaschema, or has
+    a reference that does not resolve within it (another document, a URL, a
+    file, a pointer to nothing).
+
+    Raises:
+        SchemaProblem: naming the JSON path of the problem and what it is.
+    """
+    _check(_kind(schema, draft), schema)
+
+
+def errors(validator: Validator, instance: Any) -> list[ValidationError]:
+    """The validation errors of `instance`, in jsonschema's order.
+
+    Raises:
+        SchemaProblem: the schema cannot be applied (it refers to itself
+            without end, or the instance is nested too deeply to check).
+    """
+    try:
+        return list(validator.iter_errors(instance))
+    except Unresolvable as exc:  # `check` makes this unreachable; said clearly if not
+        raise SchemaProblem(f"a reference does not resolve: {exc}") from None
+    except RecursionError:
+        raise SchemaProblem(
+            "nested too deeply to check (or a schema that refers to itself without end)"
+        ) from None
+
+
+def _kind(schema: Mapping[str, Any], draft: Draft) -> type[Validator]:
+    if not isinstance(schema, Mapping):
+        raise SchemaProblem(f"a schema is a JSON object, got {type(schema).__name__}")
+    default = jsonschema.validators.Draft202012Validator
+    if draft == "2020-12":
+        return default
+    dialect = schema.get("$schema")
+    if dialect is not None and not isinstance(dialect, str):
+        # jsonschema looks it up in a dict: a list would raise TypeError there.
+        raise SchemaProblem(f"$.$schema: {dialect!r} is not of type 'string'")
+    return jsonschema.validators.validator_for(schema, default=default)
+
+
+def _check(kind: type[Validator], schema: Mapping[str, Any]) -> None:
+    try:
+        kind.check_schema(dict(schema))
+        unresolved = next(_unresolved(kind, schema), None)
+    except SchemaError as exc:
+        raise SchemaProblem(f"{exc.json_path}: {exc.message}") from None
+    except RecursionError:
+        raise SchemaProblem("nested too deeply to check") from None
+    if unresolved is not None:
+        path, keyword, ref = unresolved
+        why = (
+            "points to nothing in the schema"
+            if ref.startswith("#")
+            else "is outside the schema (other documents and files are never "
+            "retrieved: put what it refers to under $defs)"
+        )
+        raise SchemaProblem(f"{path}.{keyword}: {ref!r} {why}")
+
+
+def _unresolved(
+    kind: type[Validator], schema: Mapping[str, Any]
+) -> Iterator[tuple[str, str, str]]:
+    """(JSON path, keyword, reference) of each reference that does not resolve
+    within the schema, walked as the validator's draft reads it (`$id`s
+    change the base URI of what they hold)."""
+    specification = referencing.jsonschema.specification_with(
+        kind.META_SCHEMA.get("$schema", ""),
+        default=referencing.jsonschema.DRAFT202012,
+    )
+    root = specification.create_resource(schema)
+    paths = dict(_paths(schema, "$"))
+    # Only the schema itself: a reference to anything else, even a bundled
+    # metaschema, is refused.
+    resolver = Registry().resolver_with_root(root)
+    yield from _walk(resolver, root, paths)
+
+
+def _walk(
+    resolver: Resolver[Any], resource: Resource[Any], paths: dict[int, str]
+) -> Iterator[tuple[str, str, str]]:
+    contents = resource.contents
+    if isinstance(contents, Mapping):
+        for keyword in _REFERENCES:
+            ref = contents.get(keyword)
+            if not isinstance(ref, str):
+                continue
+            try:
+                resolver.lookup(ref)
+            except (Unresolvable, ValueError):  # ValueError: not a URI at all
+                yield paths.get(id(contents), "$"), keyword, ref
+    for sub in resource.subresources():
+        yield from _walk(resolver.in_subresource(sub), sub, paths)
+
+
+def _paths(value: Any, path: str) -> Iterator[tuple[int, str]]:
+    """The JSON path of each object in `value`, by identity (for messages)."""
+    if isinstance(value, Mapping):
+        yield id(value), path
+        for key, item in value.items():
+            yield from _paths(item, f"{path}.{key}")
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _paths(item, f"{path}[{index}]")
