@@ -10,11 +10,15 @@ from dataclasses import dataclass
 from typing import final
 
 from . import events as ev
+from ._text import clip
 from .exceptions import EventLogError
 from .results import LoopResult, LoopStatus, LoopView, PathStep
 from .states import ERROR_TRIGGERS, LoopState, Outcome
 
 __all__ = ("LoopPath",)
+
+_TITLE_ID = 64
+"""The most characters of an id a title shows (a loop id has 36)."""
 
 
 @final
@@ -145,13 +149,16 @@ class LoopPath:
 
     @property
     def title(self) -> str:
-        """`loop <id> (<agent>): <outcome or status>`."""
+        """`loop <id> (<agent>): <outcome or status>`, each id cut to
+        `_TITLE_ID` characters so that the outcome stays in a bounded label."""
         where = self.outcome or (
             f"paused in {self.state}"
             if self.status is LoopStatus.paused
             else f"{self.status} in {self.state}"
         )
-        return f"loop {self.loop_id} ({self.agent_id}): {where}"
+        loop_id = clip(self.loop_id, _TITLE_ID)
+        agent_id = clip(self.agent_id, _TITLE_ID)
+        return f"loop {loop_id} ({agent_id}): {where}"
 
 
 def _events_of(

@@ -37,6 +37,7 @@ from typing import Literal, NamedTuple
 
 from ._machine import TABLE, draw_mermaid
 from ._paths import LoopPath
+from ._text import dot_label, mermaid_label
 from .exceptions import GraphvizError
 from .results import LoopResult, LoopStatus, LoopView
 from .states import ERROR_TRIGGERS, LoopState, Trigger
@@ -200,7 +201,8 @@ def render_path_mermaid(
     path = LoopPath.of(loop)
     lines = [
         "---",
-        f"title: {json.dumps(title or path.title, ensure_ascii=False)}",
+        # A JSON string is a YAML one: a visible escape's backslash stays one.
+        f"title: {json.dumps(mermaid_label(title or path.title), ensure_ascii=False)}",
         "---",
         "stateDiagram-v2",
         "  direction LR",
@@ -220,7 +222,7 @@ def render_path_mermaid(
         lines.extend(
             (
                 f"  note right of {path.state}",
-                f"    {_mermaid_text(note)}",
+                f"    {mermaid_label(note)}",
                 "  end note",
             )
         )
@@ -251,7 +253,7 @@ def render_paths_mermaid(
     lines = ["stateDiagram-v2", "  direction LR", *_MERMAID_CLASSES, ""]
     classes: list[str] = []
     for n, (path, name) in enumerate(zip(paths, names, strict=True), 1):
-        lines.append(f"  state {json.dumps(name, ensure_ascii=False)} as loop{n} {{")
+        lines.append(f'  state "{mermaid_label(name)}" as loop{n} {{')
         lines.append("    direction LR")
         for state in LoopState:
             lines.append(f'    state "{state}" as l{n}_{state}')
@@ -263,12 +265,6 @@ def render_paths_mermaid(
         )
         lines.extend((f"    [*] --> l{n}_idle", "  }"))
     return "\n".join((*lines, *classes)) + "\n"
-
-
-def _mermaid_text(text: str) -> str:
-    """Free text made safe inside a mermaid note: one line, entity-coded specials."""
-    text = " ".join(text.split())
-    return re.sub(r"[#;<>]", lambda m: f"#{ord(m.group())};", text)
 
 
 # ---------------------------------------------------------------------- graphviz
@@ -391,7 +387,7 @@ def render_dot(
     start_css, end_css = _end_classes(path)
     lines = [
         "digraph agentfsm {",
-        f"  graph [label={_dot_str(label)}{_DOT_GRAPH}];",
+        f"  graph [label={dot_label(label)}{_DOT_GRAPH}];",
         *_DOT_DEFAULTS,
     ]
     for state in LoopState:
@@ -408,7 +404,7 @@ def render_dot(
     note = _pause_note(path)
     if path is not None and note is not None:
         lines.append("")
-        lines.append(f"  __paused__ [label={_dot_str(note)}{_DOT_NOTE}];")
+        lines.append(f"  __paused__ [label={dot_label(note)}{_DOT_NOTE}];")
         lines.append(f"  __paused__ -> {path.state} [{_DOT_NOTE_EDGE}];")
         lines.append(f"  {{rank=same; __paused__; {path.state}}}")
     lines.append("}")
@@ -416,7 +412,9 @@ def render_dot(
 
 
 def _dot_str(text: str) -> str:
-    """A DOT quoted string; backslashes are escaped so `\\N`, `\\G`... stay literal."""
+    """A DOT quoted string of the diagram's own text (states, triggers),
+    backslashes escaped so `\\N`... stay literal; a loop's text goes through
+    `dot_label`."""
     text = text.replace("\\", "\\\\").replace('"', '\\"')
     return '"' + text.replace("\r\n", "\\n").replace("\n", "\\n") + '"'
 

@@ -16,7 +16,6 @@ print(format_timeline(timeline))
 
 from __future__ import annotations
 
-import html
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from typing import Final, NamedTuple, final
 
 from . import events as ev
 from ._paths import LoopPath
+from ._text import clip, printable, xml_text
 from .exceptions import EventLogError
 from .interception import ToolBatch
 from .messages import TokenUsage, UserMessage
@@ -310,7 +310,8 @@ def build_timeline(
                 text = _describe(event, width)
         if text is not None:
             elapsed = (event.ts - start).total_seconds()
-            rows.append(TimelineRow(event.seq, elapsed, _kind(event), text))
+            # A row quotes model and tool names and call ids as the log has them.
+            rows.append(TimelineRow(event.seq, elapsed, _kind(event), _field(text)))
     summary = _summary(mine)
     if summary.status is not LoopStatus.done:  # still in `state` when the log ends
         spent = (mine[-1].ts - entered).total_seconds()
@@ -437,10 +438,14 @@ def _payload(payload: ev.EventPayload, width: int) -> str:
     return _quote(payload.content, width)
 
 
+def _field(text: str) -> str:
+    """An id, a name or a row on one line, `printable`."""
+    return printable(text, newlines=False)
+
+
 def _short(text: str, width: int) -> str:
-    """One line, cut to `width` characters with an ellipsis."""
-    line = " ".join(text.split())
-    return line if len(line) <= width else line[: max(width - 1, 1)] + "…"
+    """One `printable` line, cut to `width` characters with an ellipsis."""
+    return clip(printable(" ".join(text.split()), newlines=False), width)
 
 
 def _quote(text: str, width: int) -> str:
@@ -487,7 +492,7 @@ def format_table(summaries: Sequence[LoopSummary]) -> str:
     )
     shorts = short_ids(s.loop_id for s in summaries)
     rows = [
-        (
+        _cells(
             shorts[s.loop_id],
             s.agent_id,
             _outcome(s),
@@ -510,6 +515,11 @@ def format_table(summaries: Sequence[LoopSummary]) -> str:
         for row in (header, *rows)
     ]
     return "\n".join((*lines, _count(len(rows), "loop"))) + "\n"
+
+
+def _cells(*cells: str) -> tuple[str, ...]:
+    """A row of the table, each cell one `printable` line."""
+    return tuple(map(_field, cells))
 
 
 def _fork_cell(summary: LoopSummary, shorts: dict[str, str]) -> str:
@@ -546,8 +556,8 @@ def format_timeline(timeline: Timeline) -> str:
     """One loop as text: summary, path, time in each state, timeline, answer."""
     s = timeline.summary
     lines = [
-        f"loop {s.loop_id}",
-        f"  agent     {s.agent_id}",
+        f"loop {_field(s.loop_id)}",
+        f"  agent     {_field(s.agent_id)}",
         f"  outcome   {_outcome(s)}",
         f"  totals    {_totals(s)}",
         f"  started   {_when(s.started_at)}, lasted {_seconds(s.duration)}",
@@ -555,9 +565,9 @@ def format_timeline(timeline: Timeline) -> str:
     ]
     if s.forked_from is not None:
         origin = s.forked_from
-        lines.append(f"  forked    from {origin.loop_id} at seq {origin.seq}")
+        lines.append(f"  forked    from {_field(origin.loop_id)} at seq {origin.seq}")
     if timeline.forks:
-        lines.append(f"  forks     {', '.join(timeline.forks)}")
+        lines.append(f"  forks     {_field(', '.join(timeline.forks))}")
     lines.extend(("", "time in state"))
     width = max(len(t.state) for t in timeline.states)
     lines.extend(
@@ -571,7 +581,11 @@ def format_timeline(timeline: Timeline) -> str:
     )
     if timeline.answer is not None:
         lines.extend(
-            ("", "answer", *(f"  {line}" for line in timeline.answer.splitlines()))
+            (
+                "",
+                "answer",
+                *(f"  {printable(line)}" for line in timeline.answer.splitlines()),
+            )
         )
     return "\n".join(lines) + "\n"
 
@@ -603,7 +617,7 @@ def render_html(timeline: Timeline, svg: str) -> str:
             it is inlined (its XML prolog dropped).
     """
     s = timeline.summary
-    e = html.escape
+    e = xml_text  # the page is XML-valid too: no character XML forbids
     start = svg.find("<svg")
     figure = svg[start:] if start >= 0 else svg
     summary = "".join(

@@ -369,7 +369,7 @@ class TestSnapshots:
             "    paused before start to context_update: why? because#59; #35;1 #60;b#62;"
             in (mermaid.splitlines())
         )
-        assert 'title: "loop x (a\\"b\\\\N): paused in idle"' in mermaid
+        assert 'title: "loop x (a#34;b\\\\N): paused in idle"' in mermaid
 
 
 class TestFromLoops:

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from agentfsm._text import printable
 from agentfsm.diagrams import (
     LoopPath,
     render_dot,
@@ -82,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             sys.stdout.write(drawing)
     except (AgentFSMError, OSError) as exc:
-        print(f"agentfsm diagram: error: {exc}", file=sys.stderr)
+        # The message may quote the log or graphviz's complaint about a label.
+        print(f"agentfsm diagram: error: {printable(str(exc))}", file=sys.stderr)
         return 1
     return 0
 

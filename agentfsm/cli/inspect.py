@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
+from agentfsm._text import printable
 from agentfsm.diagrams import render_svg
-from agentfsm.eventlog import read_events
+from agentfsm.eventlog import _private_opener, read_events
 from agentfsm.events import AgentEvent
 from agentfsm.exceptions import AgentFSMError, EventLogError
 from agentfsm.timeline import (
@@ -78,8 +78,12 @@ def run(args: argparse.Namespace) -> int:
             loop_id = loop_of(args, events)
             timeline = build_timeline(events, loop_id, width=_HTML_WIDTH)
             page = render_html(timeline, render_svg(timeline.path))
-            Path(args.html).write_text(page, encoding="utf-8")
-            print(f"wrote {args.html} (loop {loop_id})")
+            # Its owner's only, as the log is: it quotes prompts and tool outputs.
+            with open(
+                args.html, "w", encoding="utf-8", opener=_private_opener(0o600)
+            ) as html:
+                html.write(page)
+            print(printable(f"wrote {args.html} (loop {loop_id})", newlines=False))
         elif args.loop is not None:
             loop_id = loop_of(args, events)
             timeline = build_timeline(events, loop_id, width=max(args.width, 10))
@@ -87,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             sys.stdout.write(format_table(summarize(events)))
     except (AgentFSMError, OSError) as exc:
-        print(f"agentfsm inspect: error: {exc}", file=sys.stderr)
+        # The message may quote the log: loop ids, the text of a line.
+        print(f"agentfsm inspect: error: {printable(str(exc))}", file=sys.stderr)
         return 1
     return 0
 
@@ -102,8 +107,8 @@ def report_skipped(path: str, lines: list[int], command: str = "inspect") -> Non
         else f"{len(lines)} lines ({', '.join(map(str, lines))})"
     )
     print(
-        f"agentfsm {command}: skipped {which} of {path}: not valid JSON, "
-        "torn by a writer killed mid-line",
+        f"agentfsm {command}: skipped {which} of {printable(path)}: not valid "
+        "JSON, torn by a writer killed mid-line",
         file=sys.stderr,
     )
 

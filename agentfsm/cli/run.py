@@ -39,6 +39,7 @@ from agentfsm import (
     TokenUsage,
     Tool,
 )
+from agentfsm._text import printable
 from agentfsm.events import (
     FunctionCallCompleted,
     FunctionCallStarted,
@@ -251,7 +252,8 @@ def _request(
 
 
 def _error(message: str, code: int) -> int:
-    print(message, file=sys.stderr)
+    # Errors quote what a model, a tool or a server said.
+    print(printable(message), file=sys.stderr)
     return code
 
 
@@ -428,24 +430,29 @@ class _Display:
                 if not self._text_open:
                     self._out.write("model: ")
                     self._text_open = self._streamed = True
-                self._out.write(text)
+                # A chunk may end inside an escape sequence: each is made
+                # printable alone, so no part of one reaches the terminal.
+                self._out.write(printable(text))
                 self._out.flush()
             case LoopTransition():
                 self._line(f"[{event.source} --{event.trigger}--> {event.dest}]")
             case InferenceCompleted() if event.output.finish_reason == "length":
                 self._line("(the output was cut at the token limit)")
             case FunctionCallStarted():
-                self._line(f"  call {event.call.name}({event.call.arguments})")
+                call = event.call
+                self._line(f"  call {_one(call.name)}({_one(call.arguments)})")
             case FunctionCallCompleted():
                 status = "error" if event.output.is_error else "->"
                 self._line(
-                    f"  {event.call.name} {status} {event.output.output} "
-                    f"({event.duration * 1000:.0f} ms)"
+                    f"  {_one(event.call.name)} {status} "
+                    f"{printable(event.output.output)} ({event.duration * 1000:.0f} ms)"
                 )
             case ModelAnswer() if not self._streamed:
-                self._line(f"model: {event.message.content}")
+                self._line(f"model: {printable(event.message.content)}")
             case LoopFailed():
-                self._line(f"failed: {event.error_type}: {event.message}")
+                self._line(
+                    f"failed: {_one(event.error_type)}: {printable(event.message)}"
+                )
             case _:
                 pass
 
@@ -456,6 +463,11 @@ class _Display:
             self._usage = self._usage + event.output.token_usage
         elif isinstance(event, FunctionCallCompleted):
             self._tools += 1
+
+
+def _one(text: str) -> str:
+    """A name or arguments from the model, `printable` on one line."""
+    return printable(text, newlines=False)
 
 
 class _LoadDisplay:
@@ -476,7 +488,8 @@ class _LoadDisplay:
             self._started = time.monotonic()
             size = progress.size_bytes / 1e6
             name = Path(progress.path).name
-            self._label = f"loading {progress.model} ({name}, {size:.0f} MB)..."
+            label = f"loading {progress.model} ({name}, {size:.0f} MB)..."
+            self._label = printable(label, newlines=False)
             self._out.write(self._label)
         else:
             self._started = None
