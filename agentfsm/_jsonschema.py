@@ -110,6 +110,10 @@ def _check(kind: type[Validator], schema: Mapping[str, Any]) -> None:
         raise SchemaProblem(f"{exc.json_path}: {exc.message}") from None
     except RecursionError:
         raise SchemaProblem("nested too deeply to check") from None
+    except Exception as exc:  # noqa: BLE001 - referencing's walk of an odd draft
+        raise SchemaProblem(
+            f"cannot be checked ({type(exc).__name__}: {exc})"[:300]
+        ) from None
     if unresolved is not None:
         path, keyword, ref = unresolved
         why = (
@@ -136,14 +140,29 @@ def _unresolved(
     # Only the schema itself: a reference to anything else, even a bundled
     # metaschema, is refused.
     resolver = Registry().resolver_with_root(root)
-    yield from _walk(resolver, root, paths)
+    walked: set[int] = set()
+    yield from _walk(resolver, root, paths, walked)
+    # A reference where the draft's walk never goes (draft 3's `type`, a
+    # `dependencies` entry after a list) is one the validator may still
+    # follow: refused too, as unresolvable.
+    for value_id, (path, contents) in _objects(schema, "$").items():
+        if value_id in walked:
+            continue
+        for keyword in _REFERENCES:
+            ref = contents.get(keyword)
+            if isinstance(ref, str):
+                yield path, keyword, ref
 
 
 def _walk(
-    resolver: Resolver[Any], resource: Resource[Any], paths: dict[int, str]
+    resolver: Resolver[Any],
+    resource: Resource[Any],
+    paths: dict[int, str],
+    walked: set[int],
 ) -> Iterator[tuple[str, str, str]]:
     contents = resource.contents
     if isinstance(contents, Mapping):
+        walked.add(id(contents))
         for keyword in _REFERENCES:
             ref = contents.get(keyword)
             if not isinstance(ref, str):
@@ -153,7 +172,21 @@ def _walk(
             except (Unresolvable, ValueError):  # ValueError: not a URI at all
                 yield paths.get(id(contents), "$"), keyword, ref
     for sub in resource.subresources():
-        yield from _walk(resolver.in_subresource(sub), sub, paths)
+        yield from _walk(resolver.in_subresource(sub), sub, paths, walked)
+
+
+def _objects(value: Any, path: str) -> dict[int, tuple[str, Mapping[str, Any]]]:
+    """Each object in `value`, by identity, with its JSON path."""
+    found: dict[int, tuple[str, Mapping[str, Any]]] = {}
+    stack = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, Mapping):
+            found[id(item)] = (where, item)
+            stack.extend((v, f"{where}.{k}") for k, v in item.items())
+        elif isinstance(item, list):
+            stack.extend((v, f"{where}[{n}]") for n, v in enumerate(item))
+    return found
 
 
 def _paths(value: Any, path: str) -> Iterator[tuple[int, str]]:

@@ -48,8 +48,31 @@ def get_logger() -> FilteringBoundLogger:
         structlog.PrintLogger(sys.stderr),
         wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
         logger_name="agentfsm",
+        processors=_quiet_processors(structlog),
     )
     return quiet
+
+
+_processors: list[Any] | None = None
+
+
+def _quiet_processors(structlog: Any) -> list[Any]:
+    """One that makes every value printable (what agentfsm logs may quote a
+    model or a server, and it goes to a terminal), then structlog's processors
+    as configured when the line is logged (a module's logger, made before the
+    application configured structlog, follows it so). Made once: a loop asks
+    for its logger as it starts."""
+    global _processors
+    if _processors is None:
+        from ._text import printable_log
+
+        def configured(logger: Any, method: str, event: Any) -> Any:
+            for processor in structlog.get_config()["processors"]:
+                event = processor(logger, method, event)
+            return event
+
+        _processors = [printable_log, configured]
+    return _processors
 
 
 def bind_contextvars(**values: Any) -> None:

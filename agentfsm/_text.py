@@ -19,7 +19,9 @@ own rules, and each rule lives here:
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from collections.abc import Mapping, MutableMapping
 from typing import Annotated, Any, Final, TypeAlias
 
 from pydantic import AfterValidator, BaseModel
@@ -28,10 +30,12 @@ from pydantic_core import PydanticSerializationError, to_json
 __all__ = (
     "EncodableStr",
     "encodable",
+    "encodable_copy",
     "encodable_data",
     "json_text",
     "model_json",
     "printable",
+    "printable_log",
 )
 
 _SURROGATE: Final = re.compile("[\ud800-\udfff]")
@@ -75,7 +79,7 @@ def json_text(value: Any) -> str:
     """`value` as text: a str as it is (made `encodable`), anything else as
     JSON, its lone surrogates escaped."""
     if isinstance(value, str):
-        return encodable(value)
+        return value if value.isascii() else encodable(value)
     try:
         return to_json(value).decode()
     except PydanticSerializationError:
@@ -83,6 +87,33 @@ def json_text(value: Any) -> str:
         if cleaned is value:
             raise
         return to_json(cleaned).decode()
+
+
+def encodable_copy(value: Any) -> Any:
+    """`value` (a model, a dataclass of them, or containers of either) with
+    every string in it made `encodable`: what a sink writes when the text did
+    not enter through a loop (a model built without validation). A model is
+    rebuilt from its JSON data, as a sink would read it back."""
+    if isinstance(value, BaseModel):
+        data = encodable_data(value.model_dump(mode="json"))
+        return type(value).model_validate(data)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changes = {
+            f.name: encodable_copy(getattr(value, f.name))
+            for f in dataclasses.fields(value)
+            if f.init
+        }
+        return dataclasses.replace(value, **changes)
+    if isinstance(value, str):
+        return encodable(value)
+    if isinstance(value, dict):
+        return {k: encodable_copy(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        items = [encodable_copy(v) for v in value]
+        if hasattr(value, "_fields"):  # a NamedTuple
+            return type(value)(*items)
+        return type(value)(items)
+    return value
 
 
 def model_json(model: BaseModel) -> str:
@@ -96,12 +127,27 @@ def model_json(model: BaseModel) -> str:
         return to_json(data).decode()
 
 
-# C0 controls but tab and newline, DEL, C1 controls, and the bidirectional
-# formatting characters that reorder what a terminal shows (Trojan Source).
+# C0 controls but tab and newline, DEL, C1 controls, the bidirectional
+# formatting characters that reorder what a terminal shows (Trojan Source),
+# invisible characters and line or paragraph separators that hide or break
+# what it shows (not the joiners emoji and some scripts need), and lone
+# surrogates.
 _CONTROL: Final = re.compile(
-    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
-    "\ud800-\udfff]"
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b\u200e\u200f\u2028-\u202e"
+    "\u2060-\u2069\ufeff\ud800-\udfff]"
 )
+
+
+def printable_log(
+    _logger: Any, _method: str, event: MutableMapping[str, Any]
+) -> Mapping[str, Any]:
+    """A structlog processor: every str value of a log line `printable` on one
+    line (a console renderer prints values as they are, and a tool named by
+    an MCP server, or a model, is such a value)."""
+    return {
+        key: printable(value, newlines=False) if isinstance(value, str) else value
+        for key, value in event.items()
+    }
 
 
 def _visible(match: re.Match[str]) -> str:

@@ -176,6 +176,16 @@ class TestInspectHtml:
         assert mode(page) == 0o600
         assert "hello" in page.read_text(encoding="utf-8")
 
+    @pytest.mark.parametrize("suffix", ["mermaid", "dot"])
+    def test_a_drawing_is_readable_by_its_owner_only(
+        self, log: Path, tmp_path: Path, suffix: str
+    ) -> None:
+        """A drawing of a log names its agents and quotes its pauses."""
+        target = tmp_path / f"path.{suffix}"
+        argv = ["diagram", "--events", str(log), "--format", suffix, "-o", str(target)]
+        assert main(argv) == 0
+        assert mode(target) == 0o600
+
     def test_an_existing_page_keeps_its_mode(
         self, log: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
     ) -> None:

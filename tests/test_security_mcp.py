@@ -492,3 +492,36 @@ class TestMcpLabels:
         assert reason(error) == (
             "RuntimeError: Client error '401' for url 'https://h.example/...'"
         )
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        pytest.param(
+            {
+                "$schema": "http://json-schema.org/draft-07/schema#",
+                "dependencies": {"a": {"type": "object"}, "b": ["a"]},
+            },
+            id="draft7-dependencies-crash",
+        ),
+        pytest.param(
+            {
+                "$schema": "http://json-schema.org/draft-07/schema#",
+                "dependencies": {"b": ["a"], "c": {"$ref": "http://127.0.0.1:9/x"}},
+            },
+            id="draft7-dependencies-after-a-list",
+        ),
+        pytest.param(
+            {
+                "$schema": "http://json-schema.org/draft-03/schema#",
+                "type": [{"$ref": "http://127.0.0.1:9/x"}],
+            },
+            id="draft3-type",
+        ),
+    ],
+)
+def test_a_schema_the_drafts_walk_misses_is_refused(schema: dict[str, Any]) -> None:
+    """A reference referencing's walk of an older draft never reaches (or a
+    walk that crashes) is refused, never left for the validator to follow."""
+    with pytest.raises(js.SchemaProblem):
+        js.check(schema)

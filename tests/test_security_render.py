@@ -394,3 +394,12 @@ def test_svg_of_a_live_loop_parses() -> None:
     path = paused_path(EVIL + SURROGATE + "\uffff &#x1b;", "agent\x00")
     texts = [t.text or "" for t in ET.fromstring(render_svg(path)).iter(f"{SVG}text")]
     assert "loop loop (agent\\x00): paused in context_update" in texts
+
+
+def test_a_log_line_quoting_a_server_is_printable() -> None:
+    """What agentfsm logs to a terminal (a tool an MCP server named) shows its
+    control characters escaped, configured by the CLI or not."""
+    from agentfsm._text import printable_log
+
+    line = printable_log(None, "warning", {"tool": "\x1b]52;c;aGk=\x07", "n": 3})
+    assert line == {"tool": "\\x1b]52;c;aGk=\\x07", "n": 3}

@@ -479,3 +479,160 @@ async def test_a_handlers_text_is_escaped_as_it_decides(tmp_path: Path) -> None:
     assert_agrees(result_, events, stored)
     assert Pause(f"wait {BAD}").reason == f"wait {ESCAPED}"
     assert Abort(f"stop {BAD}").reason == f"stop {ESCAPED}"
+
+
+# ------------------------------------------- what no validation ever saw
+
+
+def wrapped(output: InferenceOutput) -> Any:
+    """A model wrapper that answers with `output` instead of asking the model."""
+
+    async def wrapper(request: Any, call_next: Any) -> InferenceOutput:
+        return output
+
+    return wrapper
+
+
+async def test_a_model_wrappers_output_is_checked_as_a_providers(
+    tmp_path: Path,
+) -> None:
+    many = calls(*[call("listing") for _ in range(4)])
+    provider = ScriptedProvider([text("unused")])
+    result_, events, stored = await run_one(
+        tmp_path,
+        provider,
+        [listing],
+        model_wrappers=[wrapped(many)],
+        max_output_calls=3,
+    )
+    assert result_.error is not None
+    assert result_.error.type == "OutputLimitExceeded"
+    assert result_.tool_calls == 0
+    assert_agrees(result_, events, stored)
+    answer = construct(
+        InferenceOutput,
+        items=(
+            construct(
+                ModelMessageItem, type="model_message", content=BAD, refusal=None
+            ),
+        ),
+    )
+    (tmp_path / "2").mkdir()
+    result_, events, stored = await run_one(
+        tmp_path / "2",
+        ScriptedProvider([text("unused")]),
+        [],
+        model_wrappers=[wrapped(answer)],
+    )
+    assert result_.answer is not None
+    assert result_.answer.content == ESCAPED
+    assert_agrees(result_, events, stored)
+
+
+DEEP: list[Any] = []
+"""A raw response nested 500 lists deep."""
+_inner = DEEP
+for _ in range(500):
+    _inner.append([])
+    _inner = _inner[0]
+
+
+@pytest.mark.parametrize(
+    ("output", "named"),
+    [
+        pytest.param(
+            construct(
+                InferenceOutput,
+                items=(
+                    construct(
+                        ModelMessageItem,
+                        type="function_call",
+                        content="x",
+                        refusal=None,
+                    ),
+                ),
+            ),
+            "items[0].type",
+            id="discriminator",
+        ),
+        pytest.param(
+            construct(InferenceOutput, items=(), raw_response=DEEP),
+            "raw_response",
+            id="deep-raw",
+        ),
+    ],
+)
+async def test_an_item_of_another_kind_or_a_deep_response_fails_the_loop(
+    tmp_path: Path, output: InferenceOutput, named: str
+) -> None:
+    result_, events, stored = await run_one(tmp_path, returning(output), [])
+    assert result_.error is not None
+    assert result_.error.type == "ProviderError"
+    assert named in result_.error.message
+    assert_agrees(result_, events, stored)
+
+
+@tool
+async def constructed(which: str) -> ToolResult:
+    """Return a ToolResult built without validation."""
+    if which == "output":
+        made: ToolResult = construct(
+            ToolResult, output=123, is_error=False, terminate=False
+        )
+    else:
+        made = construct(ToolResult, output="fine", is_error=False, terminate="no")
+    return made
+
+
+async def test_a_tool_result_of_wrong_types_is_an_error_output(tmp_path: Path) -> None:
+    provider = ScriptedProvider(
+        [
+            calls(
+                call("constructed", which="output"),
+                call("constructed", which="terminate"),
+            ),
+            text("noted"),
+        ]
+    )
+    result_, events, stored = await run_one(tmp_path, provider, [constructed])
+    assert result_.outcome is Outcome.answered, result_.error
+    outputs = [i for i in stored.items if i.type == "function_call_output"]
+    assert [o.is_error for o in outputs] == [True, True]
+    assert "returned a int as output" in outputs[0].output
+    assert "returned a str as terminate" in outputs[1].output
+    assert_agrees(result_, events, stored)
+
+
+async def test_a_message_built_without_validation_is_checked_at_the_call() -> None:
+    rt = Runtime(providers={"s": ScriptedProvider([text("a")])})
+    async with rt:
+        with pytest.raises(TypeError, match=r"message\.content must be a str"):
+            rt.run_loop(
+                "agent",
+                construct(UserMessage, type="user_message", content=123),
+                request(),
+            )
+        assert rt.loops() == []
+
+
+async def test_text_no_loop_entry_saw_is_escaped_by_the_store(tmp_path: Path) -> None:
+    """Instructions set on a context by hand, and a message built without
+    validation: the SQLite store writes them as the loop would have escaped
+    them, instead of detaching the loop."""
+    context = ModelContext()
+    context.instructions = f"be brief {BAD}"
+    context.append(
+        construct(UserMessage, type="user_message", content=f"earlier {BAD}")
+    )
+    db = tmp_path / "loops.db"
+    rt = Runtime(providers={"s": ScriptedProvider([text("ok")])}, store=SQLiteStore(db))
+    async with rt:
+        loop_id = rt.run_loop(
+            "agent", "go", InferenceInput(model="s:m", context=context)
+        )
+        result_ = await rt.wait(loop_id)
+    assert result_.outcome is Outcome.answered, result_.error
+    async with SQLiteStore(db) as store:
+        stored = await store.load(loop_id)
+    assert stored is not None
+    assert stored.record.outcome is Outcome.answered

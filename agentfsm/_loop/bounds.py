@@ -40,25 +40,20 @@ if TYPE_CHECKING:
 
 __all__ = ("checked_delta", "checked_output", "checked_tool_output", "checked_user")
 
-_TEXT: Final[dict[type[Any], tuple[str, ...]]] = {
-    FunctionCallItem: ("call_id", "name", "arguments"),
-    ModelMessageItem: ("content",),
-    ReasoningItem: ("content",),
-    TextDelta: ("text",),
-    ReasoningDelta: ("text",),
-    ToolCallDelta: ("arguments",),
+_FIELDS: Final[dict[type[Any], tuple[str, tuple[str, ...], tuple[str, ...]]]] = {
+    FunctionCallItem: ("function_call", ("call_id", "name", "arguments"), ()),
+    ModelMessageItem: ("model_message", ("content",), ("refusal",)),
+    ReasoningItem: ("reasoning", ("content",), ("encrypted_content",)),
+    TextDelta: ("text", ("text",), ()),
+    ReasoningDelta: ("reasoning", ("text",), ()),
+    ToolCallDelta: ("tool_call", ("arguments",), ("call_id", "name")),
 }
-"""Each checked model's fields that must hold a str."""
-_OPTIONAL_TEXT: Final[dict[type[Any], tuple[str, ...]]] = {
-    FunctionCallItem: (),
-    ModelMessageItem: ("refusal",),
-    ReasoningItem: ("encrypted_content",),
-    TextDelta: (),
-    ReasoningDelta: (),
-    ToolCallDelta: ("call_id", "name"),
-}
-"""Each checked model's fields that hold a str or None."""
+"""Each checked model's discriminator (its `type` or `kind`), the fields that
+must hold a str, and those that hold a str or None."""
+_ITEMS: Final = (FunctionCallItem, ModelMessageItem, ReasoningItem)
 _USAGE: Final = tuple(TokenUsage.model_fields)
+_MAX_DEPTH: Final = 200
+"""How deep a raw response may nest (a provider's JSON is a few levels)."""
 
 Delta: TypeAlias = TextDelta | ReasoningDelta | ToolCallDelta
 
@@ -73,22 +68,66 @@ def checked_output(
         ProviderError: a value of the wrong type (naming the provider and field).
         OutputLimitExceeded: more calls or characters than the loop allows.
     """
-    items = output.items
-    if not isinstance(items, tuple | list):
-        raise _bad(model, "items", items, "a tuple of items")
-    cleaned: list[Any] | None = None
+    values = output.__dict__
+    # One pass that only reads, each kind spelled out, fields subscripted (a
+    # loop over field names and `dict.get` cost ~4,000 instructions an output
+    # more): the common output is well typed and ASCII. Anything else takes
+    # `_cleaned_items`, which names the problem.
     calls = chars = 0
-    for index, item in enumerate(items):
-        kind = type(item)
-        if kind not in _TEXT or kind in (TextDelta, ReasoningDelta, ToolCallDelta):
-            raise _bad(model, f"items[{index}]", item, "an output item")
-        fixed, size = _checked(item, kind, model, f"items[{index}]")
-        chars += size
-        if kind is FunctionCallItem:
-            calls += 1
-        if fixed is not item or cleaned is not None:
-            cleaned = cleaned if cleaned is not None else list(items[:index])
-            cleaned.append(fixed)
+    clean = True
+    try:
+        items = values["items"]
+        for item in items:
+            kind = type(item)
+            fields = item.__dict__
+            if kind is ModelMessageItem:
+                text = fields["content"]
+                refusal = fields["refusal"]
+                if (
+                    type(text) is not str
+                    or not text.isascii()
+                    or fields["type"] != "model_message"
+                    or (
+                        refusal is not None
+                        and (type(refusal) is not str or not refusal.isascii())
+                    )
+                ):
+                    clean = False
+                    break
+                chars += len(text) if refusal is None else len(text) + len(refusal)
+            elif kind is FunctionCallItem:
+                call_id = fields["call_id"]
+                name = fields["name"]
+                arguments = fields["arguments"]
+                if (
+                    type(call_id) is not str
+                    or type(name) is not str
+                    or type(arguments) is not str
+                    or not (
+                        call_id.isascii() and name.isascii() and arguments.isascii()
+                    )
+                    or fields["type"] != "function_call"
+                ):
+                    clean = False
+                    break
+                chars += len(call_id) + len(name) + len(arguments)
+                calls += 1
+            else:  # reasoning (rarer), or not an output item
+                clean = False
+                break
+        reason = values["finish_reason"]
+        plain = (
+            values["token_usage"] is None
+            and values["raw_response"] is None
+            and (reason is None or (type(reason) is str and reason.isascii()))
+        )
+    except (KeyError, TypeError, AttributeError):  # a field missing, not an item
+        clean = plain = False
+        items = values.get("items")
+    if not clean:
+        if type(items) is not tuple and not isinstance(items, tuple | list):
+            raise _bad(model, "items", items, "a tuple of items")
+        items, calls, chars = _cleaned_items(items, model)
     if calls > options.max_output_calls:
         raise OutputLimitExceeded(
             f"the output of {model!r} has {calls} function calls, more than "
@@ -97,12 +136,27 @@ def checked_output(
         )
     if chars > options.max_output_chars:
         raise _too_long(model, chars, options.max_output_chars)
-    _check_rest(output, model)
-    if cleaned is None and type(items) is tuple:
-        return output
-    return output.model_copy(
-        update={"items": tuple(cleaned if cleaned is not None else items)}
-    )
+    update = None if plain else _checked_rest(values, model)
+    if not clean or type(items) is not tuple:
+        update = update or {}
+        update["items"] = tuple(items)
+    return output if update is None else output.model_copy(update=update)
+
+
+def _cleaned_items(items: Any, model: str) -> tuple[list[Any], int, int]:
+    """`items` checked one by one (raising on the first of a wrong type) with
+    their text made encodable, and their function calls and characters."""
+    cleaned: list[Any] = []
+    calls = chars = 0
+    for index, item in enumerate(items):
+        kind = type(item)
+        if kind not in _ITEMS:
+            raise _bad(model, f"items[{index}]", item, "an output item")
+        fixed, size = _checked(item, kind, model, f"items[{index}]")
+        chars += size
+        calls += kind is FunctionCallItem
+        cleaned.append(fixed)
+    return cleaned, calls, chars
 
 
 def checked_delta(
@@ -116,15 +170,15 @@ def checked_delta(
         OutputLimitExceeded: the stream sent more than `max_output_chars`.
     """
     kind = type(delta)
-    if kind not in (TextDelta, ReasoningDelta, ToolCallDelta):
+    if kind not in _FIELDS or kind in _ITEMS:
         raise ProviderError(
             f"the stream from {model!r} sent a {kind.__name__}, "
             "not a TextDelta, ReasoningDelta, ToolCallDelta or OutputCompleted"
         )
     if kind is ToolCallDelta:
         index = delta.__dict__.get("index")
-        if type(index) is not int:
-            raise _bad(model, "ToolCallDelta.index", index, "an int")
+        if type(index) is not int or index < 0:
+            raise _bad(model, "ToolCallDelta.index", index, "an int >= 0")
     fixed, size = _checked(delta, kind, model, kind.__name__)
     chars += size
     if chars > options.max_output_chars:
@@ -133,11 +187,16 @@ def checked_delta(
 
 
 def checked_tool_output(
-    name: str, output: str, is_error: bool, options: LoopOptions
+    name: str, output: Any, is_error: Any, options: LoopOptions
 ) -> tuple[str, bool]:
     """A tool's output as the context may hold it: encodable, and an error
     output instead when it has more than `max_tool_output_chars` characters
     (the call ran; only its output is not kept)."""
+    if type(output) is not str:  # a ToolResult built without validation
+        return (
+            f"tool {name!r} returned a {type(output).__name__} as output, not text",
+            True,
+        )
     if len(output) > options.max_tool_output_chars:
         message = (
             f"the output of tool {name!r} has {len(output):,} characters, more than "
@@ -145,7 +204,9 @@ def checked_tool_output(
             "it was not kept"
         )
         return message, True
-    return _text.encodable(output), is_error
+    if type(is_error) is not bool:
+        return f"tool {name!r} returned a {type(is_error).__name__} as is_error", True
+    return (output if output.isascii() else _text.encodable(output)), is_error
 
 
 def checked_user(message: UserMessage) -> UserMessage:
@@ -161,9 +222,13 @@ def _checked(value: Any, kind: type[Any], model: str, where: str) -> tuple[Any, 
     """`value` with its text fields checked and made encodable, and the
     characters they hold."""
     fields = value.__dict__
+    discriminator, required, optional = _FIELDS[kind]
+    tag = "type" if kind in _ITEMS else "kind"
+    if fields.get(tag) != discriminator:
+        raise _bad(model, f"{where}.{tag}", fields.get(tag), repr(discriminator))
     size = 0
     update: dict[str, str] | None = None
-    for name in _TEXT[kind]:
+    for name in required:
         text = fields.get(name)
         if type(text) is not str:
             raise _bad(model, f"{where}.{name}", text, "a str")
@@ -173,7 +238,7 @@ def _checked(value: Any, kind: type[Any], model: str, where: str) -> tuple[Any, 
             if safe is not text:
                 update = update or {}
                 update[name] = safe
-    for name in _OPTIONAL_TEXT[kind]:
+    for name in optional:
         text = fields.get(name)
         if text is None:
             continue
@@ -190,31 +255,65 @@ def _checked(value: Any, kind: type[Any], model: str, where: str) -> tuple[Any, 
     return value.model_copy(update=update), size
 
 
-def _check_rest(output: InferenceOutput, model: str) -> None:
-    usage = output.token_usage
+def _checked_rest(values: dict[str, Any], model: str) -> dict[str, Any] | None:
+    """Check an output's usage, finish reason and raw response; the fields to
+    replace with encodable copies, if any."""
+    update: dict[str, Any] | None = None
+    usage = values.get("token_usage")
     if usage is not None:
         if type(usage) is not TokenUsage:
             raise _bad(model, "token_usage", usage, "a TokenUsage or None")
+        counts = usage.__dict__
         for name in _USAGE:
-            count = usage.__dict__.get(name)
-            if type(count) is not int or count < 0:
-                raise _bad(model, f"token_usage.{name}", count, "an int >= 0")
-    reason = output.finish_reason
-    if reason is not None and type(reason) is not str:
-        raise _bad(model, "finish_reason", reason, "a str or None")
-    raw = output.raw_response
-    if raw is not None and not _is_json(raw):
-        raise _bad(model, "raw_response", raw, "JSON data")
+            if not _count(counts.get(name)):
+                raise _bad(
+                    model, f"token_usage.{name}", counts.get(name), "an int >= 0"
+                )
+    reason = values.get("finish_reason")
+    if reason is not None:
+        if type(reason) is not str:
+            raise _bad(model, "finish_reason", reason, "a str or None")
+        if not reason.isascii() and _text.encodable(reason) is not reason:
+            update = {"finish_reason": _text.encodable(reason)}
+    raw = values.get("raw_response")
+    if raw is not None:
+        dirty = _json_scan(raw, _MAX_DEPTH)
+        if dirty is None:
+            raise _bad(
+                model, "raw_response", raw, f"JSON data (at most {_MAX_DEPTH} deep)"
+            )
+        if dirty:
+            update = update or {}
+            update["raw_response"] = _text.encodable_data(raw)
+    return update
 
 
-def _is_json(value: Any) -> bool:
-    if value is None or type(value) in (str, int, float, bool):
-        return True
-    if type(value) is list:
-        return all(_is_json(v) for v in value)
-    if type(value) is dict:
-        return all(type(k) is str and _is_json(v) for k, v in value.items())
-    return False
+def _count(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _json_scan(value: Any, depth: int) -> bool | None:
+    """None when `value` is not JSON data (or nests deeper than `depth`), else
+    whether one of its strings needs `encodable`."""
+    kind = type(value)
+    if kind is str:
+        return not value.isascii() and _text.encodable(value) is not value
+    if value is None or kind in (int, float, bool):
+        return False
+    if depth == 0 or kind not in (list, dict):
+        return None
+    dirty = False
+    pairs = value.items() if kind is dict else enumerate(value)
+    for key, v in pairs:
+        if kind is dict:
+            if type(key) is not str:
+                return None
+            dirty = dirty or _json_scan(key, 0) is True
+        found = _json_scan(v, depth - 1)
+        if found is None:
+            return None
+        dirty = dirty or found
+    return dirty
 
 
 def _bad(model: str, field: str, value: Any, expected: str) -> ProviderError:

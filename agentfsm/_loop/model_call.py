@@ -22,7 +22,7 @@ from agentfsm.inference import (
     StreamEvent,
 )
 
-from .bounds import checked_delta, checked_output
+from .bounds import checked_delta
 
 if TYPE_CHECKING:
     from .loop import Loop
@@ -90,7 +90,7 @@ async def request_model(
                     f"provider for {request.model!r} returned {type(output).__name__}, "
                     "not an InferenceOutput"
                 )
-            return checked_output(output, request.model, options)
+            return output
         # The backoff sleeps outside the `except`: a cancellation during it
         # would carry the error (and, through its traceback, the loop) as its
         # context, which anyio's asyncio task keeps until the collector runs.

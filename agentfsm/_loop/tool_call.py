@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Final, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 import anyio
 
@@ -204,7 +204,14 @@ async def _invoke(
         returned = True
         if isinstance(value, ToolResult):
             output, is_error = value.output, value.is_error
-            terminate = value.terminate
+            asked: Any = value.terminate
+            terminate = asked is True
+            if type(asked) is not bool:  # built without validation
+                kind = type(asked).__name__
+                output = (
+                    f"tool {call.name!r} returned a {kind} as terminate, not a bool"
+                )
+                is_error, terminate = True, False
         else:  # what `ToolResult.of` holds, without making one
             output = _text.json_text(value)
     except UnknownTool:

@@ -353,11 +353,14 @@ class LoopTrace:
             end(span)
 
     def _tool_span(self, call: ToolCall) -> Span:
-        name = call.call.name
+        # A tool the request offers is named by the application; a name no
+        # tool has is the model's own text, withheld as content is.
+        known = call.tool is not None or self.capture_content
+        name = call.call.name if known else "unknown"
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "execute_tool",
             "gen_ai.tool.name": name,
-            "gen_ai.tool.call.id": call.call.call_id,
+            "gen_ai.tool.call.id": call.call.call_id[:128],  # an id, bounded
             "gen_ai.tool.type": "function",
         }
         if self.capture_content:

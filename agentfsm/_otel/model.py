@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 from contextvars import Token
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -143,12 +143,35 @@ def start_chat(
     return span
 
 
+_FINISH_REASONS: Final = frozenset(
+    {
+        "stop",
+        "length",
+        "tool_call",
+        "tool_calls",
+        "function_call",
+        "content_filter",
+        "end_turn",
+        "max_tokens",
+        "stop_sequence",
+        "tool_use",
+        "pause_turn",
+        "refusal",
+        "error",
+    }
+)
+"""The finish reasons the providers' APIs define (recorded with content capture
+off; any other is recorded as `other`)."""
+_METADATA_CHARS: Final = 128
+
+
 def record_output(trace_: LoopTrace, span: Span, output: InferenceOutput) -> None:
     """What the response tells: usage, finish reason, its id and model, and
     (when content is captured) the output itself."""
-    attributes: dict[str, Any] = {
-        "gen_ai.response.finish_reasons": (content.finish_reason(output),)
-    }
+    reason = content.finish_reason(output)
+    if not trace_.capture_content and reason not in _FINISH_REASONS:
+        reason = "other"  # a server's own words, withheld as content is
+    attributes: dict[str, Any] = {"gen_ai.response.finish_reasons": (reason,)}
     usage = output.token_usage
     if usage is not None:
         attributes["gen_ai.usage.input_tokens"] = usage.input_tokens
@@ -157,10 +180,11 @@ def record_output(trace_: LoopTrace, span: Span, output: InferenceOutput) -> Non
         attributes["gen_ai.usage.reasoning.output_tokens"] = usage.reasoning_tokens
     raw = output.raw_response
     if isinstance(raw, dict):  # the providers keep the vendor's response here
+        # Ids and model names are short; a server's longer text is not metadata.
         if isinstance(response_id := raw.get("id"), str):
-            attributes["gen_ai.response.id"] = response_id
+            attributes["gen_ai.response.id"] = response_id[:_METADATA_CHARS]
         if isinstance(response_model := raw.get("model"), str):
-            attributes["gen_ai.response.model"] = response_model
+            attributes["gen_ai.response.model"] = response_model[:_METADATA_CHARS]
     if trace_.capture_content and span.is_recording():
         attributes["gen_ai.output.messages"] = content.output_messages(output)
     set_attributes(span, attributes)

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 
 from agentfsm import _models
 from agentfsm._arguments import ArgumentTypeError, ArgumentValueError, given
+from agentfsm._loop.bounds import checked_user
 from agentfsm._text import encodable
 from agentfsm.exceptions import ConfigurationError
 from agentfsm.inference import InferenceInput
@@ -16,7 +17,13 @@ from agentfsm.interception import InterceptionHandler
 from agentfsm.messages import UserMessage
 from agentfsm.tools import Tool
 
-__all__ = ("agent_id_of", "bindings_checked", "handlers_of", "user_message_of")
+__all__ = (
+    "agent_id_of",
+    "bindings_checked",
+    "checked_message",
+    "handlers_of",
+    "user_message_of",
+)
 
 
 def user_message_of(
@@ -27,11 +34,11 @@ def user_message_of(
         # (`str()` makes a str subclass, a StrEnum say, a plain one, as validating would).
         return _models.trusted(
             UserMessage,
-            {"type": "user_message", "content": encodable(str(message))},
+            {"type": "user_message", "content": _text_of(message)},
             {"content"},
         )
     if isinstance(message, UserMessage):
-        return message
+        return checked_message("message", message)
     if message is not None:
         raise ArgumentTypeError(
             f"message must be a str, a UserMessage or None, got {given(message)}"
@@ -48,6 +55,20 @@ def user_message_of(
             f"a function output; it ends with a {last.type}"
         )
     return None
+
+
+def checked_message(name: str, message: UserMessage) -> UserMessage:
+    """A caller's `UserMessage` as a loop may hold it: its content a str (one
+    built without validation may hold anything), made encodable."""
+    content = message.__dict__.get("content")
+    if type(content) is not str:
+        raise ArgumentTypeError(f"{name}.content must be a str, got {given(content)}")
+    return checked_user(message)
+
+
+def _text_of(message: str) -> str:
+    text = str(message)
+    return text if text.isascii() else encodable(text)
 
 
 def handlers_of(
@@ -72,7 +93,8 @@ def agent_id_of(agent_id: object) -> str:
     if not isinstance(agent_id, str) or not agent_id:
         error = ArgumentValueError if isinstance(agent_id, str) else ArgumentTypeError
         raise error(f"agent_id must be a non-empty str, got {given(agent_id)}")
-    if encodable(agent_id) is not agent_id:  # an id is not rewritten: refused
+    if not agent_id.isascii() and encodable(agent_id) is not agent_id:
+        # An id is not rewritten (the caller looks loops up by it): refused.
         raise ArgumentValueError(
             f"agent_id cannot hold a lone surrogate (no store or log can write it), "
             f"got {agent_id!r}"

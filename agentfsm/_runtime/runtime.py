@@ -28,7 +28,6 @@ from anyio.abc import TaskGroup
 from agentfsm._arguments import ArgumentTypeError, ArgumentValueError, check, given
 from agentfsm._bus import EventBus
 from agentfsm._loop import Loop
-from agentfsm._loop.bounds import checked_user
 from agentfsm._loop.driver import end_paused, expire_paused, halt
 from agentfsm._text import encodable
 from agentfsm.exceptions import (
@@ -58,7 +57,13 @@ from agentfsm.states import LoopState
 
 from .backend import Primitives, primitives
 from .ids import Clock, IdSource, checked_clock, checked_ids, utc_now, uuid7
-from .inputs import agent_id_of, bindings_checked, handlers_of, user_message_of
+from .inputs import (
+    agent_id_of,
+    bindings_checked,
+    checked_message,
+    handlers_of,
+    user_message_of,
+)
 from .instrument import Instrument
 from .services import Services
 from .workers import WorkerPool
@@ -722,7 +727,7 @@ class Runtime:
             raise LoopStateError(f"loop {loop_id} has ended; start a new loop instead")
         if isinstance(message, str):
             message = UserMessage(content=message)
-        loop.queue(checked_user(message), follow_up=follow_up)
+        loop.queue(checked_message("message", message), follow_up=follow_up)
         if loop.journal is not None and loop.status is LoopStatus.paused:
             loop.journal.queued(loop)  # stored with the pause, not only in memory
 

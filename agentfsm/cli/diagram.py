@@ -24,7 +24,7 @@ from agentfsm.diagrams import (
     render_png,
     render_svg,
 )
-from agentfsm.eventlog import read_events
+from agentfsm.eventlog import _private_opener, read_events
 from agentfsm.exceptions import AgentFSMError
 
 from .inspect import loop_of, report_skipped
@@ -123,7 +123,7 @@ def _draw(args: argparse.Namespace) -> str | bytes:
 
 
 def _write(target: Path, drawing: str | bytes) -> None:
-    if isinstance(drawing, bytes):
-        target.write_bytes(drawing)
-    else:
-        target.write_text(drawing, encoding="utf-8")
+    # Created 0600: a drawing of a log names its agents and quotes its pauses.
+    data = drawing if isinstance(drawing, bytes) else drawing.encode("utf-8")
+    with open(target, "wb", opener=_private_opener(0o600)) as file:
+        file.write(data)

@@ -39,7 +39,7 @@ from agentfsm import (
     TokenUsage,
     Tool,
 )
-from agentfsm._text import printable
+from agentfsm._text import printable, printable_log
 from agentfsm.events import (
     FunctionCallCompleted,
     FunctionCallStarted,
@@ -171,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
     structlog.configure(
         wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        processors=[printable_log, *saved["processors"]],
     )
     display = _Display(sys.stdout)
     try:
@@ -302,7 +303,9 @@ async def with_mcp_tools(
         try:
             tools.extend(await mcp_tools(server, runtime=runtime))
         except MCPConnectionError as exc:
-            raise ConfigurationError(f"--mcp {server!r}: {exc}") from exc
+            # `exc` names the server by its label: its command line or URL
+            # may hold a token.
+            raise ConfigurationError(f"--mcp: {exc}") from exc
     try:
         return _request(args, tools)
     except ValidationError as exc:  # two servers' tools of one name, say

@@ -43,10 +43,12 @@ from typing import Any, ClassVar, Final, Generic, NoReturn, TypeVar
 
 import anyio
 from pydantic import BaseModel, ConfigDict
+from pydantic_core import PydanticSerializationError
 
 from agentfsm._errors import error_text
 from agentfsm._keys import number_text
 from agentfsm._models import json_of
+from agentfsm._text import encodable_copy
 from agentfsm.events import AgentEvent, AgentEventAdapter
 from agentfsm.inference import InferenceOutput
 from agentfsm.messages import ContextItem, ContextItemAdapter, FunctionCallOutputItem
@@ -446,7 +448,12 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
             else None
         )
         try:
-            row = self.log_row(commit)
+            try:
+                row = self.log_row(commit)
+            except PydanticSerializationError:
+                # Text that did not enter through a loop (a model built without
+                # validation): written as the loop would have escaped it.
+                row = self.log_row(encodable_copy(commit))
             self._write_commit(conn, row, run_status)
         except BaseException as exc:
             self._forget(loop_id)

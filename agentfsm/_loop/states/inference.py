@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Final
 
 from agentfsm import _models
+from agentfsm._loop.bounds import checked_output
 from agentfsm._loop.model_call import request_model
 from agentfsm._loop.steps import _S, _T, Step
 from agentfsm._loop.turn import request_metadata, tool_index
@@ -65,7 +66,8 @@ async def inference(loop: Loop, payload: TransitionPayload) -> Step:
                 f"the model wrappers returned {type(output).__name__}, "
                 "not an InferenceOutput"
             )
-    return completed(loop, payload, output)
+    # Checked here, after the wrappers: what the loop publishes is what they return.
+    return completed(loop, payload, checked_output(output, payload.model, loop.options))
 
 
 def recover(loop: Loop, found: Found) -> list[str]:
