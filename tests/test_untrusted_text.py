@@ -636,3 +636,34 @@ async def test_text_no_loop_entry_saw_is_escaped_by_the_store(tmp_path: Path) ->
         stored = await store.load(loop_id)
     assert stored is not None
     assert stored.record.outcome is Outcome.answered
+
+
+# --------------------------------------------------------- shared contexts
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_a_shared_context_takes_only_what_it_can_read_back(
+    tmp_path: Path, kind: str
+) -> None:
+    from agentfsm.store import MemoryStore
+
+    store = MemoryStore() if kind == "memory" else SQLiteStore(tmp_path / "c.db")
+    good = UserMessage(content="hi")
+    bad_calls: list[tuple[Any, ...]] = [
+        (7, 0, [good], ["d"]),
+        ("ctx", -3, [good], ["d"]),
+        ("ctx", 0, [good], [5]),
+        ("ctx", 0, [good], ["d", "e"]),
+        ("ctx", 0, [{"type": "user_message", "content": "hi"}], ["d"]),
+        ("ctx", 0, [construct(UserMessage, type="user_message", content=123)], ["d"]),
+    ]
+    async with store:
+        for arguments in bad_calls:
+            with pytest.raises((TypeError, ValueError)):
+                await store.append_context(*arguments)
+        assert await store.context("ctx") is None
+        odd = construct(UserMessage, type="user_message", content=BAD)
+        await store.append_context("ctx", 0, [good, odd], ["d1", "d2"])
+        held = await store.context("ctx")
+    assert held is not None
+    assert [i.content for i in held[0]] == ["hi", ESCAPED]  # type: ignore[union-attr]

@@ -38,8 +38,9 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Literal, Self
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
+from agentfsm._arguments import ArgumentTypeError, ArgumentValueError, check, given
 from agentfsm.events import AgentEvent
 from agentfsm.exceptions import (
     ConfigurationError,
@@ -51,7 +52,7 @@ from agentfsm.exceptions import (
     StoreSchemaError,
 )
 from agentfsm.inference import InferenceOutput
-from agentfsm.messages import ContextItem, FunctionCallOutputItem
+from agentfsm.messages import ContextItem, ContextItemAdapter, FunctionCallOutputItem
 from agentfsm.record import DecisionEntry, LoopRecord
 from agentfsm.results import PathStep
 
@@ -450,6 +451,46 @@ class SharedContexts(ABC):
     ) -> None:
         """Write `items` (with their digests) from position `first` on, dropping
         what the context held from there: one transaction."""
+
+
+def context_appended(
+    context_id: object, first: object, items: object, digests: object
+) -> list[ContextItem]:
+    """What `append_context` writes, checked before anything is: the items
+    validated again (one built without validation may hold anything, and a
+    store must read back what it wrote), as many digests as items.
+
+    Raises:
+        ArgumentTypeError: an argument of another type (naming it).
+        ArgumentValueError: `first` negative, or digests and items unpaired.
+    """
+    check("context_id", context_id, str)
+    check("first", first, int)
+    assert isinstance(first, int)
+    if first < 0:
+        raise ArgumentValueError(f"first must be >= 0, got {first}")
+    for name, given_ in (("items", items), ("digests", digests)):
+        if isinstance(given_, str | bytes) or not isinstance(given_, Sequence):
+            raise ArgumentTypeError(f"{name} must be a list, got {given(given_)}")
+    assert isinstance(items, Sequence)
+    assert isinstance(digests, Sequence)
+    if len(items) != len(digests):
+        raise ArgumentValueError(
+            f"append_context takes a digest for each item: {len(items)} items, "
+            f"{len(digests)} digests"
+        )
+    for digest in digests:
+        check("digests", digest, str, "a list of str")
+    checked = []
+    for item in items:
+        if not isinstance(item, BaseModel):
+            raise ArgumentTypeError(f"items must hold context items, got {given(item)}")
+        try:
+            data = item.model_dump(warnings=False)
+            checked.append(ContextItemAdapter.validate_python(data))
+        except ValidationError as exc:
+            raise ArgumentTypeError(f"items holds an item that is not valid: {exc}") from None
+    return checked
 
 
 class LoopStore(CommitLog, Ledger, Leases):

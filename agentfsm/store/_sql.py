@@ -70,6 +70,7 @@ from ._base import (
     StoreError,
     StoreStatistics,
     commits_in_turn,
+    context_appended,
 )
 from ._outline import Outline, inline
 from ._rows import (
@@ -866,6 +867,7 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
         items: Sequence[ContextItem],
         digests: Sequence[str],
     ) -> None:
+        items = context_appended(context_id, first, items, digests)
         rows: list[dict[str, Any]] = [
             {"id": context_id, "position": first + n, "item": json_of(i), "digest": d}
             for n, (i, d) in enumerate(zip(items, digests, strict=True))

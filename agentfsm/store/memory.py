@@ -33,6 +33,7 @@ from ._base import (
     StoredLoop,
     StoreError,
     StoreStatistics,
+    context_appended,
     run_commits,
 )
 
@@ -210,6 +211,7 @@ class MemoryStore(LoopStore, EventArchive, SharedContexts):
         items: Sequence[ContextItem],
         digests: Sequence[str],
     ) -> None:
+        items = context_appended(context_id, first, items, digests)
         held_items, held_digests = self._contexts.setdefault(context_id, ([], []))
         del held_items[first:], held_digests[first:]
         held_items.extend(items)
