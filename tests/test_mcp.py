@@ -650,7 +650,9 @@ class TestCli:
         argv = ["run", "hi", "--model", "openai-chat:x", "--base-url", "http://x"]
         assert main([*argv, "--mcp", "no-such-mcp-server-xyz"]) == 2
         err = capsys.readouterr().err
-        assert "error: --mcp: cannot connect to MCP server no-such-mcp-server-xyz" in err
+        assert (
+            "error: --mcp: cannot connect to MCP server no-such-mcp-server-xyz" in err
+        )
 
     def test_without_the_extra(
         self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

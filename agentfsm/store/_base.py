@@ -489,7 +489,9 @@ def context_appended(
             data = item.model_dump(warnings=False)
             checked.append(ContextItemAdapter.validate_python(data))
         except ValidationError as exc:
-            raise ArgumentTypeError(f"items holds an item that is not valid: {exc}") from None
+            raise ArgumentTypeError(
+                f"items holds an item that is not valid: {exc}"
+            ) from None
     return checked
 
 
