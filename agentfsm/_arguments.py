@@ -29,6 +29,7 @@ __all__ = (
     "ArgumentValueError",
     "Kind",
     "check",
+    "file_mode_of",
     "given",
     "one_of",
     "seconds",
@@ -180,3 +181,19 @@ def _expected(kind: Kind) -> str:
 
 def _article(noun: str) -> str:
     return "an" if noun[:1].lower() in ("a", "e", "i", "o") else "a"
+
+
+def file_mode_of(mode: object) -> int:
+    """`file_mode`, permission bits for a file agentfsm creates (`0o600`).
+
+    Raises:
+        ArgumentTypeError: it is not an int.
+        ArgumentValueError: it is not within 0 and 0o777.
+    """
+    check("file_mode", mode, int)
+    assert isinstance(mode, int)
+    if not 0 <= mode <= 0o777:
+        raise ArgumentValueError(
+            f"file_mode must be permission bits within 0 and 0o777, got {mode!r}"
+        )
+    return mode

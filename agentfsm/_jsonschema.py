@@ -47,15 +47,19 @@ class SchemaProblem(ValueError):
     with a reference that does not resolve within it (the message says where)."""
 
 
-def validator(schema: Mapping[str, Any], *, draft: Draft = "declared") -> Validator:
+def validator(
+    schema: Mapping[str, Any], *, draft: Draft = "declared", checked: bool = False
+) -> Validator:
     """A validator of `schema`, once `check` accepts it, whose registry
-    retrieves nothing.
+    retrieves nothing. `checked`: `check` accepted the schema before (a
+    request's structured output); only its references are walked again, as it
+    may have changed since (checking it against its metaschema takes ~4 ms).
 
     Raises:
         SchemaProblem: see `check`.
     """
     kind = _kind(schema, draft)
-    _check(kind, schema)
+    _check(kind, schema, metaschema=not checked)
     # An explicit registry replaces jsonschema's default one, which retrieves
     # what it does not hold; `Registry()` retrieves nothing.
     return kind(schema, registry=Registry())
@@ -102,9 +106,12 @@ def _kind(schema: Mapping[str, Any], draft: Draft) -> type[Validator]:
     return jsonschema.validators.validator_for(schema, default=default)
 
 
-def _check(kind: type[Validator], schema: Mapping[str, Any]) -> None:
+def _check(
+    kind: type[Validator], schema: Mapping[str, Any], *, metaschema: bool = True
+) -> None:
     try:
-        kind.check_schema(dict(schema))
+        if metaschema:
+            kind.check_schema(dict(schema))
         unresolved = next(_unresolved(kind, schema), None)
     except SchemaError as exc:
         raise SchemaProblem(f"{exc.json_path}: {exc.message}") from None
@@ -115,49 +122,59 @@ def _check(kind: type[Validator], schema: Mapping[str, Any]) -> None:
             f"cannot be checked ({type(exc).__name__}: {exc})"[:300]
         ) from None
     if unresolved is not None:
-        path, keyword, ref = unresolved
-        why = (
-            "points to nothing in the schema"
-            if ref.startswith("#")
-            else "is outside the schema (other documents and files are never "
-            "retrieved: put what it refers to under $defs)"
-        )
+        path, keyword, ref, walked = unresolved
+        if not walked:
+            why = "stands where its draft's references cannot be followed safely"
+        elif ref.startswith("#"):
+            why = "points to nothing in the schema"
+        else:
+            why = (
+                "is outside the schema (other documents and files are never "
+                "retrieved: put what it refers to under $defs)"
+            )
         raise SchemaProblem(f"{path}.{keyword}: {ref!r} {why}")
 
 
 def _unresolved(
     kind: type[Validator], schema: Mapping[str, Any]
-) -> Iterator[tuple[str, str, str]]:
-    """(JSON path, keyword, reference) of each reference that does not resolve
-    within the schema, walked as the validator's draft reads it (`$id`s
-    change the base URI of what they hold)."""
+) -> Iterator[tuple[str, str, str, bool]]:
+    """(JSON path, keyword, reference, whether the walk reached it) of each
+    reference that does not resolve within the schema, walked as the
+    validator's draft reads it (`$id`s change the base URI of what they
+    hold), then of each the walk did not reach."""
     specification = referencing.jsonschema.specification_with(
         kind.META_SCHEMA.get("$schema", ""),
         default=referencing.jsonschema.DRAFT202012,
     )
     root = specification.create_resource(schema)
-    paths = dict(_paths(schema, "$"))
+    objects = _objects(schema, "$")
     # Only the schema itself: a reference to anything else, even a bundled
     # metaschema, is refused.
     resolver = Registry().resolver_with_root(root)
     walked: set[int] = set()
-    yield from _walk(resolver, root, paths, walked)
+    try:
+        for found in list(_walk(resolver, root, objects, walked)):
+            yield (*found, True)
+    except RecursionError:
+        raise
+    except Exception:  # noqa: BLE001 - referencing's walk of an odd draft crashed
+        walked.clear()  # then every reference is one the walk did not reach
     # A reference where the draft's walk never goes (draft 3's `type`, a
     # `dependencies` entry after a list) is one the validator may still
     # follow: refused too, as unresolvable.
-    for value_id, (path, contents) in _objects(schema, "$").items():
+    for value_id, (path, contents) in objects.items():
         if value_id in walked:
             continue
         for keyword in _REFERENCES:
             ref = contents.get(keyword)
             if isinstance(ref, str):
-                yield path, keyword, ref
+                yield path, keyword, ref, False
 
 
 def _walk(
     resolver: Resolver[Any],
     resource: Resource[Any],
-    paths: dict[int, str],
+    objects: dict[int, tuple[str, Mapping[str, Any]]],
     walked: set[int],
 ) -> Iterator[tuple[str, str, str]]:
     contents = resource.contents
@@ -170,9 +187,9 @@ def _walk(
             try:
                 resolver.lookup(ref)
             except (Unresolvable, ValueError):  # ValueError: not a URI at all
-                yield paths.get(id(contents), "$"), keyword, ref
+                yield objects.get(id(contents), ("$",))[0], keyword, ref
     for sub in resource.subresources():
-        yield from _walk(resolver.in_subresource(sub), sub, paths, walked)
+        yield from _walk(resolver.in_subresource(sub), sub, objects, walked)
 
 
 def _objects(value: Any, path: str) -> dict[int, tuple[str, Mapping[str, Any]]]:
@@ -187,14 +204,3 @@ def _objects(value: Any, path: str) -> dict[int, tuple[str, Mapping[str, Any]]]:
         elif isinstance(item, list):
             stack.extend((v, f"{where}[{n}]") for n, v in enumerate(item))
     return found
-
-
-def _paths(value: Any, path: str) -> Iterator[tuple[int, str]]:
-    """The JSON path of each object in `value`, by identity (for messages)."""
-    if isinstance(value, Mapping):
-        yield id(value), path
-        for key, item in value.items():
-            yield from _paths(item, f"{path}.{key}")
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            yield from _paths(item, f"{path}[{index}]")

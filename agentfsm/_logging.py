@@ -48,7 +48,7 @@ def get_logger() -> FilteringBoundLogger:
         structlog.PrintLogger(sys.stderr),
         wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
         logger_name="agentfsm",
-        processors=_quiet_processors(structlog),
+        processors=_quiet_processors(),
     )
     return quiet
 
@@ -56,7 +56,7 @@ def get_logger() -> FilteringBoundLogger:
 _processors: list[Any] | None = None
 
 
-def _quiet_processors(structlog: Any) -> list[Any]:
+def _quiet_processors() -> list[Any]:
     """One that makes every value printable (what agentfsm logs may quote a
     model or a server, and it goes to a terminal), then structlog's processors
     as configured when the line is logged (a module's logger, made before the
@@ -67,7 +67,7 @@ def _quiet_processors(structlog: Any) -> list[Any]:
         from ._text import printable_log
 
         def configured(logger: Any, method: str, event: Any) -> Any:
-            for processor in structlog.get_config()["processors"]:
+            for processor in _structlog.get_config()["processors"]:
                 event = processor(logger, method, event)
             return event
 

@@ -27,10 +27,11 @@ from typing import Annotated, Any, Final, TypeAlias
 from pydantic import AfterValidator, BaseModel
 from pydantic_core import PydanticSerializationError, to_json
 
+from ._models import json_of
+
 __all__ = (
     "EncodableStr",
     "encodable",
-    "encodable_copy",
     "encodable_data",
     "json_text",
     "model_json",
@@ -64,14 +65,30 @@ reason): validating it escapes its lone surrogates."""
 
 
 def encodable_data(value: Any) -> Any:
-    """`value` (JSON-like data: dicts, lists, tuples, strs, numbers) with
-    `encodable` applied to every string in it, keys included."""
+    """`value` with `encodable` applied to every string in it: JSON-like data
+    (dict keys included, a list or tuple kept of its type), a model (rebuilt
+    from its JSON data, as a sink would read it back) or a dataclass of them.
+    What a sink writes when text did not enter through a loop (a model built
+    without validation)."""
     if isinstance(value, str):
         return encodable(value)
     if isinstance(value, dict):
         return {encodable_data(k): encodable_data(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [encodable_data(v) for v in value]
+    if isinstance(value, list | tuple):
+        items = [encodable_data(v) for v in value]
+        if hasattr(value, "_fields"):  # a NamedTuple
+            return type(value)(*items)
+        return type(value)(items)
+    if isinstance(value, BaseModel):
+        data = encodable_data(value.model_dump(mode="json"))
+        return type(value).model_validate(data)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changes = {
+            f.name: encodable_data(getattr(value, f.name))
+            for f in dataclasses.fields(value)
+            if f.init
+        }
+        return dataclasses.replace(value, **changes)
     return value
 
 
@@ -79,41 +96,11 @@ def json_text(value: Any) -> str:
     """`value` as text: a str as it is (made `encodable`), anything else as
     JSON, its lone surrogates escaped."""
     if isinstance(value, str):
-        return value if value.isascii() else encodable(value)
+        return encodable(value)
     try:
         return to_json(value).decode()
-    except PydanticSerializationError:
-        cleaned = encodable_data(value)
-        if cleaned is value:
-            raise
-        return to_json(cleaned).decode()
-
-
-def encodable_copy(value: Any) -> Any:
-    """`value` (a model, a dataclass of them, or containers of either) with
-    every string in it made `encodable`: what a sink writes when the text did
-    not enter through a loop (a model built without validation). A model is
-    rebuilt from its JSON data, as a sink would read it back."""
-    if isinstance(value, BaseModel):
-        data = encodable_data(value.model_dump(mode="json"))
-        return type(value).model_validate(data)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        changes = {
-            f.name: encodable_copy(getattr(value, f.name))
-            for f in dataclasses.fields(value)
-            if f.init
-        }
-        return dataclasses.replace(value, **changes)
-    if isinstance(value, str):
-        return encodable(value)
-    if isinstance(value, dict):
-        return {k: encodable_copy(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        items = [encodable_copy(v) for v in value]
-        if hasattr(value, "_fields"):  # a NamedTuple
-            return type(value)(*items)
-        return type(value)(items)
-    return value
+    except PydanticSerializationError:  # a lone surrogate (else it raises again)
+        return to_json(encodable_data(value)).decode()
 
 
 def model_json(model: BaseModel) -> str:
@@ -121,10 +108,9 @@ def model_json(model: BaseModel) -> str:
     escapes them: the JSON sinks' fallback for text that did not enter through
     a loop (an agent id, a handler's payload). Costs nothing unless needed."""
     try:
-        return model.__pydantic_serializer__.to_json(model).decode()
+        return json_of(model)
     except PydanticSerializationError:
-        data = encodable_data(model.model_dump(mode="json"))
-        return to_json(data).decode()
+        return json_text(model.model_dump(mode="json"))
 
 
 # C0 controls but tab and newline, DEL, C1 controls, the bidirectional

@@ -55,7 +55,7 @@ import anyio
 from anyio.abc import TaskGroup
 from pydantic import ValidationError
 
-from ._arguments import ArgumentValueError, check
+from ._arguments import ArgumentValueError, check, file_mode_of
 from ._bus import EventBus, Subscription
 from ._logging import get_logger
 from ._text import model_json
@@ -126,7 +126,7 @@ class EventLogWriter:
             raise ArgumentValueError(f"buffer must be at least 1, got {buffer}")
         self.bus = bus
         self.path = os.fspath(path)
-        self._file_mode = _checked_file_mode(file_mode)
+        self._file_mode = file_mode_of(file_mode)
         self.written = 0
         """Events written so far."""
         self.lost = 0
@@ -341,22 +341,6 @@ class EventLogWriter:
             more = f" and {len(loops) - 3} more" if len(loops) > 3 else ""
             text += f" (of loop{'s' if len(loops) > 1 else ''} {named}{more})"
         return text
-
-
-def _checked_file_mode(mode: object) -> int:
-    """`mode`, permission bits for a file agentfsm creates (`0o600`).
-
-    Raises:
-        ArgumentTypeError: it is not an int.
-        ArgumentValueError: it is not within 0 and 0o777.
-    """
-    check("file_mode", mode, int)
-    assert isinstance(mode, int)
-    if not 0 <= mode <= 0o777:
-        raise ArgumentValueError(
-            f"file_mode must be permission bits within 0 and 0o777, got {mode!r}"
-        )
-    return mode
 
 
 def _private_opener(mode: int) -> Callable[[str, int], int]:

@@ -161,8 +161,10 @@ class TestHelper:
             with pytest.raises(js.SchemaProblem) as caught:
                 js.validator(schema, draft=draft)
             assert str(caught.value).startswith(f"$.properties.x.$ref: {ref!r} {why}")
-            with pytest.raises(js.SchemaProblem):
-                js.check(schema)
+            with pytest.raises(js.SchemaProblem, match=why):
+                js.check(schema, draft=draft)
+            with pytest.raises(js.SchemaProblem, match=why):
+                js.validator(schema, draft=draft, checked=True)
         assert opened == []
 
     def test_a_validator_never_retrieves(self) -> None:
@@ -500,9 +502,14 @@ class TestMcpLabels:
         pytest.param(
             {
                 "$schema": "http://json-schema.org/draft-07/schema#",
-                "dependencies": {"a": {"type": "object"}, "b": ["a"]},
+                "dependencies": {
+                    "a": {"type": "object"},
+                    "b": ["a"],
+                    "c": {"$ref": "#/definitions/d"},
+                },
+                "definitions": {"d": {"type": "object"}},
             },
-            id="draft7-dependencies-crash",
+            id="draft7-walk-crashes",
         ),
         pytest.param(
             {
@@ -521,7 +528,19 @@ class TestMcpLabels:
     ],
 )
 def test_a_schema_the_drafts_walk_misses_is_refused(schema: dict[str, Any]) -> None:
-    """A reference referencing's walk of an older draft never reaches (or a
-    walk that crashes) is refused, never left for the validator to follow."""
-    with pytest.raises(js.SchemaProblem):
+    """A reference referencing's walk of an older draft never reaches (or any
+    reference, when the walk crashes) is refused, never left for the
+    validator to follow."""
+    with pytest.raises(js.SchemaProblem, match="cannot be followed safely"):
         js.check(schema)
+
+
+def test_a_schema_whose_walk_crashes_without_references_is_taken() -> None:
+    """referencing's walk of this valid draft-07 schema crashes; it holds no
+    reference, so there is nothing to refuse."""
+    js.check(
+        {
+            "$schema": "http://json-schema.org/draft-07/schema#",
+            "dependencies": {"a": {"type": "object"}, "b": ["a"]},
+        }
+    )

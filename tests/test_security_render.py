@@ -396,10 +396,24 @@ def test_svg_of_a_live_loop_parses() -> None:
     assert "loop loop (agent\\x00): paused in context_update" in texts
 
 
-def test_a_log_line_quoting_a_server_is_printable() -> None:
+def test_a_log_line_quoting_a_server_is_printable(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     """What agentfsm logs to a terminal (a tool an MCP server named) shows its
-    control characters escaped, configured by the CLI or not."""
-    from agentfsm._text import printable_log
+    control characters escaped, from a program that has not configured
+    structlog (the CLI's configuration is covered by its own test)."""
+    import structlog
 
-    line = printable_log(None, "warning", {"tool": "\x1b]52;c;aGk=\x07", "n": 3})
-    assert line == {"tool": "\\x1b]52;c;aGk=\\x07", "n": 3}
+    from agentfsm._logging import get_logger
+
+    configured, saved = structlog.is_configured(), structlog.get_config()
+    structlog.reset_defaults()
+    try:
+        get_logger().warning("refused", tool="\x1b]52;c;aGkh\x07")  # no quoting
+    finally:
+        if configured:
+            structlog.configure(**saved)
+    err = capsys.readouterr().err
+    assert "\x1b]52" not in err
+    assert "\x07" not in err
+    assert "x1b]52;c;aGkh" in err

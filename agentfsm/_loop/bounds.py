@@ -40,16 +40,22 @@ if TYPE_CHECKING:
 
 __all__ = ("checked_delta", "checked_output", "checked_tool_output", "checked_user")
 
-_FIELDS: Final[dict[type[Any], tuple[str, tuple[str, ...], tuple[str, ...]]]] = {
-    FunctionCallItem: ("function_call", ("call_id", "name", "arguments"), ()),
-    ModelMessageItem: ("model_message", ("content",), ("refusal",)),
-    ReasoningItem: ("reasoning", ("content",), ("encrypted_content",)),
-    TextDelta: ("text", ("text",), ()),
-    ReasoningDelta: ("reasoning", ("text",), ()),
-    ToolCallDelta: ("tool_call", ("arguments",), ("call_id", "name")),
+_FIELDS: Final[dict[type[Any], tuple[str, tuple[tuple[str, bool], ...]]]] = {
+    FunctionCallItem: (
+        "function_call",
+        (("call_id", False), ("name", False), ("arguments", False)),
+    ),
+    ModelMessageItem: ("model_message", (("content", False), ("refusal", True))),
+    ReasoningItem: ("reasoning", (("content", False), ("encrypted_content", True))),
+    TextDelta: ("text", (("text", False),)),
+    ReasoningDelta: ("reasoning", (("text", False),)),
+    ToolCallDelta: (
+        "tool_call",
+        (("arguments", False), ("call_id", True), ("name", True)),
+    ),
 }
-"""Each checked model's discriminator (its `type` or `kind`), the fields that
-must hold a str, and those that hold a str or None."""
+"""Each checked model's discriminator (its `type` or `kind`), and its text
+fields: `(name, whether it may be None)`."""
 _ITEMS: Final = (FunctionCallItem, ModelMessageItem, ReasoningItem)
 _USAGE: Final = tuple(TokenUsage.model_fields)
 _MAX_DEPTH: Final = 200
@@ -125,7 +131,7 @@ def checked_output(
         clean = plain = False
         items = values.get("items")
     if not clean:
-        if type(items) is not tuple and not isinstance(items, tuple | list):
+        if not isinstance(items, tuple | list):
             raise _bad(model, "items", items, "a tuple of items")
         items, calls, chars = _cleaned_items(items, model)
     if calls > options.max_output_calls:
@@ -206,14 +212,12 @@ def checked_tool_output(
         return message, True
     if type(is_error) is not bool:
         return f"tool {name!r} returned a {type(is_error).__name__} as is_error", True
-    return (output if output.isascii() else _text.encodable(output)), is_error
+    return _text.encodable(output), is_error
 
 
 def checked_user(message: UserMessage) -> UserMessage:
     """A user's message as the context may hold it: its text encodable."""
     content = message.content
-    if content.isascii():
-        return message
     safe = _text.encodable(content)
     return message if safe is content else message.model_copy(update={"content": safe})
 
@@ -222,34 +226,24 @@ def _checked(value: Any, kind: type[Any], model: str, where: str) -> tuple[Any, 
     """`value` with its text fields checked and made encodable, and the
     characters they hold."""
     fields = value.__dict__
-    discriminator, required, optional = _FIELDS[kind]
+    discriminator, texts = _FIELDS[kind]
     tag = "type" if kind in _ITEMS else "kind"
     if fields.get(tag) != discriminator:
         raise _bad(model, f"{where}.{tag}", fields.get(tag), repr(discriminator))
     size = 0
     update: dict[str, str] | None = None
-    for name in required:
+    for name, nullable in texts:
         text = fields.get(name)
-        if type(text) is not str:
-            raise _bad(model, f"{where}.{name}", text, "a str")
-        size += len(text)
-        if not text.isascii():
-            safe = _text.encodable(text)
-            if safe is not text:
-                update = update or {}
-                update[name] = safe
-    for name in optional:
-        text = fields.get(name)
-        if text is None:
+        if text is None and nullable:
             continue
         if type(text) is not str:
-            raise _bad(model, f"{where}.{name}", text, "a str or None")
+            expected = "a str or None" if nullable else "a str"
+            raise _bad(model, f"{where}.{name}", text, expected)
         size += len(text)
-        if not text.isascii():
-            safe = _text.encodable(text)
-            if safe is not text:
-                update = update or {}
-                update[name] = safe
+        safe = _text.encodable(text)
+        if safe is not text:
+            update = update or {}
+            update[name] = safe
     if update is None:
         return value, size
     return value.model_copy(update=update), size
@@ -273,8 +267,9 @@ def _checked_rest(values: dict[str, Any], model: str) -> dict[str, Any] | None:
     if reason is not None:
         if type(reason) is not str:
             raise _bad(model, "finish_reason", reason, "a str or None")
-        if not reason.isascii() and _text.encodable(reason) is not reason:
-            update = {"finish_reason": _text.encodable(reason)}
+        safe = _text.encodable(reason)
+        if safe is not reason:
+            update = {"finish_reason": safe}
     raw = values.get("raw_response")
     if raw is not None:
         dirty = _json_scan(raw, _MAX_DEPTH)

@@ -213,7 +213,8 @@ async def _invoke(
                 )
                 is_error, terminate = True, False
         else:  # what `ToolResult.of` holds, without making one
-            output = _text.json_text(value)
+            # (escaped once, by `_output`)
+            output = value if type(value) is str else _text.json_text(value)
     except UnknownTool:
         output, is_error = unknown(call, loop.tools_by_name), True
     except ToolError as exc:

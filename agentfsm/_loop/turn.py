@@ -16,7 +16,6 @@ from agentfsm.options import QueueMode, TurnSnapshot
 from agentfsm.record import callable_name
 from agentfsm.tools import Tool
 
-from .bounds import checked_user
 from .repair import normalized
 from .steps import _T, Step
 
@@ -75,11 +74,10 @@ def request_metadata(loop: Loop) -> RequestMetadata:
 
 
 def drain(queue: deque[UserMessage], mode: QueueMode) -> tuple[UserMessage, ...]:
-    """Take what a queue releases this turn: everything, or its first message
-    (made `bounds.checked_user`)."""
+    """Take what a queue releases this turn: everything, or its first message."""
     if mode == "one-at-a-time":
-        return (checked_user(queue.popleft()),) if queue else ()
-    drained = tuple([checked_user(m) for m in queue])
+        return (queue.popleft(),) if queue else ()
+    drained = tuple(queue)
     queue.clear()
     return drained
 

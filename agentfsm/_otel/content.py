@@ -50,9 +50,9 @@ WITHHELD: Final = "content not captured"
 
 def untrusted(text: str, capture: bool) -> str:
     """Text from a model, a tool, a user or an MCP server (or an error message
-    that may quote one), as a span may hold it: the text, its lone surrogates
-    escaped, when content is captured; else `WITHHELD`."""
-    return encodable(text) if capture else WITHHELD
+    that may quote one), as a span may hold it: the text when content is
+    captured (the span writers make it encodable); else `WITHHELD`."""
+    return text if capture else WITHHELD
 
 
 def _arguments(text: str) -> Any:

@@ -42,6 +42,7 @@ from agentfsm.tools import ToolCall, ToolNext, ToolResult
 from . import content
 from .model import TracedProviders
 from .spans import (
+    METADATA_CHARS,
     NO_SPAN,
     add_event,
     end,
@@ -360,18 +361,14 @@ class LoopTrace:
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "execute_tool",
             "gen_ai.tool.name": name,
-            "gen_ai.tool.call.id": call.call.call_id[:128],  # an id, bounded
+            "gen_ai.tool.call.id": call.call.call_id[:METADATA_CHARS],
             "gen_ai.tool.type": "function",
         }
         if self.capture_content:
             # An MCP server's tool describes itself: its description is content.
             if call.tool is not None and call.tool.definition.description:
-                attributes["gen_ai.tool.description"] = content.untrusted(
-                    call.tool.definition.description, self.capture_content
-                )
-            attributes["gen_ai.tool.call.arguments"] = content.untrusted(
-                call.arguments, self.capture_content
-            )
+                attributes["gen_ai.tool.description"] = call.tool.definition.description
+            attributes["gen_ai.tool.call.arguments"] = call.arguments
         return start_span(
             self.tracer, f"execute_tool {name}", SpanKind.INTERNAL, attributes
         )

@@ -27,6 +27,7 @@ from agentfsm.providers import Provider, ProviderRegistry, StreamEvent, split_mo
 
 from . import content
 from .spans import (
+    METADATA_CHARS,
     NO_SPAN,
     end,
     failed,
@@ -162,7 +163,6 @@ _FINISH_REASONS: Final = frozenset(
 )
 """The finish reasons the providers' APIs define (recorded with content capture
 off; any other is recorded as `other`)."""
-_METADATA_CHARS: Final = 128
 
 
 def record_output(trace_: LoopTrace, span: Span, output: InferenceOutput) -> None:
@@ -182,9 +182,9 @@ def record_output(trace_: LoopTrace, span: Span, output: InferenceOutput) -> Non
     if isinstance(raw, dict):  # the providers keep the vendor's response here
         # Ids and model names are short; a server's longer text is not metadata.
         if isinstance(response_id := raw.get("id"), str):
-            attributes["gen_ai.response.id"] = response_id[:_METADATA_CHARS]
+            attributes["gen_ai.response.id"] = response_id[:METADATA_CHARS]
         if isinstance(response_model := raw.get("model"), str):
-            attributes["gen_ai.response.model"] = response_model[:_METADATA_CHARS]
+            attributes["gen_ai.response.model"] = response_model[:METADATA_CHARS]
     if trace_.capture_content and span.is_recording():
         attributes["gen_ai.output.messages"] = content.output_messages(output)
     set_attributes(span, attributes)

@@ -24,6 +24,7 @@ from agentfsm._text import encodable
 from . import content
 
 __all__ = (
+    "METADATA_CHARS",
     "NO_SPAN",
     "add_event",
     "end",
@@ -39,6 +40,10 @@ __all__ = (
 )
 
 _T = TypeVar("_T")
+
+METADATA_CHARS: Final = 128
+"""The most characters a model-chosen id (a call id, a response id) or a
+model's name keeps on a span: ids are short, longer text is not metadata."""
 
 NO_SPAN: Final[Span] = INVALID_SPAN
 """What a span that could not be started is: it records nothing."""
@@ -110,11 +115,9 @@ def failed(span: Span, exc: BaseException, capture: bool) -> None:
             return
         attributes = {"exception.type": kind}
         if capture:
-            attributes["exception.message"] = content.untrusted(
-                error_text(exc), capture
-            )
-            attributes["exception.stacktrace"] = content.untrusted(
-                "".join(traceback.format_exception(exc)), capture
+            attributes["exception.message"] = error_text(exc)
+            attributes["exception.stacktrace"] = "".join(
+                traceback.format_exception(exc)
             )
         add_event(span, "exception", attributes)
         set_error(span, attributes.get("exception.message", content.WITHHELD))
@@ -130,7 +133,7 @@ def tracing_failed(what: str, exc: Exception) -> None:
     get_logger().warning(
         "otel_failed",
         during=what,
-        error=f"{type(exc).__name__}: {encodable(error_text(exc))}",
+        error=f"{type(exc).__name__}: {error_text(exc)}",
     )
 
 

@@ -9,7 +9,6 @@ from collections.abc import Mapping, Sequence
 
 from agentfsm import _models
 from agentfsm._arguments import ArgumentTypeError, ArgumentValueError, given
-from agentfsm._loop.bounds import checked_user
 from agentfsm._text import encodable
 from agentfsm.exceptions import ConfigurationError
 from agentfsm.inference import InferenceInput
@@ -34,7 +33,7 @@ def user_message_of(
         # (`str()` makes a str subclass, a StrEnum say, a plain one, as validating would).
         return _models.trusted(
             UserMessage,
-            {"type": "user_message", "content": _text_of(message)},
+            {"type": "user_message", "content": encodable(str(message))},
             {"content"},
         )
     if isinstance(message, UserMessage):
@@ -58,17 +57,13 @@ def user_message_of(
 
 
 def checked_message(name: str, message: UserMessage) -> UserMessage:
-    """A caller's `UserMessage` as a loop may hold it: its content a str (one
-    built without validation may hold anything), made encodable."""
+    """A caller's `UserMessage`, its content a str (one built without
+    validation may hold anything). Its text is made encodable where every
+    message enters the context (`states.context_update`)."""
     content = message.__dict__.get("content")
     if type(content) is not str:
         raise ArgumentTypeError(f"{name}.content must be a str, got {given(content)}")
-    return checked_user(message)
-
-
-def _text_of(message: str) -> str:
-    text = str(message)
-    return text if text.isascii() else encodable(text)
+    return message
 
 
 def handlers_of(
@@ -93,7 +88,7 @@ def agent_id_of(agent_id: object) -> str:
     if not isinstance(agent_id, str) or not agent_id:
         error = ArgumentValueError if isinstance(agent_id, str) else ArgumentTypeError
         raise error(f"agent_id must be a non-empty str, got {given(agent_id)}")
-    if not agent_id.isascii() and encodable(agent_id) is not agent_id:
+    if encodable(agent_id) is not agent_id:
         # An id is not rewritten (the caller looks loops up by it): refused.
         raise ArgumentValueError(
             f"agent_id cannot hold a lone surrogate (no store or log can write it), "

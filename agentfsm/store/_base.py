@@ -267,24 +267,6 @@ class _Turns:
             self._failed[commit.loop_id] = error
 
 
-def checked_lease_ttl(lease_ttl: object) -> float:
-    """`lease_ttl` as a store keeps it (a positive number of seconds).
-
-    Raises:
-        ConfigurationError: it is not one.
-    """
-    if (
-        isinstance(lease_ttl, bool)
-        or not isinstance(lease_ttl, int | float)
-        or not lease_ttl > 0  # NaN too
-        or lease_ttl == float("inf")
-    ):
-        raise ConfigurationError(
-            f"lease_ttl must be a positive number of seconds, got {lease_ttl!r}"
-        )
-    return float(lease_ttl)
-
-
 _PRESENT: set[str] = set()
 """The owners (runtimes) of this process that hold their presence in a store:
 alive, whatever a store's own check would say (a lock of this process's may

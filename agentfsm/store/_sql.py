@@ -48,7 +48,7 @@ from pydantic_core import PydanticSerializationError
 from agentfsm._errors import error_text
 from agentfsm._keys import number_text
 from agentfsm._models import json_of
-from agentfsm._text import encodable_copy
+from agentfsm._text import encodable_data
 from agentfsm.events import AgentEvent, AgentEventAdapter
 from agentfsm.inference import InferenceOutput
 from agentfsm.messages import ContextItem, ContextItemAdapter, FunctionCallOutputItem
@@ -454,7 +454,7 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
             except PydanticSerializationError:
                 # Text that did not enter through a loop (a model built without
                 # validation): written as the loop would have escaped it.
-                row = self.log_row(encodable_copy(commit))
+                row = self.log_row(encodable_data(commit))
             self._write_commit(conn, row, run_status)
         except BaseException as exc:
             self._forget(loop_id)

@@ -38,8 +38,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Final, Literal
 
-from agentfsm._arguments import check, one_of, seconds
-from agentfsm.eventlog import _checked_file_mode
+from agentfsm._arguments import check, file_mode_of, one_of, seconds
 
 from ._base import (
     _PRESENT,
@@ -219,7 +218,7 @@ class SQLiteStore(SQLStore[sqlite3.Connection]):
         self.where = self.path
         self.durability = durability
         self._busy_timeout = seconds("busy_timeout", busy_timeout)
-        self.file_mode = _checked_file_mode(file_mode)
+        self.file_mode = file_mode_of(file_mode)
         self._identity: tuple[int, int] | None = None
         self._moved: StoreError | None = None
         """Why the store writes no more: its file was deleted or replaced."""

@@ -2,7 +2,9 @@
 
 Entered by `start` (the payload is the user message, or None to continue the
 context as it is), `steer` and `follow_up` (the messages the queues released).
-Steering queued before the first request is taken here too. Next: the model
+Steering queued before the first request is taken here too. Every message
+enters the context here, so here its text is made encodable
+(`bounds.checked_user`). Next: the model
 request (`infer` or `infer_streaming`).
 """
 
@@ -30,5 +32,6 @@ async def context_update(loop: Loop, payload: TransitionPayload) -> Step:
         context.extend([checked_user(m) for m in payload])
     if loop.path[-1].trigger is _T.start and loop.steering:
         # Steering is polled before the first request, too.
-        context.extend(drain(loop.steering, loop.options.steering_mode))
+        steering = drain(loop.steering, loop.options.steering_mode)
+        context.extend([checked_user(m) for m in steering])
     return infer_step(loop)

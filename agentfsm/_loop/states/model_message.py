@@ -121,7 +121,7 @@ def _validate_json_schema(schema: dict[str, Any], text: str) -> Any:
     from agentfsm._jsonschema import SchemaProblem, errors, validator
 
     try:
-        check = validator(schema, draft="2020-12")
+        check = validator(schema, draft="2020-12", checked=True)
         data = from_json(text)
         found = errors(check, data)
     except SchemaProblem as exc:
