@@ -445,10 +445,14 @@ class TestSyncToolsSeeTheCancel:
         """A timed-out call is interrupted too: the loop goes on without it."""
         woke = threading.Event()
 
-        @tool(timeout=0.01)
+        # The timeout leaves the worker thread a second to pick the call up: a
+        # call cancelled before its thread starts never runs (anyio drops it),
+        # so with a timeout of a few milliseconds a loaded machine could leave
+        # nothing to interrupt.
+        @tool(timeout=1)
         def slow() -> str:
             """Sleep until interrupted."""
-            if current_call().wait_cancelled(5):
+            if current_call().wait_cancelled(30):
                 woke.set()
             return "too late"
 
@@ -458,7 +462,7 @@ class TestSyncToolsSeeTheCancel:
             result = await runtime.wait(
                 runtime.run_loop("agent", "go", inference_input)
             )
-            assert await anyio.to_thread.run_sync(woke.wait, 5)
+            assert await anyio.to_thread.run_sync(woke.wait, 30)
         assert result.outcome is Outcome.answered
         (output,) = [
             i
