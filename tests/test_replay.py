@@ -30,6 +30,7 @@ from agentfsm import (
     report_progress,
     tool,
 )
+from agentfsm._replay.wire import request_data
 from agentfsm.diagrams import LoopPath, render_paths_mermaid
 from agentfsm.eventlog import read_events
 from agentfsm.events import (
@@ -248,6 +249,23 @@ class TestReplay:
     async def test_a_streamed_run_replays_its_chunks(self, log: Path) -> None:
         """A streaming recording is served chunk by chunk, as recorded."""
         await record(log, streaming=True)
+        report = await replay(log)
+        assert not report.diverged, report.describe()
+        assert any(e.type == "inference.stream" for e in report.events)
+
+    async def test_a_setting_is_recorded_when_no_tools_were_given(
+        self, log: Path
+    ) -> None:
+        """A request made of a model, a context and one setting (no tools) keeps
+        the setting in `loop.started`: a streamed run without tools replays
+        streamed, and so matches."""
+        request = InferenceInput(
+            model="scripted:m", context=ModelContext(), streaming=True
+        )
+        assert request_data(request).settings == {"streaming": True}
+        provider = ScriptedProvider([text("hello")])
+        async with Runtime(providers={"scripted": provider}, event_log=log) as runtime:
+            await runtime.wait(runtime.run_loop("agent", "hi", request))
         report = await replay(log)
         assert not report.diverged, report.describe()
         assert any(e.type == "inference.stream" for e in report.events)

@@ -77,7 +77,7 @@ def request_data(request: InferenceInput) -> RequestData:
     and the context's items as they are now."""
     settings: dict[str, Any] = {}
     given = request.model_fields_set
-    if len(given) > 3:  # more than model, context and tools
+    if not given <= _NOT_SETTINGS:  # a setting was given
         for name in _SETTINGS:
             if name in given:
                 value = getattr(request, name)
