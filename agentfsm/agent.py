@@ -33,9 +33,22 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from functools import partial
-from typing import Any, Final, Literal, Unpack, final, get_type_hints
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Final,
+    Generic,
+    Literal,
+    Self,
+    TypeVar,
+    Unpack,
+    final,
+    get_type_hints,
+    overload,
+)
 
 import anyio
 from pydantic import BaseModel, ValidationError
@@ -46,6 +59,7 @@ from .exceptions import (
     AgentFSMError,
     ConfigurationError,
     LoopFailedError,
+    LoopStateError,
     NoRuntimeError,
 )
 from .inference import InferenceInput, ModelSettings
@@ -53,11 +67,17 @@ from .interception import InterceptionHandler
 from .messages import ContextItem, ModelContext, UserMessage
 from .options import LoopOptions, LoopOptionsDict
 from .providers import Provider, split_model
-from .results import ErrorInfo, LoopResult
+from .results import ErrorInfo, LoopResult, LoopStatus, OutputT
 from .states import Outcome
 from .tools import Tool, format_validation_error
 
-__all__ = ("Agent", "Conversation")
+if TYPE_CHECKING:
+    from ._bus import Subscription
+    from .events import AgentEvent
+
+__all__ = ("Agent", "Conversation", "StreamedRun")
+
+_ModelT = TypeVar("_ModelT", bound=BaseModel)
 
 _SETTINGS: Final = frozenset(get_type_hints(ModelSettings))
 _FORCING: Final = frozenset({"auto", "none"})
@@ -105,8 +125,12 @@ class Conversation:
 
 
 @final
-class Agent:
+class Agent(Generic[OutputT]):
     """A reusable, stateless agent definition: loops are started from it.
+
+    Generic in what its loops answer with: `Agent(...)` is an `Agent[str]`,
+    `Agent(..., output_type=Person)` an `Agent[Person]`, so `result.output` is
+    typed (`str | None`, `Person | None`; JSON data, `Any`, for a JSON schema).
 
     Args:
         model: a `provider:model` name (`"openai:gpt-4.1-mini"`); with
@@ -123,7 +147,8 @@ class Agent:
             A forcing `tool_choice` (`"required"` or a tool's name) is forced
             once, then `"auto"`, unless `reset_tool_choice` says otherwise.
         output_type: a pydantic model (or JSON schema) the answer must follow;
-            the parsed answer is `LoopResult.output`.
+            the parsed answer is `LoopResult.output` (without it, the answer's
+            text is).
         streaming: take the streaming path (each chunk is published as
             `inference.stream`).
         handlers: interception handlers, run in order before every transition.
@@ -166,6 +191,55 @@ class Agent:
         "name",
         "tools",
     )
+
+    # The overloads give the agent its output type (the last, what it takes).
+    @overload
+    def __init__(
+        self: Agent[str],
+        model: str | Provider,
+        *,
+        provider: Provider | None = None,
+        name: str = "agent",
+        instructions: str | None = None,
+        tools: Sequence[Tool | Callable[..., Any]] = (),
+        model_settings: ModelSettings | None = None,
+        output_type: None = None,
+        streaming: bool = False,
+        handlers: Sequence[InterceptionHandler] | InterceptionHandler = (),
+        **options: Unpack[LoopOptionsDict],
+    ) -> None: ...
+
+    @overload
+    def __init__(
+        self: Agent[_ModelT],
+        model: str | Provider,
+        *,
+        provider: Provider | None = None,
+        name: str = "agent",
+        instructions: str | None = None,
+        tools: Sequence[Tool | Callable[..., Any]] = (),
+        model_settings: ModelSettings | None = None,
+        output_type: type[_ModelT],
+        streaming: bool = False,
+        handlers: Sequence[InterceptionHandler] | InterceptionHandler = (),
+        **options: Unpack[LoopOptionsDict],
+    ) -> None: ...
+
+    @overload
+    def __init__(
+        self: Agent[Any],
+        model: str | Provider,
+        *,
+        provider: Provider | None = None,
+        name: str = "agent",
+        instructions: str | None = None,
+        tools: Sequence[Tool | Callable[..., Any]] = (),
+        model_settings: ModelSettings | None = None,
+        output_type: dict[str, Any],
+        streaming: bool = False,
+        handlers: Sequence[InterceptionHandler] | InterceptionHandler = (),
+        **options: Unpack[LoopOptionsDict],
+    ) -> None: ...
 
     def __init__(
         self,
@@ -247,6 +321,7 @@ class Agent:
         *,
         conversation: Conversation | None = None,
         runtime: Runtime | None = None,
+        stream: bool = False,
         **options: Unpack[LoopOptionsDict],
     ) -> str:
         """Start a loop on `message` and return its `loop_id` at once.
@@ -257,6 +332,8 @@ class Agent:
             conversation: the conversation to continue (default: a new context
                 for this loop alone).
             runtime: the runtime to run it on (default: the current one).
+            stream: keep the loop's events for `runtime.events(loop_id)` (see
+                `Runtime.run_loop`; `run_stream` does it for you).
             **options: loop options for this loop, over the agent's own.
 
         Raises:
@@ -264,6 +341,21 @@ class Agent:
             ConfigurationError: the message or an option is wrong.
         """
         _call_checked(message, conversation, runtime)
+        check("stream", stream, bool)
+        return self._start(message, conversation, runtime, options, stream=stream)
+
+    def _start(
+        self,
+        message: UserMessage | str | None,
+        conversation: Conversation | None,
+        runtime: Runtime | None,
+        options: LoopOptionsDict,
+        *,
+        stream: bool,
+        streaming: bool = False,
+    ) -> str:
+        """`start`, its arguments checked; `streaming`: take the streaming path
+        whatever the agent says."""
         if runtime is None:
             try:
                 runtime = current_runtime()
@@ -279,12 +371,11 @@ class Agent:
         if options:  # bad ones fail before the provider is registered
             LoopOptions.of(merged)
         self._register(runtime)
+        request = self.request(conversation.context)
+        if streaming and not request.streaming:
+            request = request.model_copy(update={"streaming": True})
         loop_id = runtime.run_loop(
-            self.name,
-            message,
-            self.request(conversation.context),
-            self._handlers,
-            **merged,
+            self.name, message, request, self._handlers, stream=stream, **merged
         )
         conversation.loop_ids.append(loop_id)
         return loop_id
@@ -297,7 +388,7 @@ class Agent:
         runtime: Runtime | None = None,
         raise_on_failure: bool = True,
         **options: Unpack[LoopOptionsDict],
-    ) -> LoopResult:
+    ) -> LoopResult[OutputT]:
         """Run a loop on `message` and return how it ended.
 
         On `runtime`, or the current one; without either, on a `Runtime` opened
@@ -336,10 +427,7 @@ class Agent:
             result = await self._run(message, conversation, runtime, options)
         # Raised here, out of the runtime this call opened: inside it, the
         # error would leave as an ExceptionGroup on trio.
-        if raise_on_failure and result.outcome is Outcome.failed:
-            error = result.error or ErrorInfo(type="Error", message=result.reason or "")
-            raise LoopFailedError(result.loop_id, error, result=result)
-        return result
+        return _raised_for_failure(result) if raise_on_failure else result
 
     async def _run(
         self,
@@ -347,11 +435,87 @@ class Agent:
         conversation: Conversation | None,
         runtime: Runtime,
         options: LoopOptionsDict,
-    ) -> LoopResult:
+    ) -> LoopResult[OutputT]:
         loop_id = self.start(
             message, conversation=conversation, runtime=runtime, **options
         )
         return await runtime.wait(loop_id)
+
+    def run_stream(
+        self,
+        message: UserMessage | str | None,
+        *,
+        conversation: Conversation | None = None,
+        runtime: Runtime | None = None,
+        raise_on_failure: bool = True,
+        **options: Unpack[LoopOptionsDict],
+    ) -> AbstractAsyncContextManager[StreamedRun[OutputT]]:
+        """Run a loop on `message`, streaming: its events as they come, then
+        its result.
+
+        The loop takes the streaming path (each chunk of the model's text is an
+        `inference.stream` event) whatever `streaming=` the agent was made
+        with. It runs on `runtime`, or the current one, or one opened for the
+        block (closed when it is left). Leaving the block before the loop ended
+        cancels it, and drops the events not read; no event is missed however
+        late the block starts reading (see `Runtime.events`).
+
+        Args:
+            message: the user's message (see `start`).
+            conversation: the conversation to continue (see `start`).
+            runtime: the runtime to run it on (see `start`).
+            raise_on_failure: `StreamedRun.result()` raises `LoopFailedError`
+                for a loop that failed (the default; see `run`).
+            **options: loop options for this loop, over the agent's own.
+
+        Returns:
+            An async context manager giving a `StreamedRun`.
+
+        Example:
+            ```python
+            async with agent.run_stream("Tell me a story.") as run:
+                async for chunk in run.text_deltas():
+                    print(chunk, end="", flush=True)
+                result = await run.result()
+            ```
+        """
+        _call_checked(message, conversation, runtime)
+        check("raise_on_failure", raise_on_failure, bool)
+        if options:  # bad ones fail here, not when the block is entered
+            LoopOptions.of({**self._options, **options})
+        return self._streamed(message, conversation, runtime, raise_on_failure, options)
+
+    @contextlib.asynccontextmanager
+    async def _streamed(
+        self,
+        message: UserMessage | str | None,
+        conversation: Conversation | None,
+        runtime: Runtime | None,
+        raise_on_failure: bool,
+        options: LoopOptionsDict,
+    ) -> AsyncIterator[StreamedRun[OutputT]]:
+        if runtime is None:
+            with contextlib.suppress(NoRuntimeError):  # then one is opened here
+                runtime = current_runtime()
+        if runtime is None:
+            async with (
+                Runtime() as own,
+                self._streamed(
+                    message, conversation, own, raise_on_failure, options
+                ) as streamed,
+            ):
+                yield streamed
+            return
+        loop_id = self._start(
+            message, conversation, runtime, options, stream=True, streaming=True
+        )
+        run: StreamedRun[OutputT] = StreamedRun(
+            runtime, loop_id, runtime.events(loop_id), raise_on_failure
+        )
+        try:
+            yield run
+        finally:
+            run._close()
 
     def run_sync(
         self,
@@ -361,7 +525,7 @@ class Agent:
         backend: Literal["asyncio", "trio"] = "asyncio",
         raise_on_failure: bool = True,
         **options: Unpack[LoopOptionsDict],
-    ) -> LoopResult:
+    ) -> LoopResult[OutputT]:
         """`run` for code that is not async: opens an event loop and a runtime.
 
         Raises:
@@ -400,6 +564,157 @@ class Agent:
             registered = None
         if registered is not self._provider:
             registry.register(self._prefix, self._provider)
+
+
+@final
+class StreamedRun(Generic[OutputT]):
+    """A loop `Agent.run_stream` started: iterate it for the loop's events as
+    they come, from `loop.started` to `loop.idle`, then `await result()`.
+
+    The events are the loop's own (`agentfsm.events`): the model's text chunks
+    (`inference.stream`), tool calls, pauses (the stream goes on after
+    `Runtime.resume`), the answer. Unread events wait in an unbounded buffer,
+    so a slow reader never holds the loop; leaving the block drops them.
+
+    A pause (a tool that `needs_approval`, a handler's `Pause`) lasts until
+    `run.runtime.resume(run.loop_id, ...)`: iterating the run shows it
+    (`loop.paused`), `text_deltas()` raises `LoopStateError` at it, and
+    `result()` waits through it.
+
+    Example:
+        ```python
+        async with agent.run_stream("What is 2 + 3?") as run:
+            async for event in run:
+                if event.type == "function_call.started":
+                    print("calling", event.call.name)
+            print((await run.result()).output)
+        ```
+    """
+
+    __slots__ = ("_events", "_left", "_raise", "loop_id", "runtime")
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        loop_id: str,
+        events: Subscription,
+        raise_on_failure: bool,
+    ) -> None:
+        self.runtime = runtime
+        """The runtime the loop runs on (to `resume` it, `steer` it, ...)."""
+        self.loop_id = loop_id
+        """The loop's id."""
+        self._events = events
+        self._raise = raise_on_failure
+        self._left = False
+        """Whether the `run_stream` block was left (the events were dropped)."""
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> AgentEvent:
+        if self._left:
+            raise LoopStateError(_LEFT.format(self.loop_id))
+        return await self._events.__anext__()
+
+    def text_deltas(self) -> AsyncIterator[str]:
+        """The model's text as it comes, chunk by chunk (each request's in
+        turn; its reasoning and tool calls left out), until the loop ends.
+
+        It reads the run's events, so those it passes over are not seen by
+        `async for event in run`; breaking out of it leaves the rest unread.
+
+        Raises:
+            LoopStateError: the loop paused (a handler asked for approval):
+                the message tells why. Resume it
+                (`run.runtime.resume(run.loop_id, ...)`) and iterate
+                `text_deltas()` again: it goes on after the pause.
+        """
+        if self._left:
+            raise LoopStateError(_LEFT.format(self.loop_id))
+        return _TextDeltas(self)
+
+    async def result(self) -> LoopResult[OutputT]:
+        """Wait for the loop to end (the events need not be read) and return its
+        result; `result().output` is the answer's text, or its parse.
+
+        A pause is not an end: while the loop is paused (a handler asked for
+        approval), this waits until someone resumes it
+        (`run.runtime.resume(run.loop_id, ...)`) and the loop ends. Where a
+        pause may come, watch for it: read the events (`loop.paused`), or
+        `text_deltas()`, which raises `LoopStateError` at a pause.
+
+        Raises:
+            LoopFailedError: the loop failed (unless `raise_on_failure=False`).
+            LoopDetachedError: a durable loop stopped here without ending.
+        """
+        result: LoopResult[OutputT] = await self.runtime.wait(self.loop_id)
+        return _raised_for_failure(result) if self._raise else result
+
+    def _close(self) -> None:
+        """The block was left: a loop still running or paused is cancelled, and
+        the events not read are dropped (reading them now raises)."""
+        self._left = True
+        self._events.close()
+        self._events.drain()  # (close() alone leaves the buffered ones readable)
+        with contextlib.suppress(AgentFSMError):  # ended, forgotten, detached
+            view = self.runtime.get(self.loop_id)
+            if view.status is not LoopStatus.done:
+                self.runtime.cancel(
+                    self.loop_id, "the run_stream block was left before the loop ended"
+                )
+
+    def __repr__(self) -> str:
+        return f"StreamedRun(loop_id={self.loop_id!r})"
+
+
+_LEFT: Final = (
+    "the run_stream block of loop {} was left: its events were dropped "
+    "(read them inside the block)"
+)
+
+
+@final
+class _TextDeltas:
+    """`StreamedRun.text_deltas()`: an async iterator object rather than an
+    async generator, so that breaking out of it leaves nothing unfinished (trio
+    warns of an async generator collected before it was exhausted)."""
+
+    __slots__ = ("_run",)
+
+    def __init__(self, run: StreamedRun[Any]) -> None:
+        self._run = run
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> str:
+        from .events import InferenceStream, LoopPaused  # (loaded on first use)
+        from .inference import TextDelta
+
+        run = self._run
+        while True:
+            event = await run.__anext__()
+            if isinstance(event, InferenceStream):
+                if isinstance(event.delta, TextDelta):
+                    return event.delta.text
+            elif isinstance(event, LoopPaused):
+                # Waiting would hang: a pause lasts until someone resumes it.
+                raise LoopStateError(
+                    f"loop {run.loop_id} paused ({event.reason}): no more text "
+                    "comes until it is resumed. Resume it with "
+                    "run.runtime.resume(run.loop_id, ...) (or end it with "
+                    "run.runtime.cancel(run.loop_id)), then iterate "
+                    "run.text_deltas() again: it goes on after the pause"
+                )
+
+
+def _raised_for_failure(result: LoopResult[OutputT]) -> LoopResult[OutputT]:
+    """`result`, unless its loop failed: then `LoopFailedError`."""
+    if result.outcome is Outcome.failed:
+        error = result.error or ErrorInfo(type="Error", message=result.reason or "")
+        raise LoopFailedError(result.loop_id, error, result=result)
+    return result
 
 
 def _call_checked(message: object, conversation: object, runtime: object) -> None:

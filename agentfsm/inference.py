@@ -6,8 +6,9 @@ Providers (`agentfsm.providers`) turn an `InferenceInput` into an
 These classes are re-exported from `agentfsm.providers` and `agentfsm`.
 """
 
+import math
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Annotated, Any, Literal, NamedTuple, TypeAlias, TypedDict
+from typing import Annotated, Any, Final, Literal, NamedTuple, TypeAlias, TypedDict
 
 from pydantic import (
     AfterValidator,
@@ -48,8 +49,10 @@ __all__ = (
     "RequestMetadata",
     "StreamEvent",
     "StreamingDelta",
+    "StructuredOutputMode",
     "TextDelta",
     "ToolCallDelta",
+    "UsageUpdate",
 )
 
 
@@ -112,6 +115,87 @@ def _json_schema(value: Any) -> Any:
     return value
 
 
+def _model_name_schema(source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+    """A `str`, whose error says what to do with a provider object given instead
+    (the README's Runtime snippet invites one): a request names its model (its
+    record and a durable store keep the name), and the runtime's registry maps
+    the name's prefix to the provider. Validation stays in pydantic-core: a
+    Python validator here was ~1% of a run of `make bench-instructions`."""
+    return core_schema.custom_error_schema(
+        core_schema.str_schema(),
+        custom_error_type="model_name",
+        custom_error_message=(
+            "model must be a 'provider:model' name (a str); to use a provider "
+            "object, register it under a prefix, Runtime(providers={'mine': "
+            "provider}), and pass model='mine:<model>' (an Agent takes a "
+            "provider itself: Agent(provider))"
+        ),
+    )
+
+
+StructuredOutputMode: TypeAlias = Literal["auto", "native", "tool", "prompted"]
+"""How a request asks for its `structured_output` ([Structured output][structured-output-on-any-server]):
+
+- `native`: the API's JSON-schema format (`response_format`, `text.format`,
+  `output_config.format`; a grammar on the local model);
+- `tool`: a final answer tool whose parameters are the schema, which the model
+  must call; its arguments are the answer;
+- `prompted`: the schema in the instructions, and a JSON response format where
+  the API has one;
+- `auto`: the provider's best, falling back to the next when a server refuses one.
+"""
+
+_RESERVED_BODY_KEYS: Final = frozenset({"model", "stream"})
+
+
+def _extra_body(value: Any) -> Any:
+    """`extra_body` checked: a JSON object with str keys, none of them a key
+    the request sets through its own fields (`model`, `stream`)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError(  # noqa: TRY004 - pydantic reports a ValueError as a ValidationError
+            f"extra_body must be a JSON object (a dict), got {type(value).__name__}"
+        )
+    bad = [k for k in value if not isinstance(k, str)]
+    if bad:
+        raise ValueError(f"extra_body's keys must be str, got {bad[0]!r}")
+    reserved = sorted(_RESERVED_BODY_KEYS.intersection(value))
+    if reserved:
+        raise ValueError(
+            f"extra_body cannot set {', '.join(reserved)}: use the request's "
+            "`model` and `streaming` fields"
+        )
+    return value
+
+
+def _finite_body(value: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Refuse a NaN or infinite number anywhere in `extra_body`: JSON has none,
+    so the request could not be sent."""
+    if value is None:
+        return None
+    # A stack, not recursion: the value is as deep as pydantic let it be.
+    stack: list[tuple[str, Any]] = [(f"extra_body[{k!r}]", v) for k, v in value.items()]
+    while stack:
+        where, item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            raise ValueError(
+                f"{where} is {item}, which JSON cannot carry: use a finite number"
+            )
+        if isinstance(item, dict):
+            stack.extend((f"{where}[{k!r}]", v) for k, v in item.items())
+        elif isinstance(item, list):
+            stack.extend((f"{where}[{i}]", v) for i, v in enumerate(item))
+    return value
+
+
+_ExtraBody: TypeAlias = Annotated[
+    dict[str, JsonValue] | None,
+    BeforeValidator(_extra_body),
+    AfterValidator(_finite_body),
+]
+
+
 def _tools_schema(_: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
     """What `Sequence[_ToolField]` validates (any sequence but a str, kept as a
     tuple), with the items checked by pydantic-core: the `Sequence` schema wraps
@@ -142,8 +226,9 @@ class InferenceInput(BaseModel):
         frozen=True, extra="forbid", arbitrary_types_allowed=True, defer_build=True
     )
 
-    model: str
-    """`provider:model`, resolved by the runtime's provider registry."""
+    model: Annotated[str, GetPydanticSchema(_model_name_schema)]
+    """`provider:model`, resolved by the runtime's provider registry (a provider
+    object is registered there under a prefix: `Runtime(providers={...})`)."""
     context: ModelContext
     """The instructions and the conversation; the loop appends to it. Loops
     started on one `InferenceInput` share this context (they see each other's
@@ -190,6 +275,15 @@ class InferenceInput(BaseModel):
     """A pydantic model or JSON schema the answer must follow (a schema is
     checked against JSON Schema draft 2020-12 here, before any model call; each
     `$ref` in it must resolve within it: nothing is ever fetched)."""
+    structured_output_mode: StructuredOutputMode = "auto"
+    """How the request asks for `structured_output` (see `StructuredOutputMode`);
+    the mode used is published as `InferenceOutput.structured_output_mode`.
+    Ignored without a `structured_output`."""
+    extra_body: _ExtraBody = None
+    """A JSON object merged into the request's body, for a server's own
+    parameters (`top_k`, `min_p`, `chat_template_kwargs`, ...); its keys win
+    over the ones agentfsm sets. The local model takes only the sampling
+    parameters llama.cpp has (`agentfsm.providers.local`) and refuses others."""
 
     @property
     def effective_tool_choice(self) -> str | None:
@@ -234,6 +328,8 @@ class ModelSettings(TypedDict, total=False):
     reasoning_effort: str
     tool_choice: str
     reset_tool_choice: Literal["auto", "none"] | None
+    structured_output_mode: StructuredOutputMode
+    extra_body: dict[str, JsonValue]
 
 
 class InferenceOutput(BaseModel):
@@ -253,6 +349,10 @@ class InferenceOutput(BaseModel):
     """The provider's response as JSON data (seed 001 spells it `rowResponse`)."""
     finish_reason: str | None = None
     """Why generation stopped (`stop`, `tool_calls`, `length`, ...), when known."""
+    structured_output_mode: Literal["native", "tool", "prompted"] | None = None
+    """The mode the request's structured output was asked in (what `auto`
+    chose), as the built-in providers report it; `None` without a structured
+    output, or from a provider that does not say."""
 
     @property
     def function_calls(self) -> tuple[FunctionCallItem, ...]:
@@ -309,12 +409,31 @@ class OutputCompleted(BaseModel):
     output: InferenceOutput
 
 
+class UsageUpdate(BaseModel):
+    """The request's token usage so far, as the server reported it mid-stream
+    (Anthropic's `message_start`, a Chat Completions usage chunk).
+
+    Optional: a stream need not send one, and the loop publishes none. Each
+    replaces the one before (counts so far, not increments). When a stream
+    ends without its output (cancelled, failed, timed out), the loop adds the
+    last one to its usage, so the tokens already spent are not lost; a
+    completed stream's usage is its output's `token_usage`.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
+
+    kind: Literal["usage"] = "usage"
+    usage: TokenUsage
+
+
 StreamingDelta: TypeAlias = Annotated[
     TextDelta | ReasoningDelta | ToolCallDelta, Field(discriminator="kind")
 ]
 """A chunk published as `inference.stream`."""
 
-StreamEvent: TypeAlias = TextDelta | ReasoningDelta | ToolCallDelta | OutputCompleted
+StreamEvent: TypeAlias = (
+    TextDelta | ReasoningDelta | ToolCallDelta | UsageUpdate | OutputCompleted
+)
 """What a provider's stream yields; the last one is `OutputCompleted`."""
 
 

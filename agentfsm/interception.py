@@ -41,7 +41,7 @@ Example:
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Annotated, Any, Literal, TypeAlias
 
-from pydantic import BaseModel, ConfigDict, Field, InstanceOf
+from pydantic import BaseModel, ConfigDict, Field, InstanceOf, model_validator
 
 from ._text import EncodableStr, encodable, json_text
 from .inference import InferenceInput, RequestMetadata
@@ -70,6 +70,11 @@ class ToolBatch(BaseModel):
     either; the model sees the output given (a recovered loop's call whose
     outcome is uncertain is resolved this way, or by a denial, or by running it
     again).
+
+    Each call's `call_id` is its own in the batch (the loop renames a model's
+    repeated or empty ids before it builds the batch): a batch of calls
+    sharing an id is refused, as a call id would not say which call a denial,
+    an approval or an answer is for.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
@@ -84,6 +89,13 @@ class ToolBatch(BaseModel):
     Resuming approves those not denied."""
     outputs: dict[str, EncodableStr] = Field(default_factory=dict)
     """`call_id -> output` for each call answered without running it."""
+
+    @model_validator(mode="after")
+    def _distinct_ids(self) -> "ToolBatch":
+        repeated = _repeated_ids(self.calls)
+        if repeated:
+            raise ValueError(_repeated_message(repeated))
+        return self
 
     def deny(self, call_id: str, reason: str) -> "ToolBatch":
         """This batch with one more call denied."""
@@ -117,9 +129,32 @@ class ToolBatch(BaseModel):
         return self.model_copy(update={"calls": calls})
 
     def _check(self, call_id: str) -> None:
-        if all(c.call_id != call_id for c in self.calls):
+        matching = sum(c.call_id == call_id for c in self.calls)
+        if not matching:
             known = ", ".join(c.call_id for c in self.calls)
             raise KeyError(f"no call {call_id!r} in this batch (calls: {known})")
+        if matching > 1:  # a batch copied with such calls, past the validator
+            raise ValueError(_repeated_message([call_id]))
+
+
+def _repeated_ids(calls: tuple[FunctionCallItem, ...]) -> list[str]:
+    """The call ids more than one of `calls` has, in order."""
+    seen: set[str] = set()
+    repeated: list[str] = []
+    for call in calls:
+        if call.call_id in seen and call.call_id not in repeated:
+            repeated.append(call.call_id)
+        seen.add(call.call_id)
+    return repeated
+
+
+def _repeated_message(repeated: list[str]) -> str:
+    shown = " and ".join(repr(encodable(i)) for i in repeated)
+    return (
+        f"a ToolBatch's calls must have distinct call_ids, and more than one "
+        f"call has {shown}: a denial, approval or answer by id would not say "
+        "which call it is for"
+    )
 
 
 TransitionPayload: TypeAlias = (

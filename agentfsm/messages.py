@@ -160,7 +160,19 @@ class ModelContext(BaseModel):
 
 
 class TokenUsage(BaseModel):
-    """Tokens counted by the provider for one request, or summed over a loop."""
+    """Tokens counted by the provider for one request, or summed over a loop.
+
+    A request whose server reported no usage has `token_usage=None`, never a
+    zero. A loop's total (`LoopResult.usage`, `LoopView.usage`, `loop.idle`)
+    counts what the requests reported and, in `unreported_requests`, how many
+    reported nothing; `status` says which of the three cases a total is:
+
+    ```python
+    result = await runtime.wait(loop_id)
+    if result.usage.status == "unknown":
+        print("the server reported no usage")
+    ```
+    """
 
     model_config = _FROZEN
 
@@ -172,11 +184,41 @@ class TokenUsage(BaseModel):
     """Of the output tokens, those spent on reasoning."""
     cached_input_tokens: int = 0
     """Of the input tokens, those served from the provider's cache."""
+    unreported_requests: int = 0
+    """In a sum: of the requests summed, how many reported no usage (their
+    tokens are not counted above). 0 in one request's usage."""
 
     @property
     def total_tokens(self) -> int:
         """Input plus output tokens."""
         return self.input_tokens + self.output_tokens
+
+    @property
+    def status(self) -> Literal["complete", "partial", "unknown"]:
+        """Whether the counts cover every request summed: `complete` (each
+        reported its usage, or there was none), `partial` (some reported none:
+        the counts are a lower bound) or `unknown` (some reported none and no
+        token is counted: what the requests used is not known)."""
+        if not self.unreported_requests:
+            return "complete"
+        if self.input_tokens or self.output_tokens:
+            return "partial"
+        return "unknown"
+
+    def __str__(self) -> str:
+        """`12 in + 3 out = 15 total`, `... (1 request reported none)` for a
+        partial sum, `unknown (not reported)` when nothing is counted."""
+        unreported = self.unreported_requests
+        if unreported and not (self.input_tokens or self.output_tokens):
+            return "unknown (not reported)"
+        text = (
+            f"{self.input_tokens} in + {self.output_tokens} out = "
+            f"{self.total_tokens} total"
+        )
+        if unreported:
+            noun = "request" if unreported == 1 else "requests"
+            text += f" ({unreported} {noun} reported none)"
+        return text
 
     def __add__(self, other: "TokenUsage") -> "TokenUsage":
         values = {
@@ -184,5 +226,6 @@ class TokenUsage(BaseModel):
             "output_tokens": self.output_tokens + other.output_tokens,
             "reasoning_tokens": self.reasoning_tokens + other.reasoning_tokens,
             "cached_input_tokens": self.cached_input_tokens + other.cached_input_tokens,
+            "unreported_requests": self.unreported_requests + other.unreported_requests,
         }
         return _models.trusted(TokenUsage, values, set(values))

@@ -2,9 +2,10 @@
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, NamedTuple, final
+from typing import Any, Generic, NamedTuple, Self, final
 
 from pydantic import BaseModel, ConfigDict
+from typing_extensions import TypeVar  # (a default: Python 3.13's typing has it)
 
 from .exceptions import LoopAborted, LoopFailedError
 from .interception import PendingTransition
@@ -17,6 +18,7 @@ __all__ = (
     "LoopResult",
     "LoopStatus",
     "LoopView",
+    "OutputT",
     "PathStep",
 )
 
@@ -49,9 +51,23 @@ class ErrorInfo(BaseModel):
     message: str
 
 
+OutputT = TypeVar("OutputT", default=Any)
+"""What a loop answers with, `LoopResult.output`: `str` for a plain answer, the
+`structured_output` model for a structured one. Type checkers infer it for an
+agent: `Agent(...)` is an `Agent[str]`, `Agent(..., output_type=Person)` an
+`Agent[Person]`, whose `run` returns a `LoopResult[Person]`. `Any` where
+nothing says (`Runtime.wait`, a bare `Agent` annotation)."""
+
+
 @final
-class LoopResult(BaseModel):
-    """How a loop ended: outcome, answer, totals and the path it took."""
+class LoopResult(BaseModel, Generic[OutputT]):
+    """How a loop ended: outcome, answer, totals and the path it took.
+
+    Generic in its `output` for type checkers only: `Agent.run` of an
+    `Agent[Person]` returns a `LoopResult[Person]`, whose `output` is a
+    `Person | None`. The runtime builds plain `LoopResult`s; nothing is
+    validated again.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
@@ -62,8 +78,10 @@ class LoopResult(BaseModel):
     """Why it stopped, aborted, failed or was cancelled."""
     answer: ModelMessageItem | None = None
     """The published answer (outcome `answered`)."""
-    output: Any = None
-    """The answer parsed by `structured_output` (a model instance or JSON data)."""
+    output: OutputT | None = None
+    """What the loop answered: the answer's text for a plain answer; with
+    `structured_output`, the answer parsed (a model instance, or JSON data for
+    a JSON schema), None if no answer passed it. None without an answer."""
     error: ErrorInfo | None = None
     """The error (outcome `failed`)."""
     usage: TokenUsage
@@ -78,7 +96,7 @@ class LoopResult(BaseModel):
         """The states visited, `idle` first and last."""
         return (LoopState.idle, *(step.dest for step in self.path))
 
-    def raise_for_outcome(self) -> "LoopResult":
+    def raise_for_outcome(self) -> Self:
         """Return self if the loop answered or stopped; raise for the other outcomes.
 
         A cancelled loop raises `LoopAborted` (with its reason), never anyio's

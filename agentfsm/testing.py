@@ -75,7 +75,8 @@ def call(
 def calls(
     *items: FunctionCallItem, usage: TokenUsage | None = None, text: str | None = None
 ) -> InferenceOutput:
-    """An output asking for these function calls (optionally with text before them)."""
+    """An output asking for these function calls (optionally with text before
+    them), reporting `usage` (None: no usage, as some servers report none)."""
     prefix = [ModelMessageItem(content=text)] if text is not None else []
     return InferenceOutput(
         items=(*prefix, *items), token_usage=usage, finish_reason="tool_calls"
@@ -83,7 +84,7 @@ def calls(
 
 
 def text(content: str, *, usage: TokenUsage | None = None) -> InferenceOutput:
-    """An output answering with `content`."""
+    """An output answering with `content`, reporting `usage` (None: no usage)."""
     return InferenceOutput(
         items=(ModelMessageItem(content=content),),
         token_usage=usage,

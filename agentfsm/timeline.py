@@ -213,8 +213,8 @@ def _summary(mine: Sequence[ev.AgentEvent]) -> LoopSummary:
         calls = sum(isinstance(e, ev.FunctionCallCompleted) for e in mine)
         usage = TokenUsage()
         for e in completed:
-            if e.output.token_usage is not None:
-                usage = usage + e.output.token_usage
+            reported = e.output.token_usage
+            usage = usage + (reported or TokenUsage(unreported_requests=1))
     return LoopSummary(
         loop_id=first.loop_id,
         agent_id=first.agent_id,
@@ -368,8 +368,10 @@ def _inference(event: ev.InferenceCompleted, chunks: int, width: int) -> str:
         )
     if output.message is not None and output.message.content:
         parts.append("message " + _quote(output.message.content, width))
-    if output.token_usage is not None:
-        u = output.token_usage
+    u = output.token_usage
+    if u is None:
+        parts.append("tokens unknown (not reported)")
+    else:
         parts.append(f"{u.input_tokens} in + {u.output_tokens} out tokens")
     return "; ".join(parts)
 
@@ -498,7 +500,7 @@ def format_table(summaries: Sequence[LoopSummary]) -> str:
             _outcome(s),
             str(s.model_requests),
             str(s.tool_calls),
-            str(s.usage.total_tokens),
+            _tokens_cell(s.usage),
             _seconds(s.duration),
             _line(s.question) if s.forked_from is None else _fork_cell(s, shorts),
             _line(s.answer),
@@ -535,13 +537,28 @@ def _line(text: str | None) -> str:
     return "-" if text is None else _short(text, _QUOTE_WIDTH)
 
 
+def _tokens_cell(usage: TokenUsage) -> str:
+    """The table's TOKENS: `unknown` when no request reported usage, `15+`
+    when only some did."""
+    status = usage.status
+    if status == "unknown":
+        return "unknown"
+    return f"{usage.total_tokens}{'+' if status == 'partial' else ''}"
+
+
 def _totals(summary: LoopSummary) -> str:
     u = summary.usage
-    return (
+    counts = (
         f"{_count(summary.model_requests, 'model request')}, "
         f"{_count(summary.tool_calls, 'tool call')}, "
-        f"{_count(u.total_tokens, 'token')} ({u.input_tokens} in, {u.output_tokens} out)"
     )
+    if u.status == "unknown":
+        return f"{counts}tokens unknown (not reported)"
+    noun = "token" if u.total_tokens == 1 else "tokens"
+    detail = f"{u.input_tokens} in, {u.output_tokens} out"
+    if u.unreported_requests:
+        detail += f"; {_count(u.unreported_requests, 'request')} reported none"
+    return f"{counts}{_tokens_cell(u)} {noun} ({detail})"
 
 
 def _count(n: int, noun: str) -> str:

@@ -80,23 +80,22 @@ async def main() -> None:
         streaming=True,
     )
     async with Runtime(providers={"scripted": SCRIPT}) as runtime:
-        # Subscribe before starting the loop so no event is missed.
-        with runtime.bus.subscribe("*") as events:
-            loop_id = runtime.run_loop(
-                "weather-agent", "Do I need an umbrella?", request
-            )
-            print(f"loop {loop_id} started")
-            print("answer (streamed): ", end="", flush=True)
-            seen: list[AgentEvent] = []
+        # stream=True keeps the loop's events from its first: `events` may be
+        # called whenever, and its iteration ends with the loop.
+        loop_id = runtime.run_loop(
+            "weather-agent", "Do I need an umbrella?", request, stream=True
+        )
+        print(f"loop {loop_id} started")
+        print("answer (streamed): ", end="", flush=True)
+        seen: list[AgentEvent] = []
+        with runtime.events(loop_id) as events:
             async for event in events:
                 seen.append(event)
                 if isinstance(event, InferenceStream) and isinstance(
                     event.delta, TextDelta
                 ):
                     print(event.delta.text, end="", flush=True)
-                if isinstance(event, LoopIdle):
-                    break
-            print()
+        print()
         result = await runtime.wait(loop_id)
 
     print("\nevents (seq, type, state):")

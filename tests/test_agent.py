@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, assert_type
 
 import anyio
 import pytest
@@ -315,7 +315,7 @@ class TestDefinitionErrors:
             ),
             pytest.param(
                 {"model_settings": {"temprature": 0.2}},
-                r"unknown model settings: temprature \(known: max_output_tokens",
+                r"unknown model settings: temprature \(known: [a-z_, ]*temperature",
                 id="unknown-setting",
             ),
             pytest.param(
@@ -413,10 +413,43 @@ async def test_output_type_parses_the_answer() -> None:
 
     script = ScriptedProvider([text('{"name": "Paris", "country": "France"}')])
     agent = Agent(script, output_type=City)
+    assert_type(agent, Agent[City])
     with anyio.fail_after(10):
         result = await agent.run("The capital of France?")
+    assert_type(result.output, City | None)  # (mypy checks it; a no-op here)
     assert result.output == City(name="Paris", country="France")
     assert script.requests[0].structured_output is City
+
+
+async def test_a_plain_answers_output_is_its_text() -> None:
+    """Without `output_type`, `result.output` is the answer's text, a `str`."""
+    agent = Agent(ScriptedProvider([text("Paris.")]))
+    assert_type(agent, Agent[str])
+    with anyio.fail_after(10):
+        result = await agent.run("The capital of France?")
+    assert_type(result.output, str | None)
+    assert result.answer is not None
+    assert result.output == result.answer.content == "Paris."
+
+
+async def test_a_json_schemas_output_is_json_data() -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    agent = Agent(ScriptedProvider([text('{"n": 3}')]), output_type=schema)
+    assert_type(agent, Agent[Any])
+    with anyio.fail_after(10):
+        result = await agent.run("Three?")
+    assert result.output == {"n": 3}
+
+
+async def test_a_loop_without_an_answer_has_no_output() -> None:
+    agent = Agent(ScriptedProvider([RuntimeError("down")]))
+    with anyio.fail_after(10):
+        result = await agent.run("hi", raise_on_failure=False)
+    assert (result.outcome, result.answer, result.output) == (
+        Outcome.failed,
+        None,
+        None,
+    )
 
 
 async def test_none_continues_a_conversation() -> None:

@@ -242,6 +242,29 @@ class TestWants:
             assert not bus.wants("model.answer", "B")
         assert not bus.wants("model.answer", "A")
 
+    def test_loop_subscriptions_coming_and_going(self) -> None:
+        """A loop's own subscription, added and closed (as each streamed loop's
+        is), keeps the global routes and the flags publishers check right."""
+        bus = EventBus()
+        answers = bus.subscribe("model.*")
+        assert bus.wants("model.answer", "B")  # (the route is cached now)
+        own = bus.subscribe(loop_id="A", backpressure=True)
+        assert (bus.listening, bus.backpressure) == (True, True)
+        assert bus.wants("loop.idle", "A")
+        assert not bus.wants("loop.idle", "B")
+        assert bus.wants("model.answer", "B")
+        plain = bus.subscribe(loop_id="C")
+        own.close()
+        assert (bus.listening, bus.backpressure) == (True, False)
+        assert not bus.wants("loop.idle", "A")
+        answers.close()
+        assert (bus.listening, bus.statistics().subscribers) == (True, 1)  # C's
+        plain.close()
+        assert (bus.listening, bus.statistics().subscribers) == (False, 0)
+        with bus.subscribe("loop.idle"):  # a global one after: routes made again
+            assert bus.wants("loop.idle", "D")
+            assert not bus.wants("model.answer", "D")
+
     def test_new_subscription_seen(self) -> None:
         """A type asked about before anyone subscribed is wanted once someone does."""
         bus = EventBus()
@@ -561,6 +584,24 @@ async def test_a_subscriber_to_one_loop_gets_all_of_its_events_and_no_others() -
         assert [e.type for e in got][:1] == ["loop.transition"]
         assert got[-1].type == "loop.idle"
         assert [e.seq for e in got] == list(range(2, len(got) + 2))
+
+
+async def test_a_streamed_loop_beside_others_leaves_their_events_to_the_rest() -> None:
+    """While one loop is streamed (a subscription of its own), the others'
+    events still reach the global subscribers, and none reaches its stream."""
+    script = ScriptedProvider([text("hi")])
+    async with Runtime(providers={"scripted": script}) as runtime:
+        with runtime.bus.subscribe("loop.idle") as ends:
+            streamed = runtime.run_loop("a", "go", request(), stream=True)
+            others = [runtime.run_loop("a", "go", request()) for _ in range(3)]
+            for loop_id in [streamed, *others]:
+                await runtime.wait(loop_id)
+            ended = {e.loop_id for e in ends.drain()}
+        with anyio.fail_after(10), runtime.events(streamed) as events:
+            own = [e async for e in events]
+    assert ended == {streamed, *others}
+    assert {e.loop_id for e in own} == {streamed}
+    assert own[-1].type == "loop.idle"
 
 
 async def test_a_late_subscriber_sees_seq_numbers_counted_from_the_start() -> None:

@@ -194,6 +194,7 @@ payloads = st.one_of(
                 arguments=st.just("{}"),
             ),
             max_size=2,
+            unique_by=lambda c: c.call_id,  # (a ToolBatch refuses a repeated id)
         ).map(tuple),
     ),
 )
@@ -287,12 +288,16 @@ resume_decisions = st.one_of(
 @example(
     plan=[None, None, Pause("")],
     resumes=[
-        Rewrite(
-            payload=ToolBatch(
+        # (Built past the validators, which refuse a batch repeating an id.)
+        Rewrite.model_construct(
+            payload=ToolBatch.model_construct(
                 calls=(
                     FunctionCallItem(call_id="a", name="add", arguments="{}"),
                     FunctionCallItem(call_id="a", name="add", arguments="{}"),
-                )
+                ),
+                denied={},
+                outputs={},
+                awaiting_approval=(),
             )
         )
     ],

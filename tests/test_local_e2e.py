@@ -22,6 +22,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, Literal
 
 import anyio
 import httpx2
@@ -42,7 +43,7 @@ from agentfsm import (
 )
 from agentfsm.cli.run import DEFAULT_INSTRUCTIONS
 from agentfsm.demo_tools import add
-from agentfsm.events import InferenceStream, LoopIdle
+from agentfsm.events import InferenceCompleted, InferenceStream, LoopIdle
 from agentfsm.providers import TextDelta
 from agentfsm.providers.local import LocalProvider, smollm2_path
 from agentfsm.testing import EventRecorder
@@ -330,3 +331,144 @@ async def test_local_structured_output() -> None:
             result = await runtime.wait(loop_id)
     assert result.outcome == "answered", (result.reason, result.error)
     assert isinstance(result.output, City)
+
+
+class Capital(BaseModel):
+    city: str
+    country: str
+
+
+CAPITAL_QUESTION = "What is the capital of France?"
+StructuredMode = Literal["native", "tool", "prompted"] | None
+
+
+async def _structured_loop(
+    provider: Provider, request: InferenceInput, question: str
+) -> tuple[LoopResult, list[StructuredMode]]:
+    """One loop; its result and the structured output mode of each request."""
+    async with Runtime(providers={"e2e": provider}) as runtime:
+        recorder = EventRecorder(runtime.bus, "inference.completed")
+        loop_id = runtime.run_loop("e2e", question, request, max_turns=4)
+        with anyio.fail_after(240):
+            result = await runtime.wait(loop_id)
+        modes = [
+            e.output.structured_output_mode
+            for e in recorder.events
+            if isinstance(e, InferenceCompleted)
+        ]
+        recorder.close()
+    return result, modes
+
+
+def _capital_request(*, streaming: bool = False, **fields: Any) -> InferenceInput:
+    return InferenceInput(
+        model="e2e:smollm2",
+        context=ModelContext(),
+        structured_output=Capital,
+        streaming=streaming,
+        max_output_tokens=MAX_TOKENS,
+        temperature=0,
+        **fields,
+    )
+
+
+# asyncio only, as above.
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize("streaming", [False, True], ids=["complete", "stream"])
+async def test_structured_output_auto_on_llama_server(
+    server_url: str, streaming: bool
+) -> None:
+    """`auto` on llama.cpp's server is the final tool, forced by name (a grammar):
+    the answer validates, and the mode is published."""
+    from agentfsm.providers.openai import OpenAIChatProvider
+
+    request = _capital_request(streaming=streaming)
+    async with OpenAIChatProvider(base_url=server_url, api_key="local") as provider:
+        result, modes = await _structured_loop(provider, request, CAPITAL_QUESTION)
+    assert result.outcome == "answered", (result.reason, result.error)
+    assert isinstance(result.output, Capital)
+    assert modes == ["tool"]
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_structured_output_prompted_on_llama_server(server_url: str) -> None:
+    """`prompted` sends `json_object` with the schema, which llama.cpp makes a grammar."""
+    from agentfsm.providers.openai import OpenAIChatProvider
+
+    request = _capital_request(structured_output_mode="prompted")
+    async with OpenAIChatProvider(base_url=server_url, api_key="local") as provider:
+        result, modes = await _structured_loop(provider, request, CAPITAL_QUESTION)
+    assert result.outcome == "answered", (result.reason, result.error)
+    assert isinstance(result.output, Capital)
+    assert modes == ["prompted"]
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_native_refused_by_llama_server_says_what_to_use(server_url: str) -> None:
+    """llama.cpp's server refuses json_schema: one request, a short error naming the
+    other modes (before: two retries and a 1 KB traceback)."""
+    from openai import AsyncOpenAI
+
+    from agentfsm.providers.openai import OpenAIChatProvider
+
+    sent: list[str] = []
+
+    async def count(request: httpx2.Request) -> None:
+        sent.append(request.url.path)
+
+    http = httpx2.AsyncClient(event_hooks={"request": [count]})
+    client = AsyncOpenAI(
+        base_url=server_url, api_key="local", http_client=http, max_retries=0
+    )
+    request = _capital_request(structured_output_mode="native")
+    async with http:
+        result, modes = await _structured_loop(
+            OpenAIChatProvider(client=client), request, CAPITAL_QUESTION
+        )
+    assert result.outcome == "failed"
+    assert result.error is not None
+    assert result.error.message.startswith(
+        "the server refused structured output mode 'native': try "
+        "structured_output_mode='tool' or 'prompted'"
+    )
+    assert len(result.error.message) < 600
+    assert sent == ["/v1/chat/completions"]
+    assert modes == []
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_auto_beside_a_tool_falls_back_once_on_llama_server(
+    server_url: str,
+) -> None:
+    """With a tool offered, the tool mode's `required` choice fails on llama.cpp's
+    server (a 500 without a message): auto moves on to prompted, and the provider
+    does not send the refused mode again."""
+    from openai import AsyncOpenAI
+
+    from agentfsm.providers.openai import OpenAIChatProvider
+
+    sent: list[str] = []
+
+    async def count(request: httpx2.Request) -> None:
+        sent.append(request.url.path)
+
+    http = httpx2.AsyncClient(event_hooks={"request": [count]})
+    client = AsyncOpenAI(
+        base_url=server_url, api_key="local", http_client=http, max_retries=0
+    )
+    async with http:
+        provider = OpenAIChatProvider(client=client)
+        first, first_modes = await _structured_loop(
+            provider, _capital_request(tools=(add,)), CAPITAL_QUESTION
+        )
+        before = len(sent)
+        second, second_modes = await _structured_loop(
+            provider, _capital_request(tools=(add,)), CAPITAL_QUESTION
+        )
+    # The model may answer, or call `add`: each request said how it asked.
+    assert first_modes
+    assert set(first_modes) == set(second_modes) == {"prompted"}
+    assert before == len(first_modes) + 1  # the one refused request
+    assert len(sent) - before == len(second_modes)
+    assert first.model_requests == len(first_modes)
+    assert second.model_requests == len(second_modes)

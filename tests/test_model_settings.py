@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from agentfsm import (
+    Agent,
     ConfigurationError,
     FunctionCallItem,
     FunctionCallOutputItem,
     InferenceInput,
+    InferenceOutput,
     ModelContext,
+    ModelMessageItem,
     UserMessage,
 )
 from agentfsm.providers._llama_chat import DEFAULT_TEMPERATURE, request_kwargs
+from agentfsm.providers.function import FunctionProvider
 from tests import test_provider_anthropic as anthropic_tests
 from tests import test_provider_openai as openai_tests
 from tests.helpers import add
@@ -94,6 +99,10 @@ SETTINGS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
             "anthropic": {"stop_sequences": list(STOP)},
             "local": {"stop": list(STOP)},
         },
+    ),
+    "extra_body": (
+        {"extra_body": {"top_k": 20, "min_p": 0.05}},
+        {key: {"top_k": 20, "min_p": 0.05} for key in PROVIDERS},
     ),
     "parallel_tool_calls": (
         {"parallel_tool_calls": False, "tools": [add]},
@@ -267,3 +276,75 @@ class TestResetToolChoice:
             _request(model, UserMessage(content="1+2?"), CALL, OUTPUT, **fields)
         )
         assert later["tool_choice"] == AUTO[provider]
+
+
+class TestExtraBody:
+    @pytest.mark.parametrize(
+        ("value", "message"),
+        [
+            pytest.param([1, 2], "must be a JSON object (a dict), got list", id="list"),
+            pytest.param(
+                "top_k=3", "must be a JSON object (a dict), got str", id="str"
+            ),
+            pytest.param({"stream": True}, "cannot set stream", id="stream"),
+            pytest.param({"model": "x"}, "cannot set model", id="model"),
+            pytest.param({"top_k": {1, 2}}, "extra_body.top_k", id="not-json"),
+            pytest.param(
+                {"min_p": float("nan")}, "extra_body['min_p'] is nan", id="nan"
+            ),
+            pytest.param(
+                {"a": {"b": [1, float("-inf")]}},
+                "extra_body['a']['b'][1] is -inf",
+                id="nested-inf",
+            ),
+        ],
+    )
+    def test_it_must_be_a_json_object(self, value: object, message: str) -> None:
+        """Anything but a JSON object, a key of the request's own, or a number
+        JSON cannot carry (it failed the loop at send with a bare ValueError)
+        is refused, naming where."""
+        with pytest.raises(ValidationError, match=re.escape(message)):
+            _request("openai-chat:m", extra_body=value)
+
+    def test_the_local_model_refuses_what_llama_cpp_lacks(self) -> None:
+        """An unknown key names the keys the local model takes."""
+        with pytest.raises(ConfigurationError) as caught:
+            request_kwargs(
+                _request("local:smollm2", extra_body={"chat_template_kwargs": {}})
+            )
+        message = str(caught.value)
+        assert "no parameter 'chat_template_kwargs'" in message
+        assert "min_p" in message
+        assert "top_k" in message
+
+    def test_the_local_model_takes_numbers(self) -> None:
+        """llama.cpp's sampling parameters are numbers: anything else is refused."""
+        with pytest.raises(ConfigurationError, match=r"extra_body\['top_k'\] must be"):
+            request_kwargs(_request("local:smollm2", extra_body={"top_k": "40"}))
+        kwargs = request_kwargs(
+            _request("local:smollm2", extra_body={"repeat_penalty": 1.1, "top_k": 1})
+        )
+        assert (kwargs["repeat_penalty"], kwargs["top_k"]) == (1.1, 1)
+
+
+async def test_an_agent_passes_the_structured_settings_through() -> None:
+    """`model_settings` carries `structured_output_mode` and `extra_body` to requests."""
+    seen: list[InferenceInput] = []
+
+    def answer(request: InferenceInput) -> InferenceOutput:
+        seen.append(request)
+        return InferenceOutput(items=(ModelMessageItem(content='{"value": 1}'),))
+
+    class Answer(BaseModel):
+        value: int
+
+    agent = Agent(
+        FunctionProvider(answer),
+        output_type=Answer,
+        model_settings={"structured_output_mode": "prompted", "extra_body": {"k": 1}},
+    )
+    result = await agent.run("one?")
+    assert result.output == Answer(value=1)
+    assert [(r.structured_output_mode, r.extra_body) for r in seen] == [
+        ("prompted", {"k": 1})
+    ]

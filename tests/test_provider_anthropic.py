@@ -37,6 +37,7 @@ from agentfsm.providers import (
     StreamEvent,
     TextDelta,
     ToolCallDelta,
+    UsageUpdate,
 )
 from agentfsm.providers.anthropic import AnthropicProvider
 from agentfsm.testing import assert_path
@@ -479,6 +480,8 @@ class TestStreaming:
 
         assert api.body["stream"] is True
         assert deltas == [
+            # message_start's usage: the input, and the output's first token.
+            UsageUpdate(usage=TokenUsage(input_tokens=25, output_tokens=1)),
             ReasoningDelta(text="Two"),
             ReasoningDelta(text=" sums."),
             TextDelta(text="Adding"),
@@ -490,6 +493,8 @@ class TestStreaming:
             ToolCallDelta(index=1, call_id="toolu_01B", name="add"),
             ToolCallDelta(index=1, arguments='{"a": 1,'),
             ToolCallDelta(index=1, arguments=' "b": 1}'),
+            # message_delta's: the output counted to the end.
+            UsageUpdate(usage=TokenUsage(input_tokens=25, output_tokens=89)),
         ]
         assert output.items == (
             ReasoningItem(content="Two sums.", encrypted_content=SIGNATURE),
@@ -583,6 +588,7 @@ async def test_cancelled_stream_closes_the_response() -> None:
     async with MockAPI(answer) as api:
         with anyio.CancelScope() as scope:
             async with provider_of(api).stream(make_request()) as stream:
+                assert isinstance(await anext(stream), UsageUpdate)  # message_start
                 assert await anext(stream) == TextDelta(text="Once")
                 scope.cancel()
                 await anext(stream)  # waits on the body: cancelled
@@ -595,6 +601,7 @@ async def test_stream_closed_early_closes_the_response() -> None:
     events = stream_events([streamed_text("a", "b", "c")])
     async with MockAPI(sse_response(events)) as api:
         async with provider_of(api).stream(make_request()) as stream:
+            assert isinstance(await anext(stream), UsageUpdate)  # message_start
             assert await anext(stream) == TextDelta(text="a")
         assert api.responses[0].is_closed
 
@@ -787,3 +794,173 @@ async def test_loop_with_a_tool_call(streaming: bool) -> None:
         },
     ]
     assert second["thinking"] == {"type": "enabled", "budget_tokens": 2048}
+
+
+# ======================================================= structured output modes
+
+WEATHER = {"city": "Oslo", "celsius": 3}
+
+
+def answered(call_id: str = "toolu_f") -> httpx2.Response:
+    """A message calling the final answer tool."""
+    body = message_body([tool_use(call_id, "final_result", WEATHER)], "tool_use")
+    return json_response(body)
+
+
+class TestStructuredModes:
+    async def test_tool_mode_forces_the_final_tool(self) -> None:
+        """The final tool's `input_schema` is the schema; its input is the answer."""
+        request = make_request(structured_output=Weather, structured_output_mode="tool")
+        async with MockAPI(answered()) as api:
+            output = await provider_of(api).complete(request)
+        body = api.body
+        assert body["tools"] == [
+            {
+                "name": "final_result",
+                "description": "Give your final answer by calling this tool: "
+                "its arguments are the answer.",
+                "input_schema": Weather.model_json_schema(),
+            }
+        ]
+        assert body["tool_choice"] == {"type": "tool", "name": "final_result"}
+        assert "output_config" not in body
+        assert output.items == (
+            ModelMessageItem(content='{"city":"Oslo","celsius":3}'),
+        )
+        assert output.finish_reason == "stop"
+        assert output.structured_output_mode == "tool"
+
+    async def test_tool_mode_with_thinking_lets_the_model_choose(self) -> None:
+        """Thinking refuses a forced tool: the choice is `auto`, beside other tools too."""
+        request = make_request(
+            tools=[add],
+            reasoning_effort="low",
+            max_output_tokens=4000,
+            structured_output=Weather,
+            structured_output_mode="tool",
+        )
+        async with MockAPI(answered()) as api:
+            await provider_of(api).complete(request)
+        assert api.body["tool_choice"] == {"type": "auto"}
+        assert [t["name"] for t in api.body["tools"]] == ["add", "final_result"]
+
+    async def test_streamed_tool_answer_is_text(self) -> None:
+        """The final tool's input streams as one text delta, once complete:
+        the answer's text (the chunks were streamed as they came, before it was
+        known which call is the answer)."""
+        events = stream_events(
+            [
+                streamed_tool(
+                    "toolu_f", "final_result", '{"city": "Oslo",', ' "celsius": 3}'
+                )
+            ],
+            "tool_use",
+        )
+        request = make_request(structured_output=Weather, structured_output_mode="tool")
+        async with MockAPI(sse_response(events)) as api:
+            deltas, output = await collect(provider_of(api), request)
+        assert not any(isinstance(d, ToolCallDelta) for d in deltas)
+        assert [d for d in deltas if isinstance(d, TextDelta)] == [
+            TextDelta(text='{"city":"Oslo","celsius":3}')
+        ]
+        assert output.message == ModelMessageItem(content='{"city":"Oslo","celsius":3}')
+
+    async def test_prompted_mode(self) -> None:
+        """The schema joins the system prompt (the API has no JSON mode)."""
+        request = InferenceInput(
+            model=MODEL,
+            context=ModelContext(
+                instructions="Be brief.", items=[UserMessage(content="hi")]
+            ),
+            structured_output=Weather,
+            structured_output_mode="prompted",
+        )
+        async with MockAPI(ok()) as api:
+            output = await provider_of(api).complete(request)
+        system = api.body["system"]
+        assert system.startswith("Be brief.\n\nGive your final answer as a JSON value")
+        assert '"celsius"' in system
+        assert "output_config" not in api.body
+        assert "tools" not in api.body
+        assert output.structured_output_mode == "prompted"
+
+    @pytest.mark.parametrize("streaming", [False, True], ids=["whole", "streaming"])
+    async def test_refused_output_format_falls_back_to_the_tool(
+        self, streaming: bool
+    ) -> None:
+        """A model without `output_config.format`: auto asks through the tool."""
+        refused = json_response(
+            error_body(
+                "invalid_request_error",
+                "output_config.format: this model does not support structured outputs",
+            ),
+            400,
+        )
+        events = stream_events(
+            [
+                streamed_tool(
+                    "toolu_f", "final_result", '{"city": "Oslo", "celsius": 3}'
+                )
+            ],
+            "tool_use",
+        )
+        second = sse_response(events) if streaming else answered()
+        request = make_request(structured_output=Weather)
+        async with MockAPI(refused, second) as api:
+            output = await infer(provider_of(api), request, streaming=streaming)
+        first, retried = api.bodies
+        assert "format" in first["output_config"]
+        assert "output_config" not in retried
+        assert retried["tool_choice"] == {"type": "tool", "name": "final_result"}
+        assert output.structured_output_mode == "tool"
+        assert output.message is not None
+
+    @pytest.mark.parametrize(
+        ("url", "falls_back"),
+        [("https://api.anthropic.com", False), ("http://127.0.0.1:8080", True)],
+        ids=["anthropic", "compatible"],
+    )
+    async def test_a_500_is_a_refusal_only_off_anthropics_host(
+        self, url: str, falls_back: bool
+    ) -> None:
+        """A 500 naming the output format: on Anthropic's own API it is its
+        failure, retryable, and native is kept (it moved on to the tool for
+        good); a compatible server's 500 may be its way of refusing."""
+        failed = json_response(
+            error_body("api_error", "internal error handling output_config"), 500
+        )
+        request = make_request(structured_output=Weather)
+        answers = (failed, answered()) if falls_back else (failed,)
+        async with MockAPI(*answers) as api:
+            client = AsyncAnthropic(
+                api_key="sk-ant-test", base_url=url, http_client=api.http, max_retries=0
+            )
+            provider = AnthropicProvider(client=client)
+            if falls_back:
+                output = await provider.complete(request)
+                assert output.structured_output_mode == "tool"
+            else:
+                with pytest.raises(ProviderError) as caught:
+                    await provider.complete(request)
+                assert caught.value.retryable
+                assert len(api.requests) == 1
+        assert "format" in api.bodies[0]["output_config"]
+
+    async def test_native_is_published(self) -> None:
+        """`auto` is the API's output format, and says so."""
+        body = message_body([text_block('{"city": "Oslo", "celsius": 3}')])
+        async with MockAPI(json_response(body)) as api:
+            output = await provider_of(api).complete(
+                make_request(structured_output=Weather)
+            )
+        assert api.body["output_config"]["format"]["type"] == "json_schema"
+        assert output.structured_output_mode == "native"
+
+
+async def test_extra_body_is_merged_into_the_body() -> None:
+    """Keys the SDK does not know reach the body as they are."""
+    extra = {"top_k": 5, "metadata": {"user_id": "u1"}}
+    async with MockAPI(ok()) as api:
+        await provider_of(api).complete(make_request(extra_body=extra))
+    assert api.body["top_k"] == 5
+    assert api.body["metadata"] == {"user_id": "u1"}

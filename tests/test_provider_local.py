@@ -24,6 +24,8 @@ from agentfsm import (
     tool,
 )
 from agentfsm.providers import OutputCompleted, TextDelta, ToolCallDelta
+from agentfsm.providers._llama_chat import structured_plan
+from agentfsm.providers._structured import answer_of
 from agentfsm.providers.local import (
     ChunkAssembler,
     LocalProvider,
@@ -188,6 +190,70 @@ class TestRequestKwargs:
             _request(add, structured_output=Answer, tool_choice="none")
         )
         assert kwargs["response_format"]["type"] == "json_object"
+
+
+class TestStructuredModes:
+    def test_auto_with_tools_is_the_final_tool(self) -> None:
+        """Tools may be called: the answer is a tool too (its arguments under a grammar)."""
+        kwargs = request_kwargs(_request(add, clock, structured_output=Answer))
+        names = [t["function"]["name"] for t in kwargs["tools"]]
+        assert names == ["add", "clock", "final_result"]
+        assert kwargs["tools"][-1]["function"]["parameters"] == (
+            Answer.model_json_schema()
+        )
+        # chatml-function-calling has no `required`: among several, the model chooses.
+        assert kwargs["tool_choice"] == "auto"
+        assert "response_format" not in kwargs
+
+    def test_tool_mode_without_tools_forces_the_final_tool(self) -> None:
+        """The only tool is forced by name, with a system message listing it."""
+        kwargs = request_kwargs(
+            _request(structured_output=Answer, structured_output_mode="tool")
+        )
+        assert kwargs["tool_choice"] == {
+            "type": "function",
+            "function": {"name": "final_result"},
+        }
+        assert kwargs["messages"][0] == {"role": "system", "content": ""}
+
+    def test_prompted_mode(self) -> None:
+        """The schema joins the instructions; any JSON is the grammar."""
+        kwargs = request_kwargs(
+            _request(structured_output=Answer, structured_output_mode="prompted")
+        )
+        assert kwargs["messages"][0]["role"] == "system"
+        assert '"value"' in kwargs["messages"][0]["content"]
+        assert kwargs["response_format"] == {"type": "json_object"}
+
+    def test_final_call_becomes_the_answer(self) -> None:
+        """The final tool's call from llama.cpp is the output's message."""
+        request = _request(add, structured_output=Answer)
+        plan = structured_plan(request)
+        assert plan is not None
+        assert plan.mode == "tool"
+        raw = completion_output(
+            _completion(
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "call_1",
+                            "type": "function",
+                            "function": {
+                                "name": "final_result",
+                                "arguments": '{"value": 5}',
+                            },
+                        }
+                    ],
+                },
+                "tool_calls",
+            )
+        )
+        output = answer_of(raw, plan)
+        assert output.items == (ModelMessageItem(content='{"value": 5}'),)
+        assert output.finish_reason == "stop"
+        assert output.structured_output_mode == "tool"
 
 
 def _completion(message: dict[str, Any], finish: str = "stop") -> dict[str, Any]:

@@ -40,6 +40,7 @@ from agentfsm.providers import (
     StreamEvent,
     TextDelta,
     ToolCallDelta,
+    UsageUpdate,
 )
 from agentfsm.providers.openai import OpenAIChatProvider, OpenAIResponsesProvider
 from agentfsm.testing import assert_path
@@ -789,6 +790,7 @@ class TestChatRequest:
             max_output_tokens=64,
             reasoning_effort="medium",
             structured_output=Weather,
+            structured_output_mode="native",
         )
         body = completion_body({"content": '{"city": "Oslo", "celsius": 3}'})
         async with MockAPI(json_response(body)) as api:
@@ -1022,6 +1024,15 @@ class TestChatStreaming:
             ToolCallDelta(index=1, call_id="call_b", name="add"),
             ToolCallDelta(index=1, arguments='{"a": 1,'),
             ToolCallDelta(index=1, arguments=' "b": 1}'),
+            # The usage chunk, as it comes: kept if the stream were cut after it.
+            UsageUpdate(
+                usage=TokenUsage(
+                    input_tokens=40,
+                    output_tokens=25,
+                    reasoning_tokens=3,
+                    cached_input_tokens=8,
+                )
+            ),
         ]
         assert output.items == (
             ReasoningItem(content="Two sums."),
@@ -1474,3 +1485,580 @@ async def test_loop_retries_a_rate_limit() -> None:
             result = await runtime.wait(loop_id)
     assert result.outcome is Outcome.answered
     assert len(api.requests) == 2
+
+
+# ======================================================= structured output modes
+
+WEATHER = Weather.model_json_schema()
+WEATHER_ARGS = '{"city": "Oslo", "celsius": 3}'
+
+
+def final_call(
+    arguments: str = WEATHER_ARGS, *, call_id: str = "call_f"
+) -> dict[str, Any]:
+    """A Chat Completions message calling the final answer tool."""
+    return {
+        "content": None,
+        "tool_calls": [
+            {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": "final_result", "arguments": arguments},
+            }
+        ],
+    }
+
+
+def openai_chat_provider(api: MockAPI) -> OpenAIChatProvider:
+    """A chat provider on OpenAI's own host (native structured output first)."""
+    client = AsyncOpenAI(api_key="sk-test", http_client=api.http, max_retries=0)
+    return OpenAIChatProvider(client=client)
+
+
+def refused_json_schema() -> httpx2.Response:
+    """llama.cpp's server refusing `response_format: json_schema` (a 500)."""
+    message = (
+        "1 validation error:\n  {'type': 'literal_error', 'loc': ('body', "
+        "'response_format', 'type'), 'msg': \"Input should be 'text' or "
+        "'json_object'\", 'input': 'json_schema'}\n\n" + "  File ...\n" * 60
+    )
+    return json_response(error_body(message, "internal_server_error"), 500)
+
+
+def openai_refused_json_schema() -> httpx2.Response:
+    """OpenAI's API refusing `response_format: json_schema` for a model (a 400)."""
+    message = (
+        "Invalid parameter: 'response_format' of type 'json_schema' is not "
+        "supported with this model."
+    )
+    return json_response(error_body(message, "invalid_request_error"), 400)
+
+
+def error_of(status: int, message: str, kind: str = "server_error") -> httpx2.Response:
+    return json_response(error_body(message, kind), status)
+
+
+def modes_sent(bodies: list[dict[str, Any]]) -> list[str]:
+    """The structured output mode of each Chat Completions body sent."""
+    sent = []
+    for body in bodies:
+        names = [t["function"]["name"] for t in body.get("tools", [])]
+        kind = body.get("response_format", {}).get("type")
+        if "final_result" in names:
+            sent.append("tool")
+        else:
+            sent.append({"json_schema": "native", "json_object": "prompted"}[kind])
+    return sent
+
+
+class Other(BaseModel):
+    n: int
+
+
+class TestChatStructuredModes:
+    async def test_auto_on_a_compatible_server_is_the_final_tool(self) -> None:
+        """No other tool: the final tool is forced by name; its call is the answer."""
+        request = make_request("openai-chat:smollm2", structured_output=Weather)
+        body = completion_body(final_call(), finish_reason="tool_calls")
+        async with MockAPI(json_response(body)) as api:
+            output = await chat_provider(api).complete(request)
+        sent = api.body
+        assert sent["tools"] == [
+            {
+                "type": "function",
+                "function": {
+                    "name": "final_result",
+                    "description": "Give your final answer by calling this tool: "
+                    "its arguments are the answer.",
+                    "parameters": WEATHER,
+                },
+            }
+        ]
+        assert sent["tool_choice"] == {
+            "type": "function",
+            "function": {"name": "final_result"},
+        }
+        assert "response_format" not in sent
+        assert output.items == (ModelMessageItem(content=WEATHER_ARGS),)
+        assert output.finish_reason == "stop"
+        assert output.structured_output_mode == "tool"
+
+    @pytest.mark.parametrize(
+        ("choice", "sent"),
+        [
+            pytest.param(None, "required", id="none-given"),
+            pytest.param("auto", "required", id="auto"),
+            pytest.param("required", "required", id="required"),
+            pytest.param(
+                "none",
+                {"type": "function", "function": {"name": "final_result"}},
+                id="none",
+            ),
+            pytest.param(
+                "add", {"type": "function", "function": {"name": "add"}}, id="forced"
+            ),
+        ],
+    )
+    async def test_tool_choice_beside_other_tools(
+        self, choice: str | None, sent: object
+    ) -> None:
+        """A tool must be called; `none` leaves only the answer; a forced tool stays."""
+        request = make_request(
+            "openai-chat:m",
+            tools=[add],
+            tool_choice=choice,
+            structured_output=Weather,
+            structured_output_mode="tool",
+        )
+        body = completion_body(final_call(), finish_reason="tool_calls")
+        async with MockAPI(json_response(body)) as api:
+            await chat_provider(api).complete(request)
+        assert [t["function"]["name"] for t in api.body["tools"]] == [
+            "add",
+            "final_result",
+        ]
+        assert api.body["tool_choice"] == sent
+
+    async def test_final_tool_name_avoids_a_tool_of_that_name(self) -> None:
+        """A user tool called `final_result` keeps its name; the answer tool moves."""
+
+        @tool(name="final_result")
+        def mine(x: int) -> int:
+            """Not the answer."""
+            return x
+
+        request = make_request("openai-chat:m", tools=[mine], structured_output=Weather)
+        message = final_call()
+        message["tool_calls"][0]["function"]["name"] = "final_result_2"
+        async with MockAPI(json_response(completion_body(message))) as api:
+            output = await chat_provider(api).complete(request)
+        names = [t["function"]["name"] for t in api.body["tools"]]
+        assert names == ["final_result", "final_result_2"]
+        assert output.message == ModelMessageItem(content=WEATHER_ARGS)
+
+    async def test_a_schema_that_is_no_object_is_wrapped(self) -> None:
+        """Tool parameters are an object: the schema is its `response`, unwrapped after."""
+        schema = {
+            "type": "array",
+            "items": {"$ref": "#/$defs/n"},
+            "$defs": {"n": {"type": "integer"}},
+        }
+        request = make_request("openai-chat:m", structured_output=schema)
+        body = completion_body(final_call('{"response": [1, 2]}'))
+        async with MockAPI(json_response(body)) as api:
+            output = await chat_provider(api).complete(request)
+        assert api.body["tools"][0]["function"]["parameters"] == {
+            "type": "object",
+            "properties": {
+                "response": {"type": "array", "items": {"$ref": "#/$defs/n"}}
+            },
+            "required": ["response"],
+            "additionalProperties": False,
+            "$defs": {"n": {"type": "integer"}},
+        }
+        assert output.message == ModelMessageItem(content="[1,2]")
+
+    async def test_final_call_beside_a_real_call_is_dropped(self) -> None:
+        """The real call runs first: the model answers once it has seen its output."""
+        message = final_call()
+        message["tool_calls"].insert(
+            0,
+            {
+                "id": "call_a",
+                "type": "function",
+                "function": {"name": "add", "arguments": '{"a":1,"b":2}'},
+            },
+        )
+        request = make_request("openai-chat:m", tools=[add], structured_output=Weather)
+        body = completion_body(message, finish_reason="tool_calls")
+        async with MockAPI(json_response(body)) as api:
+            output = await chat_provider(api).complete(request)
+        assert output.items == (
+            FunctionCallItem(call_id="call_a", name="add", arguments='{"a":1,"b":2}'),
+        )
+        assert output.finish_reason == "tool_calls"
+
+    async def test_a_final_call_beside_another_tool_is_not_streamed(self) -> None:
+        """The answer is dropped beside another call, so none of its text is
+        streamed (it was, chunk by chunk); the other call is renumbered."""
+        chunks = [
+            chunk({"role": "assistant", "content": None}),
+            tool_chunk(0, id="call_f", name="final_result", arguments=""),
+            tool_chunk(0, arguments='{"city": "Oslo", '),
+            tool_chunk(1, id="call_a", name="add", arguments='{"a":1,"b":2}'),
+            tool_chunk(0, arguments='"celsius": 3}'),
+            chunk({}, "tool_calls"),
+        ]
+        request = make_request("openai-chat:m", tools=[add], structured_output=Weather)
+        async with MockAPI(sse_response(chunks, named=False, done=True)) as api:
+            deltas, output = await collect(chat_provider(api), request)
+        assert deltas == [
+            ToolCallDelta(
+                index=0, call_id="call_a", name="add", arguments='{"a":1,"b":2}'
+            ),
+        ]
+        assert output.message is None
+        assert output.function_calls == (
+            FunctionCallItem(call_id="call_a", name="add", arguments='{"a":1,"b":2}'),
+        )
+        assert output.structured_output_mode == "tool"
+
+    @pytest.mark.parametrize("streaming", [False, True], ids=["whole", "streaming"])
+    async def test_of_two_final_calls_the_first_valid_one_is_the_answer(
+        self, streaming: bool
+    ) -> None:
+        """Streamed or not, the same answer (the second call here: the first is
+        invalid), and the stream's text is that answer alone (it was both
+        documents run together, and the answer the first)."""
+        invalid = '{"city": 1}'
+        chunks = [
+            tool_chunk(0, id="call_1", name="final_result", arguments=invalid),
+            tool_chunk(1, id="call_2", name="final_result", arguments=WEATHER_ARGS),
+            chunk({}, "tool_calls"),
+        ]
+        body = completion_body(
+            {
+                "content": None,
+                "tool_calls": [
+                    final_call(invalid, call_id="call_1")["tool_calls"][0],
+                    final_call(WEATHER_ARGS, call_id="call_2")["tool_calls"][0],
+                ],
+            },
+            finish_reason="tool_calls",
+        )
+        answer = (
+            sse_response(chunks, named=False, done=True)
+            if streaming
+            else json_response(body)
+        )
+        request = make_request(
+            "openai-chat:m", structured_output=Weather, streaming=streaming
+        )
+        async with MockAPI(answer) as api:
+            provider = chat_provider(api)
+            if streaming:
+                deltas, output = await collect(provider, request)
+                assert deltas == [TextDelta(text=WEATHER_ARGS)]
+            else:
+                output = await provider.complete(request)
+        assert output.items == (ModelMessageItem(content=WEATHER_ARGS),)
+        assert output.finish_reason == "stop"
+
+    @pytest.mark.parametrize(
+        ("url", "response_format"),
+        [
+            pytest.param(
+                "http://127.0.0.1:8080/v1",
+                {"type": "json_object", "schema": WEATHER},
+                id="compatible",
+            ),
+            pytest.param(None, {"type": "json_object"}, id="openai"),
+        ],
+    )
+    async def test_prompted_sends_the_schema_in_the_instructions(
+        self, url: str | None, response_format: dict[str, Any]
+    ) -> None:
+        """Instructions with the schema, and JSON mode (a grammar on llama.cpp)."""
+        request = InferenceInput(
+            model="openai-chat:m",
+            context=ModelContext(
+                instructions="Be brief.", items=[UserMessage(content="hi")]
+            ),
+            structured_output=Weather,
+            structured_output_mode="prompted",
+        )
+        body = completion_body({"content": WEATHER_ARGS})
+        async with MockAPI(json_response(body)) as api:
+            client = AsyncOpenAI(
+                api_key="sk-test", base_url=url, http_client=api.http, max_retries=0
+            )
+            output = await OpenAIChatProvider(client=client).complete(request)
+        system = api.body["messages"][0]
+        assert system["role"] == "system"
+        assert system["content"].startswith("Be brief.\n\nGive your final answer as")
+        assert json.dumps(WEATHER) in system["content"]
+        assert api.body["response_format"] == response_format
+        assert "tools" not in api.body
+        assert output.message == ModelMessageItem(content=WEATHER_ARGS)
+        assert output.structured_output_mode == "prompted"
+
+    async def test_native_on_openai_is_published(self) -> None:
+        """`auto` on OpenAI's host is the json_schema format, and says so."""
+        body = completion_body({"content": WEATHER_ARGS})
+        async with MockAPI(json_response(body)) as api:
+            output = await openai_chat_provider(api).complete(
+                make_request(structured_output=Weather)
+            )
+        assert api.body["response_format"]["type"] == "json_schema"
+        assert output.structured_output_mode == "native"
+
+    @pytest.mark.parametrize("streaming", [False, True], ids=["whole", "streaming"])
+    async def test_refused_json_schema_falls_back_to_tool_once(
+        self, streaming: bool
+    ) -> None:
+        """A refused json_schema is tried as a tool, and not sent again."""
+        answer = completion_body(final_call(), finish_reason="tool_calls")
+        stream = [
+            chunk({"role": "assistant", "content": None}),
+            tool_chunk(0, id="call_f", name="final_result", arguments=WEATHER_ARGS),
+            chunk({}, "tool_calls"),
+        ]
+
+        def ok() -> httpx2.Response:
+            if streaming:
+                return sse_response(stream, named=False, done=True)
+            return json_response(answer)
+
+        request = make_request(structured_output=Weather, streaming=streaming)
+        async with MockAPI(openai_refused_json_schema(), ok(), ok()) as api:
+            provider = openai_chat_provider(api)
+            first = await infer(provider, request, streaming=streaming)
+            second = await infer(provider, request, streaming=streaming)
+        refused, tried, again = api.bodies
+        assert refused["response_format"]["type"] == "json_schema"
+        assert "response_format" not in tried
+        assert tried["tools"][0]["function"]["name"] == "final_result"
+        assert again == tried
+        for output in (first, second):
+            assert output.message == ModelMessageItem(content=WEATHER_ARGS)
+            assert output.structured_output_mode == "tool"
+
+    async def test_a_reasonless_refusal_of_the_tool_falls_back_to_prompted(
+        self,
+    ) -> None:
+        """llama.cpp's server fails `required` with an empty 500: prompted next."""
+        reasonless = json_response(error_body("", "internal_server_error"), 500)
+        answer = json_response(completion_body({"content": WEATHER_ARGS}))
+        request = make_request("openai-chat:m", tools=[add], structured_output=Weather)
+        async with MockAPI(reasonless, answer) as api:
+            output = await chat_provider(api).complete(request)
+        tried, prompted = api.bodies
+        assert tried["tool_choice"] == "required"
+        assert prompted["response_format"]["type"] == "json_object"
+        assert [t["function"]["name"] for t in prompted["tools"]] == ["add"]
+        assert output.structured_output_mode == "prompted"
+
+    async def test_a_refused_explicit_mode_is_not_retried_and_says_why(self) -> None:
+        """An explicit mode the server refuses: a short, final error with the modes to try."""
+        request = make_request(
+            "openai-chat:m", structured_output=Weather, structured_output_mode="native"
+        )
+        async with MockAPI(refused_json_schema()) as api:
+            with pytest.raises(ProviderError) as caught:
+                await chat_provider(api).complete(request)
+        error = caught.value
+        assert not error.retryable
+        assert error.status_code == 500
+        message = str(error)
+        assert message.startswith(
+            "the server refused structured output mode 'native': try "
+            "structured_output_mode='tool' or 'prompted'"
+        )
+        assert "response_format" in message
+        assert len(message) < 500
+
+    async def test_a_user_tools_bad_schema_is_not_a_refusal_of_tool_mode(
+        self,
+    ) -> None:
+        """A 400 about a user tool's schema names a function, not the mode:
+        it fails the request as it is, and tool mode stays (it was taken for
+        a refusal, prompted tried with the same tool, and tool mode skipped
+        for good)."""
+        bad = "Invalid schema for function 'add': 'integer' is not valid."
+        answer = json_response(
+            completion_body(final_call(), finish_reason="tool_calls")
+        )
+        request = make_request("openai-chat:m", tools=[add], structured_output=Weather)
+        async with MockAPI(error_of(400, bad, "invalid_request_error"), answer) as api:
+            provider = chat_provider(api)
+            with pytest.raises(ProviderError, match="function 'add'"):
+                await provider.complete(request)
+            later = make_request("openai-chat:m", structured_output=Weather)
+            output = await provider.complete(later)
+        assert modes_sent(api.bodies) == ["tool", "tool"]
+        assert output.structured_output_mode == "tool"
+
+    async def test_a_5xx_on_openai_is_never_a_refusal(self) -> None:
+        """An empty 500 on OpenAI's host is its own failure: the loop's to
+        retry, and native is still tried next time (it was a refusal, and
+        native never sent again)."""
+        empty = json_response({"error": {"message": "", "type": "server_error"}}, 500)
+        ok = json_response(completion_body({"content": WEATHER_ARGS}))
+        request = make_request(structured_output=Weather)
+        async with MockAPI(empty, ok) as api:
+            provider = openai_chat_provider(api)
+            with pytest.raises(ProviderError) as caught:
+                await provider.complete(request)
+            output = await provider.complete(request)
+        assert caught.value.retryable
+        assert modes_sent(api.bodies) == ["native", "native"]
+        assert output.structured_output_mode == "native"
+
+    async def test_a_schema_rejection_is_remembered_for_that_schema_only(
+        self,
+    ) -> None:
+        """Strict mode rejecting one schema: that schema goes on in tool mode,
+        another schema is still sent native (it skipped native for good)."""
+        rejected = error_of(
+            400,
+            "Invalid schema for response_format 'Weather': In context=('properties',"
+            " 'city'), 'format' is not permitted.",
+            "invalid_request_error",
+        )
+        tool_answer = json_response(
+            completion_body(final_call(), finish_reason="tool_calls")
+        )
+        native_answer = json_response(completion_body({"content": '{"n": 1}'}))
+        async with MockAPI(rejected, tool_answer, tool_answer, native_answer) as api:
+            provider = openai_chat_provider(api)
+            await provider.complete(make_request(structured_output=Weather))
+            await provider.complete(make_request(structured_output=Weather))
+            other = await provider.complete(make_request(structured_output=Other))
+        assert modes_sent(api.bodies) == ["native", "tool", "tool", "native"]
+        assert other.structured_output_mode == "native"
+
+    async def test_a_refusal_is_remembered_only_once_the_next_mode_worked(
+        self,
+    ) -> None:
+        """The fallback failing too (a 429): nothing is learnt, and the next
+        request starts from the first mode again."""
+        limited = error_of(429, "Rate limit reached.", "requests")
+        ok = json_response(completion_body({"content": WEATHER_ARGS}))
+        request = make_request(structured_output=Weather)
+        async with MockAPI(openai_refused_json_schema(), limited, ok) as api:
+            provider = openai_chat_provider(api)
+            with pytest.raises(ProviderError, match="Rate limit"):
+                await provider.complete(request)
+            await provider.complete(request)
+        assert modes_sent(api.bodies) == ["native", "tool", "native"]
+
+    async def test_a_forced_modes_transient_500_stays_retryable(self) -> None:
+        """A passing 500 naming a function in forced tool mode is the server's
+        failure, retried like any (it was a final "refused" error)."""
+        transient = error_of(500, "upstream error in function dispatcher, please retry")
+        request = make_request(
+            "openai-chat:m", structured_output=Weather, structured_output_mode="tool"
+        )
+        async with MockAPI(transient) as api:
+            with pytest.raises(ProviderError) as caught:
+                await chat_provider(api).complete(request)
+        assert caught.value.retryable
+        assert "refused" not in str(caught.value)
+
+    async def test_a_transient_error_is_not_a_refusal(self) -> None:
+        """A rate limit in auto mode is the loop's to retry: no other mode is tried."""
+        limited = json_response(error_body("Rate limit reached.", "requests"), 429)
+        async with MockAPI(limited) as api:
+            with pytest.raises(ProviderError) as caught:
+                await openai_chat_provider(api).complete(
+                    make_request(structured_output=Weather)
+                )
+        assert caught.value.retryable
+        assert len(api.requests) == 1
+
+
+class TestResponsesStructuredModes:
+    async def test_tool_mode(self) -> None:
+        """The final tool as a Responses function; its call becomes the answer."""
+        request = make_request(structured_output=Weather, structured_output_mode="tool")
+        body = response_body([call_item("call_f", "final_result", WEATHER_ARGS)])
+        async with MockAPI(json_response(body)) as api:
+            output = await responses_provider(api).complete(request)
+        assert api.body["tools"] == [
+            {
+                "type": "function",
+                "name": "final_result",
+                "description": "Give your final answer by calling this tool: "
+                "its arguments are the answer.",
+                "parameters": WEATHER,
+                "strict": False,
+            }
+        ]
+        assert api.body["tool_choice"] == {"type": "function", "name": "final_result"}
+        assert "text" not in api.body
+        assert output.items == (ModelMessageItem(content=WEATHER_ARGS),)
+        assert output.finish_reason == "stop"
+        assert output.structured_output_mode == "tool"
+
+    async def test_prompted_mode(self) -> None:
+        """The schema joins the instructions; the format is json_object."""
+        request = make_request(
+            structured_output=Weather, structured_output_mode="prompted"
+        )
+        body = response_body([message_item(WEATHER_ARGS)])
+        async with MockAPI(json_response(body)) as api:
+            output = await responses_provider(api).complete(request)
+        assert api.body["instructions"].startswith("Give your final answer as")
+        assert api.body["text"] == {"format": {"type": "json_object"}}
+        assert output.structured_output_mode == "prompted"
+
+    async def test_request_params_per_mode(self) -> None:
+        """`request_params(mode=)` builds the request of any mode; default: native."""
+        async with MockAPI() as api:
+            provider = responses_provider(api)
+        request = make_request(structured_output=Weather)
+        assert provider.request_params(request)["text"]["format"]["type"] == (
+            "json_schema"
+        )
+        assert "text" not in provider.request_params(request, mode="tool")
+        plain = make_request()
+        assert "text" not in provider.request_params(plain, mode="tool")
+        assert "tools" not in provider.request_params(plain, mode="tool")
+
+
+class TestResponsesNotFound:
+    @pytest.mark.parametrize("streaming", [False, True], ids=["whole", "streaming"])
+    async def test_404_from_another_server_suggests_openai_chat(
+        self, streaming: bool
+    ) -> None:
+        """Ollama, vLLM and llama.cpp have no Responses API: the error says what to use."""
+        not_found = httpx2.Response(404, text="404 page not found")
+        async with MockAPI(not_found) as api:
+            client = AsyncOpenAI(
+                api_key="x",
+                base_url="http://127.0.0.1:11434/v1",
+                http_client=api.http,
+                max_retries=0,
+            )
+            provider = OpenAIResponsesProvider(client=client)
+            with pytest.raises(ProviderError) as caught:
+                await infer(provider, make_request(), streaming=streaming)
+        message = str(caught.value)
+        assert message.startswith(
+            "http://127.0.0.1:11434/v1/responses answered HTTP 404"
+        )
+        assert "404 page not found" in message
+        assert "`openai-chat:` prefix" in message
+        assert caught.value.status_code == 404
+        assert not caught.value.retryable
+
+    async def test_404_from_openai_is_left_as_it_is(self) -> None:
+        """On OpenAI's own API a 404 is a wrong model, not a missing API."""
+        missing = error_body(
+            "The model `nope` does not exist.", "invalid_request_error"
+        )
+        async with MockAPI(json_response(missing, 404)) as api:
+            with pytest.raises(ProviderError) as caught:
+                await responses_provider(api).complete(make_request())
+        assert "openai-chat" not in str(caught.value)
+
+
+@pytest.mark.parametrize("kind", PROVIDERS)
+async def test_extra_body_is_merged_into_the_body(kind: Factory) -> None:
+    """Server-specific keys reach the body; a key agentfsm sets is overridden."""
+    extra = {
+        "top_k": 20,
+        "min_p": 0.05,
+        "temperature": 0.1,
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
+    request = make_request(temperature=0.7, extra_body=extra)
+    answer = (
+        response_body([message_item("ok")])
+        if kind is OpenAIResponsesProvider
+        else completion_body({"content": "ok"})
+    )
+    async with MockAPI(json_response(answer)) as api:
+        await provider_of(kind, api).complete(request)
+    for key, value in extra.items():
+        assert api.body[key] == value

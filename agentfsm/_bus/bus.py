@@ -84,6 +84,7 @@ class Subscription:
         "_buffer",
         "_bus",
         "_closed",
+        "_every",
         "_reserved",
         "_waiter",
         "_waiters",
@@ -119,10 +120,14 @@ class Subscription:
         """Publishers waiting for a slot, first come first served (never one
         while a slot is free: each slot that frees goes to the first)."""
         self._closed = False
+        self._every = "*" in patterns
+        """Whether it takes every type (a loop's stream: checked per event)."""
 
     def matches(self, event_type: str) -> bool:
         """Whether this subscription's type patterns cover `event_type`."""
-        return any(fnmatch.fnmatchcase(event_type, p) for p in self.patterns)
+        return self._every or any(
+            fnmatch.fnmatchcase(event_type, p) for p in self.patterns
+        )
 
     async def _take_slot(self) -> bool:
         """Take a slot for one event, waiting in line while the buffer is full;
@@ -343,7 +348,7 @@ class EventBus:
             self._global.append(sub)
         else:
             self._by_loop.setdefault(loop_id, []).append(sub)
-        self._changed()
+        self._changed(sub, added=True)
         return sub
 
     def _remove(self, sub: Subscription) -> None:
@@ -354,12 +359,19 @@ class EventBus:
             subs.remove(sub)
             if not subs:
                 del self._by_loop[sub.loop_id]
-        self._changed()
+        self._changed(sub, added=False)
 
-    def _changed(self) -> None:
-        self._routes.clear()
+    def _changed(self, sub: Subscription, *, added: bool) -> None:
+        """Update what publishers check after `sub` was added or removed: in
+        O(1) for a loop's own subscription, which comes and goes with each loop
+        started with `stream=True` (the routes hold global subscriptions only)."""
+        if sub.loop_id is None:
+            self._routes.clear()
         self.listening = bool(self._global or self._by_loop)
-        self.backpressure = any(s.backpressure for s in self._subscriptions())
+        if added:
+            self.backpressure = self.backpressure or sub.backpressure
+        elif sub.backpressure:
+            self.backpressure = any(s.backpressure for s in self._subscriptions())
 
     def _subscriptions(self) -> Iterable[Subscription]:
         yield from self._global

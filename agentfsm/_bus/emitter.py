@@ -251,9 +251,12 @@ class Emitter:
         """Build event number `seq` (unless it was: `built`) and route it
         (someone subscribed)."""
         bus = self.bus
-        # `bus.targets()`, its common case inlined: this runs for every event.
+        # `bus.targets()`, its common cases inlined: this runs for every event,
+        # of every loop while any loop has a subscription of its own (a loop
+        # started with `stream=True`), so other loops skip the call.
         targets: Sequence[Subscription] | None = bus._routes.get(event_type)
-        if targets is None or bus._by_loop:
+        by_loop = bus._by_loop
+        if targets is None or (by_loop and self.loop_id in by_loop):
             targets = bus.targets(event_type, self.loop_id)
         if not targets:
             return  # nobody listens: the event is not even built

@@ -13,10 +13,20 @@ request with `OutputLimitExceeded`, naming it, except a tool output, which the
 model gets as an error output instead.
 
 The common case costs a type test and an O(1) `str.isascii` per field.
+
+Call ids. The loop pairs calls with their outputs, approvals, denials and
+answers by `call_id`, so every function call in a loop's context has an id of
+its own: an output whose call repeats an id (of the same output or of a call
+already in the context) or has an empty one gets that call renamed
+(`unique_call_ids`), before anything publishes or stores the output. A loop
+whose ids are unique pays, per output with calls, a set of their ids (a lookup
+for one call) and a look at the items appended to its context since the
+previous such output (the ids seen are kept with the loop, not searched for).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 from agentfsm import _text
@@ -38,7 +48,17 @@ from agentfsm.messages import (
 if TYPE_CHECKING:
     from agentfsm.options import LoopOptions
 
-__all__ = ("checked_delta", "checked_output", "checked_tool_output", "checked_user")
+    from .loop import Loop
+
+__all__ = (
+    "RENAMED_MARK",
+    "checked_delta",
+    "checked_output",
+    "checked_tool_output",
+    "checked_usage",
+    "checked_user",
+    "unique_call_ids",
+)
 
 _FIELDS: Final[dict[type[Any], tuple[str, tuple[tuple[str, bool], ...]]]] = {
     FunctionCallItem: (
@@ -64,11 +84,21 @@ _MAX_DEPTH: Final = 200
 Delta: TypeAlias = TextDelta | ReasoningDelta | ToolCallDelta
 
 
+RENAMED_MARK: Final = "-"
+"""What joins a renamed call's id to its number: `call_1` repeated becomes
+`call_1-2`, an empty id `call-1` (a character every provider accepts in an
+id, Anthropic's `^[a-zA-Z0-9_-]+$` included)."""
+
+
 def checked_output(
-    output: InferenceOutput, model: str, options: LoopOptions
+    output: InferenceOutput,
+    model: str,
+    options: LoopOptions,
+    loop: Loop | None = None,
 ) -> InferenceOutput:
     """`output` as the loop may take it: every item of a known type with fields
-    of their types, its text encodable, within the loop's limits.
+    of their types, its text encodable, within the loop's limits, and, given
+    the `loop`, its calls' ids unique in the loop's context (`unique_call_ids`).
 
     Raises:
         ProviderError: a value of the wrong type (naming the provider and field).
@@ -80,6 +110,7 @@ def checked_output(
     # more): the common output is well typed and ASCII. Anything else takes
     # `_cleaned_items`, which names the problem.
     calls = chars = 0
+    ids: list[str] = []  # the calls' ids, for `loop` (a list: appending is cheap)
     clean = True
     try:
         items = values["items"]
@@ -118,6 +149,7 @@ def checked_output(
                     break
                 chars += len(call_id) + len(name) + len(arguments)
                 calls += 1
+                ids.append(call_id)
             else:  # reasoning (rarer), or not an output item
                 clean = False
                 break
@@ -134,6 +166,7 @@ def checked_output(
         if not isinstance(items, tuple | list):
             raise _bad(model, "items", items, "a tuple of items")
         items, calls, chars = _cleaned_items(items, model)
+        ids = [i.call_id for i in items if type(i) is FunctionCallItem]
     if calls > options.max_output_calls:
         raise OutputLimitExceeded(
             f"the output of {model!r} has {calls} function calls, more than "
@@ -146,7 +179,96 @@ def checked_output(
     if not clean or type(items) is not tuple:
         update = update or {}
         update["items"] = tuple(items)
+    if calls and loop is not None and not _unique(ids, _context_ids(loop)):
+        update = update or {}
+        update["items"] = _renamed_calls(items, _context_ids(loop), loop, model)
     return output if update is None else output.model_copy(update=update)
+
+
+def unique_call_ids(output: InferenceOutput, loop: Loop, model: str) -> InferenceOutput:
+    """`output` (checked) with each call whose id is empty, or repeats an
+    earlier call's of the output or of the loop's context, renamed: the id and
+    the first free number after `RENAMED_MARK` (`call_1` -> `call_1-2`, `""`
+    -> `call-1`). The new ids depend on the output and the context alone, so a
+    recovered or replayed loop renames as the first run did; each renaming is
+    logged (`call_ids_renamed`, warning).
+    """
+    items = output.items
+    ids = [i.call_id for i in items if type(i) is FunctionCallItem]
+    taken = _context_ids(loop)
+    if _unique(ids, taken):
+        return output
+    return output.model_copy(
+        update={"items": _renamed_calls(items, taken, loop, model)}
+    )
+
+
+def _unique(ids: list[str], taken: set[str]) -> bool:
+    """Whether `ids` are non-empty, distinct, and none of them in `taken`."""
+    if len(ids) == 1:  # the common case, without a set
+        return bool(ids[0]) and ids[0] not in taken
+    fresh = set(ids)
+    return len(fresh) == len(ids) and "" not in fresh and fresh.isdisjoint(taken)
+
+
+def _renamed_calls(
+    items: Sequence[Any], taken: set[str], loop: Loop, model: str
+) -> tuple[Any, ...]:
+    """`items` (checked) with their calls' ids made unique in the loop (see
+    `unique_call_ids`), logging the renaming."""
+    fresh = {item.call_id for item in items if type(item) is FunctionCallItem}
+    # Renamed in order, the first of a repeated id keeping it: what the model
+    # meant by each call is unchanged, only which id the loop pairs it by.
+    used: set[str] = set()
+    result: list[Any] = []
+    changes: list[tuple[int, str, str]] = []
+    for index, item in enumerate(items):
+        if type(item) is FunctionCallItem:
+            call_id = item.call_id
+            if not call_id or call_id in taken or call_id in used:
+                new = _free_id(call_id, taken, used, fresh)
+                changes.append((index, call_id, new))
+                item = item.model_copy(update={"call_id": new})
+                call_id = new
+            used.add(call_id)
+        result.append(item)
+    loop.log.warning(
+        "call_ids_renamed",
+        model=model,
+        renamed=[f"items[{i}]: {old!r} -> {new!r}" for i, old, new in changes],
+    )
+    return tuple(result)
+
+
+def _free_id(call_id: str, *sets: set[str]) -> str:
+    """The first of `call_id-2`, `call_id-3`, ... (`call-1`, `call-2`, ... for
+    an empty id) in none of `sets`."""
+    base, number = (call_id, 2) if call_id else ("call", 1)
+    while True:
+        candidate = f"{base}{RENAMED_MARK}{number}"
+        if not any(candidate in ids for ids in sets):
+            return candidate
+        number += 1
+
+
+def _context_ids(loop: Loop) -> set[str]:
+    """The ids of the calls in the loop's context, kept with the loop and
+    brought up to date from the items appended since the previous look (a
+    context shorter than before, or another list, is read anew)."""
+    items = loop.input.context.items
+    ids = loop.call_ids
+    start = loop.call_ids_at
+    if ids is None or loop.call_ids_of is not items or len(items) < start:
+        ids = loop.call_ids = set()
+        loop.call_ids_of = items
+        start = 0
+    elif start == len(items):
+        return ids
+    for item in items[start:]:
+        if type(item) is FunctionCallItem:
+            ids.add(item.call_id)
+    loop.call_ids_at = len(items)
+    return ids
 
 
 def _cleaned_items(items: Any, model: str) -> tuple[list[Any], int, int]:
@@ -179,7 +301,8 @@ def checked_delta(
     if kind not in _FIELDS or kind in _ITEMS:
         raise ProviderError(
             f"the stream from {model!r} sent a {kind.__name__}, "
-            "not a TextDelta, ReasoningDelta, ToolCallDelta or OutputCompleted"
+            "not a TextDelta, ReasoningDelta, ToolCallDelta, UsageUpdate or "
+            "OutputCompleted"
         )
     if kind is ToolCallDelta:
         index = delta.__dict__.get("index")
@@ -257,12 +380,7 @@ def _checked_rest(values: dict[str, Any], model: str) -> dict[str, Any] | None:
     if usage is not None:
         if type(usage) is not TokenUsage:
             raise _bad(model, "token_usage", usage, "a TokenUsage or None")
-        counts = usage.__dict__
-        for name in _USAGE:
-            if not _count(counts.get(name)):
-                raise _bad(
-                    model, f"token_usage.{name}", counts.get(name), "an int >= 0"
-                )
+        _check_counts(usage, model, "token_usage")
     reason = values.get("finish_reason")
     if reason is not None:
         if type(reason) is not str:
@@ -281,6 +399,34 @@ def _checked_rest(values: dict[str, Any], model: str) -> dict[str, Any] | None:
             update = update or {}
             update["raw_response"] = _text.encodable_data(raw)
     return update
+
+
+def checked_usage(usage: Any, model: str) -> TokenUsage:
+    """A stream's `UsageUpdate.usage`, checked as an output's `token_usage` is.
+
+    Raises:
+        ProviderError: not a `TokenUsage`, or a count that is not an int >= 0.
+    """
+    if type(usage) is not TokenUsage:
+        raise _bad(model, "UsageUpdate.usage", usage, "a TokenUsage")
+    _check_counts(usage, model, "UsageUpdate.usage")
+    return usage
+
+
+def _check_counts(usage: TokenUsage, model: str, where: str) -> None:
+    counts = usage.__dict__
+    for name in _USAGE:
+        if not _count(counts.get(name)):
+            raise _bad(model, f"{where}.{name}", counts.get(name), "an int >= 0")
+    if counts["unreported_requests"]:
+        # Only the loop counts requests that reported nothing: one request's
+        # usage claiming others would make the loop's total lie.
+        raise _bad(
+            model,
+            f"{where}.unreported_requests",
+            counts["unreported_requests"],
+            "0 (a request that reported no usage has token_usage=None)",
+        )
 
 
 def _count(value: Any) -> bool:

@@ -51,20 +51,38 @@ if TYPE_CHECKING:
     from .batch import BatchPlan
     from .journal import Journal
 
-__all__ = ("Loop", "current_loop_id")
+__all__ = ("Loop", "current_loop_id", "one_more_unreported")
 
-# Built without validation: validating at import would build TokenUsage's schema
-# (and load pydantic's plugins) before anyone needs it.
-_NO_USAGE: Final = _models.trusted(
-    TokenUsage,
-    {
-        "input_tokens": 0,
-        "output_tokens": 0,
-        "reasoning_tokens": 0,
-        "cached_input_tokens": 0,
-    },
-    set(),
+# The totals of a loop none of whose requests reported usage: entry n after n
+# requests, shared (a `TokenUsage` is frozen) rather than summed anew per
+# request, which was ~6% of a run of `make bench-instructions` (whose model
+# reports none, as some servers do). Built without validation: validating at
+# import would build TokenUsage's schema (and load pydantic's plugins) before
+# anyone needs it.
+_UNREPORTED_ONLY: Final = tuple(
+    _models.trusted(
+        TokenUsage,
+        {
+            "input_tokens": 0,
+            "output_tokens": 0,
+            "reasoning_tokens": 0,
+            "cached_input_tokens": 0,
+            "unreported_requests": n,
+        },
+        {"unreported_requests"} if n else set(),
+    )
+    for n in range(65)
 )
+_NO_USAGE: Final = _UNREPORTED_ONLY[0]
+
+
+def one_more_unreported(total: TokenUsage) -> TokenUsage:
+    """`total` plus one request that reported no usage."""
+    count = total.unreported_requests
+    if count < len(_UNREPORTED_ONLY) - 1 and total is _UNREPORTED_ONLY[count]:
+        return _UNREPORTED_ONLY[count + 1]
+    return total + _UNREPORTED_ONLY[1]
+
 
 _NO_TOOLS: Final[dict[str, Tool]] = {}
 """What `tools_by_name` is before the first batch (never written to: `tool_index`
@@ -135,6 +153,9 @@ class Loop(Emitter):
         "reason",
         # what the loop runs with (not data: not in the record)
         "_bound_log",
+        "call_ids",
+        "call_ids_at",
+        "call_ids_of",
         "clock",
         "detached",
         "done",
@@ -264,6 +285,14 @@ class Loop(Emitter):
         """Its options and handlers as its records name them, with the objects
         they were made from (`snapshot.record_of`, made once per loop)."""
         self.scan: ContextScan = context_scan(inference_input.context)
+        self.call_ids: set[str] | None = None
+        """The ids of the calls in its context (`bounds.unique_call_ids`): made
+        with its first output holding calls, kept up to date from the items
+        appended since (a recovered loop's from its restored context)."""
+        self.call_ids_at = 0
+        """How many of the context's items `call_ids` has read."""
+        self.call_ids_of: list[Any] | None = None
+        """The context's item list `call_ids` was read from."""
         self.released: InferenceInput | None = None
         """The input with its forced tool choice released (`turn.released`)."""
         self.tools_of: Sequence[Tool] | None = None
@@ -357,7 +386,10 @@ class Loop(Emitter):
             "outcome": self.outcome,
             "reason": self.reason,
             "answer": self.answer,
-            "output": self.parsed,
+            # A plain answer's output is its text; a structured one's, its parse.
+            "output": self.parsed
+            if self.input.structured_output is not None or self.answer is None
+            else self.answer.content,
             "error": self.error,
             "usage": self.usage,
             "model_requests": self.model_requests,

@@ -2,7 +2,10 @@
 streamed chunk by chunk when the request streams.
 
 The request reaching here is already repaired (`repair`) and wrapped (the model
-wrappers run around `request_model`; see `states.inference`).
+wrappers run around `request_model`; see `states.inference`). A stream's
+`UsageUpdate`s are not published: the last one is added to the loop's usage
+when the stream ends without its output (cancelled, failed, timed out), each
+attempt's own.
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ from agentfsm.inference import (
     InferenceOutput,
     OutputCompleted,
     StreamEvent,
+    UsageUpdate,
 )
+from agentfsm.messages import TokenUsage
 
-from .bounds import checked_delta
+from .bounds import checked_delta, checked_usage
 
 if TYPE_CHECKING:
     from .loop import Loop
@@ -103,24 +108,35 @@ async def _stream(
     model: str,
 ) -> InferenceOutput:
     output: InferenceOutput | None = None
+    seen: TokenUsage | None = None  # the last `UsageUpdate`
     index = chars = 0
     options = loop.options
-    async with stream as deltas:
-        async for delta in deltas:
-            if isinstance(delta, OutputCompleted):
-                output = delta.output
-                continue  # read to the end, so the provider's iterator finishes cleanly
-            if output is not None:
-                raise ProviderError(
-                    f"the stream from {model!r} sent a chunk after its output"
-                )
-            delta, chars = checked_delta(delta, model, options, chars)
-            loop.emit_stream(index, delta)
-            index += 1
-            if loop.outbox is not None:
-                await loop.flush()
-    if output is None:
-        raise ProviderError(
-            f"the stream from {model!r} ended without a completed output"
-        )
+    try:
+        async with stream as deltas:
+            async for delta in deltas:
+                if isinstance(delta, OutputCompleted):
+                    output = delta.output
+                    continue  # read to the end, so the provider's iterator finishes
+                if output is not None:
+                    raise ProviderError(
+                        f"the stream from {model!r} sent a chunk after its output"
+                    )
+                if isinstance(delta, UsageUpdate):
+                    seen = checked_usage(delta.usage, model)
+                    continue
+                delta, chars = checked_delta(delta, model, options, chars)
+                loop.emit_stream(index, delta)
+                index += 1
+                if loop.outbox is not None:
+                    await loop.flush()
+        if output is None:
+            raise ProviderError(
+                f"the stream from {model!r} ended without a completed output"
+            )
+    except BaseException:
+        # Cancelled, failed or timed out: the tokens the server said it spent
+        # count in the loop's total (`completed` counts a returned output's).
+        if seen is not None:
+            loop.usage = loop.usage + seen
+        raise
     return output

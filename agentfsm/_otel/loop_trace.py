@@ -383,8 +383,10 @@ class LoopTrace:
 
 
 def _usage(now: TokenUsage, before: TokenUsage) -> dict[str, int]:
-    """The tokens a segment used (the loop's usage is a running total)."""
-    return {
+    """The tokens a segment used (the loop's usage is a running total); with
+    how many of its requests reported none, if any did, and no counts when
+    none of them reported any (a zero would claim what is not known)."""
+    counts = {
         "gen_ai.usage.input_tokens": now.input_tokens - before.input_tokens,
         "gen_ai.usage.output_tokens": now.output_tokens - before.output_tokens,
         "gen_ai.usage.cache_read.input_tokens": now.cached_input_tokens
@@ -392,3 +394,10 @@ def _usage(now: TokenUsage, before: TokenUsage) -> dict[str, int]:
         "gen_ai.usage.reasoning.output_tokens": now.reasoning_tokens
         - before.reasoning_tokens,
     }
+    unreported = now.unreported_requests - before.unreported_requests
+    if not unreported:
+        return counts
+    noted = {"agentfsm.usage.unreported_requests": unreported}
+    if now.total_tokens == before.total_tokens:
+        return noted
+    return noted | counts

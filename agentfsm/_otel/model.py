@@ -22,7 +22,13 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind
 
-from agentfsm.inference import InferenceInput, InferenceOutput, OutputCompleted
+from agentfsm.inference import (
+    InferenceInput,
+    InferenceOutput,
+    OutputCompleted,
+    UsageUpdate,
+)
+from agentfsm.messages import TokenUsage
 from agentfsm.providers import Provider, ProviderRegistry, StreamEvent, split_model
 
 from . import content
@@ -173,11 +179,8 @@ def record_output(trace_: LoopTrace, span: Span, output: InferenceOutput) -> Non
         reason = "other"  # a server's own words, withheld as content is
     attributes: dict[str, Any] = {"gen_ai.response.finish_reasons": (reason,)}
     usage = output.token_usage
-    if usage is not None:
-        attributes["gen_ai.usage.input_tokens"] = usage.input_tokens
-        attributes["gen_ai.usage.output_tokens"] = usage.output_tokens
-        attributes["gen_ai.usage.cache_read.input_tokens"] = usage.cached_input_tokens
-        attributes["gen_ai.usage.reasoning.output_tokens"] = usage.reasoning_tokens
+    if usage is not None:  # a request that reported none has no usage attributes
+        attributes.update(_usage_attributes(usage))
     raw = output.raw_response
     if isinstance(raw, dict):  # the providers keep the vendor's response here
         # Ids and model names are short; a server's longer text is not metadata.
@@ -188,6 +191,16 @@ def record_output(trace_: LoopTrace, span: Span, output: InferenceOutput) -> Non
     if trace_.capture_content and span.is_recording():
         attributes["gen_ai.output.messages"] = content.output_messages(output)
     set_attributes(span, attributes)
+
+
+def _usage_attributes(usage: TokenUsage) -> dict[str, int]:
+    """One request's usage as the chat span's attributes."""
+    return {
+        "gen_ai.usage.input_tokens": usage.input_tokens,
+        "gen_ai.usage.output_tokens": usage.output_tokens,
+        "gen_ai.usage.cache_read.input_tokens": usage.cached_input_tokens,
+        "gen_ai.usage.reasoning.output_tokens": usage.reasoning_tokens,
+    }
 
 
 class _TracedStream:
@@ -263,6 +276,9 @@ class _TracedStream:
         try:
             if exc is not None:
                 failed(span, exc, self._trace.capture_content)
+                if chunks is not None and chunks.usage is not None:
+                    # What the stream reported before it failed or was cancelled.
+                    set_attributes(span, _usage_attributes(chunks.usage))
             elif chunks is not None and chunks.output is not None:
                 record_output(self._trace, span, chunks.output)
         finally:
@@ -273,7 +289,7 @@ class _Chunks:
     """The stream's deltas, passed on as they come; notes when the first came
     (`gen_ai.response.time_to_first_chunk`) and keeps the completed output."""
 
-    __slots__ = ("_deltas", "_span", "_started", "output")
+    __slots__ = ("_deltas", "_span", "_started", "output", "usage")
 
     def __init__(
         self, deltas: AsyncIterator[StreamEvent], span: Span, started: float
@@ -283,12 +299,17 @@ class _Chunks:
         self._started: float | None = started
         """When the request started, until the first chunk came."""
         self.output: InferenceOutput | None = None
+        self.usage: TokenUsage | None = None
+        """The last `UsageUpdate`'s, for a stream that ends without its output."""
 
     def __aiter__(self) -> _Chunks:
         return self
 
     async def __anext__(self) -> StreamEvent:
         delta = await anext(self._deltas)
+        if isinstance(delta, UsageUpdate):
+            self.usage = delta.usage
+            return delta  # not a chunk of the response
         if self._started is not None:
             seconds = time.monotonic() - self._started
             set_attributes(self._span, {"gen_ai.response.time_to_first_chunk": seconds})

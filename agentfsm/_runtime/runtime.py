@@ -26,7 +26,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from agentfsm._arguments import ArgumentTypeError, ArgumentValueError, check, given
-from agentfsm._bus import EventBus
+from agentfsm._bus import EventBus, Subscription
 from agentfsm._loop import Loop
 from agentfsm._loop.driver import end_paused, expire_paused, halt
 from agentfsm._text import encodable
@@ -117,13 +117,16 @@ class Runtime:
             whose model is `prefix:name` is served by that provider.
         keep_finished: how many finished loops are kept for `wait`/`get`
             (oldest forgotten first).
+        keep_streams: how many loops started with `stream=True` that ended
+            with their events not taken (`events`) keep them (oldest dropped
+            first; never longer than their result, see `keep_finished`).
         event_log: append every event of every loop to this JSON-lines file
             (see `agentfsm.eventlog`); it is complete once the runtime exited.
         store: make every loop durable (`agentfsm.store`: `SQLiteStore`,
             `MemoryStore`, ...): its record is written at each transition, its
             tool calls go through a ledger, a paused loop stays paused when the
             runtime exits, and `recover()` continues what a crashed process
-            left (see docs/durability.md).
+            left (see [Durable loops][durable-loops]).
         tools: the tools stored loops may be rebound to, by name (loops this
             runtime starts add theirs).
         handlers: the interception handlers and other callables (wrappers,
@@ -151,6 +154,7 @@ class Runtime:
         *,
         providers: Mapping[str, Provider] | ProviderRegistry | None = None,
         keep_finished: int = 10_000,
+        keep_streams: int = 100,
         event_log: str | os.PathLike[str] | None = None,
         store: LoopStore | None = None,
         tools: Sequence[Tool | Callable[..., Any]] = (),
@@ -169,6 +173,11 @@ class Runtime:
                 ArgumentValueError if type(keep_finished) is int else ArgumentTypeError
             )
             raise error(f"keep_finished must be an int >= 0, got {keep_finished!r}")
+        if type(keep_streams) is not int or keep_streams < 0:
+            error = (
+                ArgumentValueError if type(keep_streams) is int else ArgumentTypeError
+            )
+            raise error(f"keep_streams must be an int >= 0, got {keep_streams!r}")
         check("event_log", event_log, str | os.PathLike | None, "a path")
         check(
             "instrument",
@@ -212,6 +221,16 @@ class Runtime:
             raise ConfigurationError(
                 "tools= and handlers= bind a durable store's loops: give store= too"
             )
+        self._streams: dict[str, Subscription] = {}
+        """The events of live loops started with `stream=True` that `events`
+        has not handed over yet."""
+        self._ended_streams: dict[str, Subscription] = {}
+        """The same, of loops that ended (or stopped here), in the order they
+        did: the last `keep_streams`, as long as their results are kept."""
+        self._keep_streams = keep_streams
+        self._streaming: dict[str, Subscription] = {}
+        """The subscriptions of the live loops started with `stream=True`,
+        closed once each loop's last event is in its buffer."""
         self._detached: dict[str, LoopDetachedError] = {}
         """Durable loops that stopped in this runtime without ending, and why
         (`driver.halt`): their stores keep them, for `recover`."""
@@ -379,6 +398,8 @@ class Runtime:
         has one, is kept by a timer: a paused loop holds no task but this)."""
         if self._instrument is not None:
             self._instrument.run_ended(loop)
+        if self._streaming and (loop.status is LoopStatus.done or loop.detached):
+            self._stream_ended(loop)  # its held events are delivered now
         if (
             loop.status is LoopStatus.paused
             and not loop.detached
@@ -400,6 +421,8 @@ class Runtime:
             self._timers.pop(loop.loop_id, None)
             if loop.status is LoopStatus.paused:
                 await expire_paused(loop)
+                if self._streaming:
+                    self._stream_ended(loop)
 
     def _cancel_paused_if_idle(self) -> None:
         if self._closing and not self._running:
@@ -425,6 +448,8 @@ class Runtime:
         interception_handler: InterceptionHandler
         | Sequence[InterceptionHandler]
         | None = None,
+        *,
+        stream: bool = False,
         **options: Unpack[LoopOptionsDict],
     ) -> str:
         """Start a loop in the background and return its `loop_id` at once.
@@ -435,6 +460,9 @@ class Runtime:
                 which must then end with a user message or a function output).
             inference_input: model, settings, tools and the context to append to.
             interception_handler: one handler or a list, run before every transition.
+            stream: keep the loop's events, from its first, for `events(loop_id)`
+                (a loop started without it builds no event nobody subscribed to;
+                see `events` for how long they are kept).
             **options: see `agentfsm.options.LoopOptions` (`max_turns`, `stop_when`,
                 `tool_execution`, wrappers, queues, timeouts, retries, ...).
 
@@ -443,6 +471,8 @@ class Runtime:
             LoopStateError: the runtime is not running.
         """
         check("inference_input", inference_input, InferenceInput)
+        if stream is not False:  # (no call on the common path)
+            check("stream", stream, bool)
         agent_id = agent_id_of(agent_id)
         loop_options = LoopOptions.of(options)
         user_message = user_message_of(message, inference_input)
@@ -471,6 +501,11 @@ class Runtime:
         if self._keeper is not None:
             self._keeper.adopt(loop)
             loop.on_halt = self._loop_halted
+        if stream:
+            # Subscribed before the first event: none is missed, however late
+            # `events` is called. Unbounded: a slow reader never holds the loop.
+            events = self.bus.subscribe(loop_id=loop_id, buffer=sys.maxsize)
+            self._streams[loop_id] = self._streaming[loop_id] = events
         loop.emit_started(user_message, inference_input, loop_options, loop.handlers)
         self._loops[loop_id] = loop
         self._spawn(loop)
@@ -555,6 +590,73 @@ class Runtime:
 
         assert isinstance(keeper.store, EventArchive)
         return watch(self.bus, keeper.store, keeper, loop_id, after_seq)
+
+    def events(self, loop_id: str) -> Subscription:
+        """The events of a loop started with `stream=True`, from its first
+        (`loop.started`) to its last (`loop.idle`, or `loop.detached` for a
+        durable loop that stopped here without ending); the iteration ends after
+        it. No store is needed.
+
+        The loop's events are kept from its start, so none is missed however
+        late this is called while the loop runs or is paused (its stream goes
+        on after `resume`). After it ended (or, durable, stopped here), they
+        are kept until `keep_streams` (`Runtime(keep_streams=)`, 100) other
+        loops ended with their streams untaken after it, and no longer than
+        its result (`keep_finished`); after the runtime exited, too. They are
+        handed over to one reader: a second call raises. The buffer is
+        unbounded, so a slow reader never holds the loop; events leave it as
+        they are read. Closing the subscription (`with`, or `close()`) only
+        stops new events coming: those already in it can still be read (the
+        runtime closes it itself after the loop's last event), and they go
+        when the subscription does.
+
+        ```python
+        loop_id = runtime.run_loop("agent", "hello", request, stream=True)
+        with runtime.events(loop_id) as events:
+            async for event in events:
+                print(event.type)  # loop.started ... loop.idle
+        ```
+
+        Raises:
+            UnknownLoopError: no such loop (or its result was forgotten).
+            LoopStateError: the loop was not started with `stream=True`, its
+                events were handed over already, or it ended `keep_streams`
+                untaken streams ago (its events were dropped).
+        """
+        check("loop_id", loop_id, str)
+        events = self._streams.pop(loop_id, None)
+        if events is None:
+            events = self._ended_streams.pop(loop_id, None)
+        if events is None:
+            self._live(loop_id)  # unknown, forgotten or detached: raises why
+            raise LoopStateError(
+                f"loop {loop_id}'s events are not kept: it was started without "
+                "stream=True, or its events were handed over already (events() "
+                "hands them to one reader), or it ended with them not taken "
+                f"until keep_streams={self._keep_streams} other such loops "
+                "ended after it. Start it with run_loop(..., stream=True) (or "
+                "Agent.run_stream) and call events() once, soon enough"
+            )
+        return events
+
+    def _stream_untaken(self, loop_id: str, *, kept: bool) -> None:
+        """A loop ended, or stopped here: its events, if not taken, join the
+        last `keep_streams` loops' (unless its result is not `kept`)."""
+        events = self._streams.pop(loop_id, None)
+        if events is not None and kept:
+            ended = self._ended_streams
+            ended[loop_id] = events
+            if len(ended) > self._keep_streams:
+                del ended[next(iter(ended))]  # the oldest untaken
+
+    def _stream_ended(self, loop: Loop) -> None:
+        """Close a streamed loop's subscription once its last event is in it
+        (not while the loop still holds events for a full backpressure
+        subscriber: its run closes it after it delivered them)."""
+        if loop.outbox is None:
+            events = self._streaming.pop(loop.loop_id, None)
+            if events is not None:
+                events.close()
 
     def _take_recovered(self, loop: Loop) -> None:
         self._detached.pop(loop.loop_id, None)
@@ -746,8 +848,14 @@ class Runtime:
         longer this runtime's; whoever waits for it learns why."""
         self._loops.pop(loop.loop_id, None)
         self._detached[loop.loop_id] = LoopDetachedError(loop.loop_id, reason, error)
+        if self._streams:
+            self._stream_untaken(loop.loop_id, kept=True)
         while len(self._detached) > max(self._keep_finished, 1):
-            del self._detached[next(iter(self._detached))]
+            forgotten = next(iter(self._detached))
+            del self._detached[forgotten]
+            self._ended_streams.pop(forgotten, None)
+        if self._streaming:
+            self._stream_ended(loop)
         if self._instrument is not None:
             self._instrument.loop_ended(loop)
         timer = self._timers.pop(loop.loop_id, None)
@@ -779,11 +887,18 @@ class Runtime:
         timer = self._timers.pop(loop.loop_id, None)
         if timer is not None:
             timer.cancel()
+        if self._streaming:
+            self._stream_ended(loop)
+        if self._streams:
+            self._stream_untaken(loop.loop_id, kept=self._keep_finished > 0)
         if self._keep_finished:
             results = self._results
             results[loop.loop_id] = loop.result()
             if len(results) > self._keep_finished:
-                del results[next(iter(results))]  # the oldest finished
+                forgotten = next(iter(results))  # the oldest finished
+                del results[forgotten]
+                if self._ended_streams:
+                    self._ended_streams.pop(forgotten, None)
 
 
 def _keeper_of(
@@ -807,6 +922,8 @@ def run_loop(
     interception_handler: InterceptionHandler
     | Sequence[InterceptionHandler]
     | None = None,
+    *,
+    stream: bool = False,
     **options: Unpack[LoopOptionsDict],
 ) -> str:
     """`Runtime.run_loop` on the runtime of the current context.
@@ -815,5 +932,10 @@ def run_loop(
         NoRuntimeError: not inside `async with Runtime()`.
     """
     return current_runtime().run_loop(
-        agent_id, message, inference_input, interception_handler, **options
+        agent_id,
+        message,
+        inference_input,
+        interception_handler,
+        stream=stream,
+        **options,
     )

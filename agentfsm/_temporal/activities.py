@@ -27,6 +27,7 @@ from agentfsm.inference import (
     InferenceInput,
     InferenceOutput,
     OutputCompleted,
+    UsageUpdate,
 )
 from agentfsm.interception import Decision, PendingTransition
 from agentfsm.messages import ContextItem, ModelContext
@@ -275,6 +276,8 @@ async def _stream(
             if isinstance(delta, OutputCompleted):
                 output = delta.output
                 continue
+            if isinstance(delta, UsageUpdate):
+                continue  # a chunk's usage is the output's, sent back whole
             if on_chunk is not None:
                 on_chunk(args.loop_id, args.request, attempt, index, delta)
             index += 1

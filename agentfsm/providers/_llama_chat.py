@@ -9,6 +9,7 @@ uses them, and re-exports them.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Final
 
 from agentfsm.exceptions import ConfigurationError
@@ -29,13 +30,16 @@ from agentfsm.providers import (
     ToolCallDelta,
 )
 from agentfsm.providers._common import structured_schema
+from agentfsm.providers._structured import Plan, plan_of
 
 __all__ = (
     "DEFAULT_TEMPERATURE",
+    "SAMPLING_PARAMETERS",
     "ChunkAssembler",
     "chat_messages",
     "completion_output",
     "request_kwargs",
+    "structured_plan",
 )
 
 
@@ -45,25 +49,35 @@ model answers sensibly (at llama.cpp's server default, 0.8, SmolLM2-135M answers
 "What is the capital of France?" with nonsense; at 0.2, "Paris")."""
 
 
-def chat_messages(request: InferenceInput) -> list[dict[str, Any]]:
+def chat_messages(
+    request: InferenceInput, *, instructions: str | None = None, tools: bool = False
+) -> list[dict[str, Any]]:
     """The request's instructions and context as OpenAI-shaped chat messages.
 
     Function calls join the assistant message before them (content `""`, never
     `None`); tool outputs become user messages naming the call, since the
     `chatml-function-calling` template drops the content of `tool` messages.
-    With tools there is always a system message, since the template lists the
-    tools in it. Reasoning items are not sent.
+    With tools (the request's, or others: `tools=True`) there is always a
+    system message, since the template lists the tools in it. Reasoning items
+    are not sent. `instructions` replace the context's.
     """
     messages: list[dict[str, Any]] = []
-    if request.context.instructions or request.tools:
-        system = request.context.instructions or ""
-        messages.append({"role": "system", "content": system})
+    system = instructions or request.context.instructions
+    if system or request.tools or tools:
+        messages.append({"role": "system", "content": system or ""})
     names: dict[str, str] = {}
+    # When the request's tools may not be called now (a forced tool has
+    # answered), the template shows no tool format, and a small model shown its
+    # calls as `functions.add:` lines imitates them instead of answering: each
+    # call is told in its result's message instead ("Result of add(a=2, b=3)").
+    told = bool(request.tools) and not tools and request.effective_tool_choice == "none"
     for item in request.context.items:
         if isinstance(item, UserMessage):
             messages.append({"role": "user", "content": item.content})
         elif isinstance(item, ModelMessageItem):
             messages.append({"role": "assistant", "content": item.content})
+        elif isinstance(item, FunctionCallItem) and told:
+            names[item.call_id] = _call_text(item)
         elif isinstance(item, FunctionCallItem):
             names[item.call_id] = item.name
             last = messages[-1] if messages else None
@@ -88,39 +102,113 @@ def chat_messages(request: InferenceInput) -> list[dict[str, Any]]:
     return messages
 
 
-def _tool_choice(request: InferenceInput) -> str | dict[str, Any]:
-    choice = request.effective_tool_choice or "auto"
+def _call_text(call: FunctionCallItem) -> str:
+    """A call as prose shows it: `add(a=2, b=3)` (its raw arguments when they
+    are not a JSON object)."""
+    try:
+        arguments = json.loads(call.arguments or "{}")
+    except ValueError:
+        arguments = None
+    if not isinstance(arguments, dict):
+        return f"{call.name}({call.arguments})"
+    shown = ", ".join(f"{k}={json.dumps(v)}" for k, v in arguments.items())
+    return f"{call.name}({shown})"
+
+
+def _tool_choice(choice: str | None, names: list[str]) -> str | dict[str, Any]:
+    choice = choice or "auto"
     if choice in ("auto", "none"):
         return choice
     if choice == "required":
         # chatml-function-calling has no `required`: force the only tool, or let
         # the model choose among several.
-        if len(request.tools) == 1:
-            return {"type": "function", "function": {"name": request.tools[0].name}}
+        if len(names) == 1:
+            return {"type": "function", "function": {"name": names[0]}}
         return "auto"
-    if request.tool_named(choice) is None:
-        offered = ", ".join(t.name for t in request.tools) or "none"
+    if choice not in names:
+        offered = ", ".join(names) or "none"
         raise ConfigurationError(
             f"tool_choice {choice!r} names no tool of the request (offered: {offered})"
         )
     return {"type": "function", "function": {"name": choice}}
 
 
-def request_kwargs(request: InferenceInput) -> dict[str, Any]:
-    """The keyword arguments of `Llama.create_chat_completion` for a request.
+SAMPLING_PARAMETERS: Final = frozenset(
+    {
+        "top_k",
+        "min_p",
+        "typical_p",
+        "presence_penalty",
+        "frequency_penalty",
+        "repeat_penalty",
+        "tfs_z",
+        "mirostat_mode",
+        "mirostat_tau",
+        "mirostat_eta",
+    }
+)
+"""The `extra_body` keys the local model takes: llama.cpp's own sampling
+parameters of `Llama.create_chat_completion`, each a number."""
+
+
+def structured_plan(request: InferenceInput) -> Plan | None:
+    """How the local model asks for the request's structured output: `auto` is
+    a grammar built from the schema (`native`) when no tool may be called, and
+    the final answer tool (whose arguments are generated under a grammar too)
+    when one may."""
+    if request.structured_output is None:
+        return None
+    mode = request.structured_output_mode
+    if mode == "auto":
+        no_tool = not request.tools or request.effective_tool_choice == "none"
+        mode = "native" if no_tool else "tool"
+    return plan_of(request, mode)
+
+
+def _sampling(extra_body: dict[str, Any]) -> dict[str, Any]:
+    """`extra_body` as keyword arguments of `create_chat_completion`."""
+    unknown = sorted(set(extra_body) - SAMPLING_PARAMETERS)
+    if unknown:
+        raise ConfigurationError(
+            f"the local provider has no parameter {', '.join(map(repr, unknown))} "
+            f"for extra_body: it takes {', '.join(sorted(SAMPLING_PARAMETERS))}"
+        )
+    for key, value in extra_body.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigurationError(
+                f"extra_body[{key!r}] must be a number for the local provider, "
+                f"got {type(value).__name__}"
+            )
+    return dict(extra_body)
+
+
+def request_kwargs(request: InferenceInput, plan: Plan | None = None) -> dict[str, Any]:
+    """The keyword arguments of `Llama.create_chat_completion` for a request
+    (`plan`: how its structured output is asked for; default: `structured_plan`).
 
     Raises:
         ConfigurationError: `tool_choice` names a tool the request does not
-            offer, or `parallel_tool_calls=False` (which llama.cpp cannot honour).
+            offer, `parallel_tool_calls=False` (which llama.cpp cannot honour),
+            or `extra_body` has a key that is not one of `SAMPLING_PARAMETERS`.
     """
-    kwargs: dict[str, Any] = {"messages": chat_messages(request)}
+    if plan is None:
+        plan = structured_plan(request)
+    final = None if plan is None else plan.final
+    kwargs: dict[str, Any] = {
+        "messages": chat_messages(
+            request,
+            instructions=None if plan is None else plan.instructions,
+            tools=final is not None,
+        )
+    }
     tool_choice: str | dict[str, Any] = "none"
-    if request.tools:
-        kwargs["tools"] = [
-            {"type": "function", "function": t.definition.model_dump()}
-            for t in request.tools
-        ]
-        tool_choice = _tool_choice(request)
+    definitions = [t.definition.model_dump() for t in request.tools]
+    if final is not None:
+        definitions.append(final.definition)
+    if definitions:
+        kwargs["tools"] = [{"type": "function", "function": d} for d in definitions]
+        choice = request.effective_tool_choice if final is None else final.choice
+        tool_choice = _tool_choice(choice, [d["name"] for d in definitions])
         kwargs["tool_choice"] = tool_choice
     if request.max_output_tokens is not None:
         kwargs["max_tokens"] = request.max_output_tokens
@@ -138,13 +226,20 @@ def request_kwargs(request: InferenceInput) -> dict[str, Any]:
         kwargs["seed"] = request.seed
     if request.stop_sequences:
         kwargs["stop"] = list(request.stop_sequences)
-    if request.structured_output is not None and tool_choice == "none":
+    output = request.structured_output
+    if output is not None and plan is not None and tool_choice == "none":
         # llama-cpp-python spells a JSON-schema answer `json_object` + `schema`
-        # and turns it into a grammar (only when no tool may be called).
-        kwargs["response_format"] = {
-            "type": "json_object",
-            "schema": structured_schema(request.structured_output),
-        }
+        # and turns it into a grammar (only when no tool may be called); a
+        # bare `json_object` is any JSON.
+        if plan.mode == "native":
+            kwargs["response_format"] = {
+                "type": "json_object",
+                "schema": structured_schema(output),
+            }
+        elif plan.mode == "prompted":
+            kwargs["response_format"] = {"type": "json_object"}
+    if request.extra_body is not None:
+        kwargs.update(_sampling(request.extra_body))
     return kwargs
 
 

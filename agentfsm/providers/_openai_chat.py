@@ -48,6 +48,7 @@ from agentfsm.providers import (
     StreamingDelta,
     TextDelta,
     ToolCallDelta,
+    UsageUpdate,
 )
 from agentfsm.providers._common import (
     TOOL_CHOICE_MODES,
@@ -57,6 +58,7 @@ from agentfsm.providers._common import (
     strict_compatible,
     structured_schema,
 )
+from agentfsm.providers._structured import Plan
 
 __all__ = ("ChatStream", "chat_messages", "output_of", "request_params")
 
@@ -67,12 +69,26 @@ _REASONING_FIELDS = ("reasoning_content", "reasoning")
 
 
 def request_params(
-    request: InferenceInput, model: str, *, max_tokens_field: str
+    request: InferenceInput,
+    model: str,
+    *,
+    max_tokens_field: str,
+    plan: Plan | None = None,
+    json_schema_in_json_object: bool = False,
 ) -> dict[str, Any]:
-    """The keyword arguments of `client.chat.completions.create` for a request."""
+    """The keyword arguments of `client.chat.completions.create` for a request.
+
+    `plan` says how its structured output is asked for (none: not at all);
+    `json_schema_in_json_object` adds the schema to a prompted request's
+    `json_object` format, which OpenAI refuses and llama.cpp's server turns
+    into a grammar.
+    """
+    instructions = request.context.instructions
+    if plan is not None and plan.instructions is not None:
+        instructions = plan.instructions
     params: dict[str, Any] = {
         "model": model,
-        "messages": chat_messages(request.context.instructions, request.context.items),
+        "messages": chat_messages(instructions, request.context.items),
     }
     if request.max_output_tokens is not None:
         params[max_tokens_field] = request.max_output_tokens
@@ -92,10 +108,21 @@ def request_params(
         if request.parallel_tool_calls is not None:
             params["parallel_tool_calls"] = request.parallel_tool_calls
     choice = request.effective_tool_choice
+    if plan is not None and plan.final is not None:
+        params.setdefault("tools", []).append(_tool(plan.final.definition))
+        choice = plan.final.choice
     if choice is not None:
         params["tool_choice"] = _tool_choice(choice)
-    if request.structured_output is not None:
-        params["response_format"] = _response_format(request.structured_output)
+    output = request.structured_output
+    if plan is not None and output is not None:
+        if plan.mode == "native":
+            params["response_format"] = _response_format(output)
+        elif plan.mode == "prompted":
+            params["response_format"] = {"type": "json_object"}
+            if json_schema_in_json_object:
+                params["response_format"]["schema"] = structured_schema(output)
+    if request.extra_body is not None:
+        params["extra_body"] = request.extra_body
     return params
 
 
@@ -284,8 +311,8 @@ class ChatStream:
         self._usage: CompletionUsage | None = None
         self._meta: dict[str, Any] | None = None
 
-    def feed(self, chunk: ChatCompletionChunk) -> list[StreamingDelta]:
-        """The deltas one chunk carries."""
+    def feed(self, chunk: ChatCompletionChunk) -> list[StreamingDelta | UsageUpdate]:
+        """The deltas one chunk carries, and its usage, if it reports one."""
         if self._meta is None:
             self._meta = {
                 "id": chunk.id,
@@ -293,9 +320,12 @@ class ChatStream:
                 "model": chunk.model,
                 "system_fingerprint": chunk.system_fingerprint,
             }
+        deltas: list[StreamingDelta | UsageUpdate] = []
         if chunk.usage is not None:  # the last chunk, when include_usage is asked
             self._usage = chunk.usage
-        deltas: list[StreamingDelta] = []
+            usage = usage_of(chunk.usage)
+            if usage is not None:
+                deltas.append(UsageUpdate(usage=usage))
         for choice in chunk.choices:
             if choice.index != 0:
                 continue

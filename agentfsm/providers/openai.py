@@ -24,11 +24,12 @@ What maps where (see `_openai_responses` and `_openai_chat` for the details):
 | `max_output_tokens`  | `max_output_tokens`                | `max_completion_tokens` / `max_tokens` |
 | `reasoning_effort`   | `reasoning.effort` (+ `summary`)   | `reasoning_effort`                    |
 | `tool_choice`        | `auto`/`required`/`none`/function  | the same                              |
-| `structured_output`  | `text.format` json_schema          | `response_format` json_schema         |
+| `structured_output`  | by `structured_output_mode` (below) | the same                             |
 | `temperature`, `top_p` | `temperature`, `top_p`           | the same                              |
 | `seed`               | not sent (no such setting)         | `seed`                                |
 | `stop_sequences`     | refused (no such setting)          | `stop`                                |
 | `parallel_tool_calls` | `parallel_tool_calls` (with tools) | the same                             |
+| `extra_body`         | merged into the body (its keys win) | the same                             |
 
 `tool_choice` goes out as `InferenceInput.effective_tool_choice`, so
 `reset_tool_choice` is honoured. Of the settings the Responses API lacks, `seed`
@@ -36,9 +37,25 @@ is a sampling hint (OpenAI's own is best effort) and is left out; stop
 sequences would change the answer, so a request with them is refused with a
 `ConfigurationError` pointing to `openai-chat:`, which has them.
 
-A pydantic model as `structured_output` is sent strict, through the SDK's own
-schema transform; a JSON schema given as a dict is sent as given, strict only
-when it already meets strict mode. Tools are strict when their schema does.
+A structured output is asked for in `InferenceInput.structured_output_mode`
+([Structured output][structured-output-on-any-server]): `native` is `text.format` /
+`response_format` json_schema, `tool` a forced final answer tool
+(`final_result`) whose call becomes the answer's message, `prompted` the schema
+in the instructions with `json_object`. `auto` is native, then tool, then
+prompted on OpenAI's own API; on another server (`openai-chat:` with a
+`base_url`) it is tool, then prompted, and a prompted `json_object` carries the
+schema (llama.cpp's server turns it into a grammar). A mode the server refuses
+(an HTTP 400/422 naming what it sent; elsewhere than OpenAI's API, a 500 too)
+is skipped from then on by that provider, for that model, once the next mode
+worked; the mode used is `InferenceOutput.structured_output_mode`.
+
+A pydantic model sent natively is strict, through the SDK's own schema
+transform; a JSON schema given as a dict is sent as given, strict only when it
+already meets strict mode. Tools are strict when their schema does.
+
+A 404 from the Responses API of a server that is not OpenAI's (Ollama, vLLM,
+llama.cpp's server have none) raises a `ProviderError` naming the URL and
+suggesting the `openai-chat:` prefix.
 
 Errors become agentfsm errors: rate limits (429), 408/409, 5xx and connection
 failures raise `ProviderError(retryable=True)`, timeouts `ProviderTimeout`, and
@@ -56,7 +73,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
         "agentfsm.providers.openai needs the OpenAI SDK: pip install 'agentfsm[openai]'"
     ) from exc
 
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Final, Literal, Protocol, TypeAlias, TypeVar
 
@@ -69,6 +86,7 @@ from agentfsm.providers import (
     OutputCompleted,
     StreamEvent,
     StreamingDelta,
+    UsageUpdate,
     split_model,
 )
 from agentfsm.providers import _openai_chat as chat
@@ -83,6 +101,15 @@ from agentfsm.providers._common import (
     stream_error,
 )
 from agentfsm.providers._openai_responses import ReasoningSummary
+from agentfsm.providers._structured import (
+    DETAIL_CHARS,
+    NATIVE_FIRST,
+    NO_REASON,
+    TOOL_FIRST,
+    Mode,
+    Modes,
+    Plan,
+)
 
 __all__ = (
     "MaxTokensField",
@@ -97,6 +124,7 @@ MaxTokensField: TypeAlias = Literal["max_completion_tokens", "max_tokens"]
 _E = TypeVar("_E")
 _E_contra = TypeVar("_E_contra", contravariant=True)
 _VENDOR: Final = "OpenAI"
+_OPENAI_HOST: Final = "api.openai.com"
 _PLACEHOLDER_KEY: Final = "EMPTY"
 """Sent to compatible servers when no key is set: they take any key, the SDK wants one."""
 
@@ -169,7 +197,7 @@ class OpenAIResponsesProvider(_OpenAIProvider):
         ```
     """
 
-    __slots__ = ("_encrypted", "_store", "_summary")
+    __slots__ = ("_encrypted", "_modes", "_store", "_summary")
 
     def __init__(
         self,
@@ -193,26 +221,43 @@ class OpenAIResponsesProvider(_OpenAIProvider):
         self._store = store
         self._summary: ReasoningSummary | None = reasoning_summary
         self._encrypted = include_encrypted_reasoning
+        self._modes = Modes(
+            NATIVE_FIRST, vendor=self._client.base_url.host == _OPENAI_HOST
+        )
 
-    def request_params(self, request: InferenceInput) -> dict[str, Any]:
-        """The arguments `client.responses.create` gets for `request`."""
+    def request_params(
+        self, request: InferenceInput, *, mode: Mode | None = None
+    ) -> dict[str, Any]:
+        """The arguments `client.responses.create` gets for `request`, its
+        structured output asked for in `mode` (default: the first mode the
+        provider tries)."""
+        return self._params(request, self._modes.plan(request, mode))
+
+    def _params(self, request: InferenceInput, plan: Plan | None) -> dict[str, Any]:
         return responses.request_params(
             request,
             split_model(request.model)[1],
             store=self._store,
             reasoning_summary=self._summary,
             include_encrypted_reasoning=self._encrypted,
+            plan=plan,
         )
 
     async def complete(self, request: InferenceInput, /) -> InferenceOutput:
         """Send the request and map the whole response.
 
         Raises:
-            ProviderError: the API failed (`retryable` when it is transient).
+            ProviderError: the API failed (`retryable` when it is transient);
+                a 404 from a server that is not OpenAI's suggests `openai-chat:`.
             ProviderTimeout: the request timed out.
         """
-        params = self.request_params(request)
-        with _mapped_errors():
+        return await self._modes.complete(request, self._complete)
+
+    async def _complete(
+        self, request: InferenceInput, plan: Plan | None
+    ) -> InferenceOutput:
+        params = self._params(request, plan)
+        with _mapped_errors(), self._not_found_hint():
             response = await self._client.responses.create(**params)
         return responses.output_of(response)
 
@@ -223,17 +268,47 @@ class OpenAIResponsesProvider(_OpenAIProvider):
         """Send the request streaming: text, reasoning and argument deltas, then the output.
 
         Raises:
-            ProviderError: the API failed (`retryable` when it is transient).
+            ProviderError: the API failed (`retryable` when it is transient);
+                a 404 from a server that is not OpenAI's suggests `openai-chat:`.
             ProviderTimeout: the request timed out.
         """
-        params = self.request_params(request)
-        with _mapped_errors():
+        async with self._modes.stream(request, self._open) as deltas:
+            yield deltas
+
+    @asynccontextmanager
+    async def _open(
+        self, request: InferenceInput, plan: Plan | None
+    ) -> AsyncIterator[AsyncIterator[StreamEvent]]:
+        params = self._params(request, plan)
+        with _mapped_errors(), self._not_found_hint():
             events = await self._client.responses.create(**params, stream=True)
         deltas = _deltas(events, responses.ResponsesStream())
         try:
             yield deltas
         finally:
             await close_stream(deltas, events)
+
+    @contextmanager
+    def _not_found_hint(self) -> Iterator[None]:
+        """A 404 from a server that is not OpenAI's, as the likely cause: it has
+        no Responses API (Ollama, vLLM and llama.cpp's server have Chat
+        Completions, which `openai-chat:` speaks)."""
+        try:
+            yield
+        except openai.NotFoundError as exc:
+            url = self._client.base_url
+            if url.host == _OPENAI_HOST:
+                raise
+            text = exc.response.text.strip()[:DETAIL_CHARS] or "no message"
+            _, detail = error_detail(exc.body, text)
+            raise ProviderError(
+                f"{url}responses answered HTTP 404 ({detail}): this server may "
+                "not have OpenAI's Responses API, which the `openai:` prefix "
+                "uses; for an OpenAI-compatible server (Ollama, vLLM, llama.cpp's "
+                "server, LM Studio) use the `openai-chat:` prefix (Chat "
+                "Completions), e.g. model='openai-chat:<model>'",
+                status_code=404,
+            ) from exc
 
 
 class OpenAIChatProvider(_OpenAIProvider):
@@ -265,7 +340,7 @@ class OpenAIChatProvider(_OpenAIProvider):
         ```
     """
 
-    __slots__ = ("_max_tokens_field",)
+    __slots__ = ("_max_tokens_field", "_modes", "_on_openai")
 
     def __init__(
         self,
@@ -284,17 +359,33 @@ class OpenAIChatProvider(_OpenAIProvider):
             timeout=timeout,
             max_retries=max_retries,
         )
+        self._on_openai = self._client.base_url.host == _OPENAI_HOST
         if max_tokens_field is None:
-            on_openai = self._client.base_url.host == "api.openai.com"
-            max_tokens_field = "max_completion_tokens" if on_openai else "max_tokens"
+            max_tokens_field = (
+                "max_completion_tokens" if self._on_openai else "max_tokens"
+            )
         self._max_tokens_field: MaxTokensField = max_tokens_field
+        # OpenAI's own API has json_schema; other servers vary, and a tool call
+        # works on any that has tools (and is a grammar on llama.cpp's).
+        self._modes = Modes(
+            NATIVE_FIRST if self._on_openai else TOOL_FIRST, vendor=self._on_openai
+        )
 
-    def request_params(self, request: InferenceInput) -> dict[str, Any]:
-        """The arguments `client.chat.completions.create` gets for `request`."""
+    def request_params(
+        self, request: InferenceInput, *, mode: Mode | None = None
+    ) -> dict[str, Any]:
+        """The arguments `client.chat.completions.create` gets for `request`,
+        its structured output asked for in `mode` (default: the first mode the
+        provider tries)."""
+        return self._params(request, self._modes.plan(request, mode))
+
+    def _params(self, request: InferenceInput, plan: Plan | None) -> dict[str, Any]:
         return chat.request_params(
             request,
             split_model(request.model)[1],
             max_tokens_field=self._max_tokens_field,
+            plan=plan,
+            json_schema_in_json_object=not self._on_openai,
         )
 
     async def complete(self, request: InferenceInput, /) -> InferenceOutput:
@@ -304,7 +395,12 @@ class OpenAIChatProvider(_OpenAIProvider):
             ProviderError: the server failed (`retryable` when it is transient).
             ProviderTimeout: the request timed out.
         """
-        params = self.request_params(request)
+        return await self._modes.complete(request, self._complete)
+
+    async def _complete(
+        self, request: InferenceInput, plan: Plan | None
+    ) -> InferenceOutput:
+        params = self._params(request, plan)
         with _mapped_errors():
             completion = await self._client.chat.completions.create(**params)
         return chat.output_of(completion)
@@ -319,7 +415,14 @@ class OpenAIChatProvider(_OpenAIProvider):
             ProviderError: the server failed (`retryable` when it is transient).
             ProviderTimeout: the request timed out.
         """
-        params = self.request_params(request)
+        async with self._modes.stream(request, self._open) as deltas:
+            yield deltas
+
+    @asynccontextmanager
+    async def _open(
+        self, request: InferenceInput, plan: Plan | None
+    ) -> AsyncIterator[AsyncIterator[StreamEvent]]:
+        params = self._params(request, plan)
         with _mapped_errors():
             chunks = await self._client.chat.completions.create(
                 **params, stream=True, stream_options={"include_usage": True}
@@ -334,7 +437,7 @@ class OpenAIChatProvider(_OpenAIProvider):
 class _Feed(Protocol[_E_contra]):
     """`responses.ResponsesStream` and `chat.ChatStream`: SDK events in, deltas out."""
 
-    def feed(self, event: _E_contra) -> list[StreamingDelta]: ...
+    def feed(self, event: _E_contra) -> Sequence[StreamingDelta | UsageUpdate]: ...
 
     def output(self) -> InferenceOutput: ...
 
@@ -360,7 +463,10 @@ def _mapped_errors() -> Iterator[None]:
         cause = f" ({exc.__cause__})" if exc.__cause__ else ""
         raise ProviderError(f"{_VENDOR}: {exc.message}{cause}", retryable=True) from exc
     except openai.APIStatusError as exc:
-        kind, message = error_detail(exc.body, exc.message)
+        kind, message = error_detail(exc.body, "")
+        # A JSON error with an empty message (llama.cpp's server, on an
+        # assertion) says so, which lets `auto` structured output move on.
+        message = message or (NO_REASON if isinstance(exc.body, dict) else exc.message)
         raise status_error(_VENDOR, exc.status_code, kind, message) from exc
     except openai.APIError as exc:  # an error sent inside a stream
         kind, message = error_detail(exc.body, exc.message)

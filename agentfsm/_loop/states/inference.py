@@ -17,7 +17,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Final
 
 from agentfsm import _models
-from agentfsm._loop.bounds import checked_output
+from agentfsm._loop.bounds import checked_output, unique_call_ids
+from agentfsm._loop.loop import one_more_unreported
 from agentfsm._loop.model_call import request_model
 from agentfsm._loop.steps import _S, _T, Step
 from agentfsm._loop.turn import request_metadata, tool_index
@@ -46,7 +47,9 @@ async def inference(loop: Loop, payload: TransitionPayload) -> Step:
     if loop.recorded_output is not None:
         # A recovered loop whose request's output was recorded: not sent again.
         output, loop.recorded_output = loop.recorded_output, None
-        return completed(loop, payload, output)
+        # Its ids were made unique before it was recorded: this renames only
+        # an output recorded by a version that did not.
+        return completed(loop, payload, unique_call_ids(output, loop, payload.model))
     if loop.model_chain is None:
         output = await request_model(loop, payload, streaming)
     else:
@@ -66,8 +69,10 @@ async def inference(loop: Loop, payload: TransitionPayload) -> Step:
                 f"the model wrappers returned {type(output).__name__}, "
                 "not an InferenceOutput"
             )
-    # Checked here, after the wrappers: what the loop publishes is what they return.
-    return completed(loop, payload, checked_output(output, payload.model, loop.options))
+    # Checked here, after the wrappers: what the loop publishes is what they
+    # return, with its call ids unique in the loop.
+    output = checked_output(output, payload.model, loop.options, loop)
+    return completed(loop, payload, output)
 
 
 def recover(loop: Loop, found: Found) -> list[str]:
@@ -98,8 +103,11 @@ def over_the_limit(loop: Loop) -> str:
 def completed(loop: Loop, request: InferenceInput, output: InferenceOutput) -> Step:
     """Count and publish a model request's output; the step it leads to."""
     loop.model_requests += 1
-    if output.token_usage is not None:
-        loop.usage = loop.usage + output.token_usage
+    usage = output.token_usage
+    if usage is not None:
+        loop.usage = loop.usage + usage
+    else:
+        loop.usage = one_more_unreported(loop.usage)
     loop.request = request
     loop.output = output
     loop.emit_completed(request.model, output)

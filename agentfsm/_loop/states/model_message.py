@@ -5,7 +5,11 @@ written to the context after the output's other items (reasoning), and kept as
 the turn's message. With a structured output it is validated first: a valid
 answer is published as `model.answer` (with the parsed value); an invalid one
 is not, and is sent back to the model with the validation error, until
-`structured_output_retries` runs out (then the loop fails).
+`structured_output_retries` runs out (then the loop fails). An answer the
+provider took from its final answer tool (`structured_output_mode="tool"`)
+arrives here as a message like any other: only the retry's wording differs. A
+`prompted` answer, which nothing but the prompt keeps to JSON, is validated as
+the JSON document in it (in a code fence, or after a sentence).
 
 Next: `follow_up` when the answer is retried or messages are queued (steering
 first), unless a limit or stop condition ends the loop, which `finish`es with
@@ -15,7 +19,8 @@ taken (`driver.end`): a handler may still rewrite either edge.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import re
+from typing import TYPE_CHECKING, Any, Final
 
 from pydantic import BaseModel, ValidationError
 from pydantic_core import from_json
@@ -31,7 +36,6 @@ from agentfsm.messages import (
     ModelMessageItem,
     UserMessage,
 )
-from agentfsm.tools import format_validation_error
 
 if TYPE_CHECKING:
     from agentfsm._loop.loop import Loop
@@ -58,7 +62,12 @@ async def model_message(loop: Loop, payload: TransitionPayload) -> Step:
     loop.message = message
     loop.answer_at = len(loop.input.context.items) - 1
     schema = loop.request.structured_output
-    problem = None if schema is None else parse(loop, schema, message)
+    problem = None
+    if schema is not None:
+        mode = None if output is None else output.structured_output_mode
+        problem = parse(
+            loop, schema, message, by_tool=mode == "tool", prompted=mode == "prompted"
+        )
     if problem is None:
         loop.answer = message
         loop.emit_answer(message, jsonable(loop.parsed))
@@ -82,17 +91,26 @@ async def model_message(loop: Loop, payload: TransitionPayload) -> Step:
 
 
 def parse(
-    loop: Loop, schema: type[BaseModel] | dict[str, Any], message: ModelMessageItem
+    loop: Loop,
+    schema: type[BaseModel] | dict[str, Any],
+    message: ModelMessageItem,
+    *,
+    by_tool: bool = False,
+    prompted: bool = False,
 ) -> str | None:
-    """Validate the answer; return what to tell the model when it is invalid."""
+    """Validate the answer; return what to tell the model when it is invalid
+    (`by_tool`: the answer came as the final answer tool's arguments, which is
+    how the model should answer again; `prompted`: the answer may wrap its JSON
+    in prose or a code fence, see `json_document`)."""
+    text = json_document(message.content) if prompted else message.content
     try:
         if isinstance(schema, dict):
-            loop.parsed = _validate_json_schema(schema, message.content)
+            loop.parsed = _validate_json_schema(schema, text)
         else:
-            loop.parsed = schema.model_validate_json(message.content)
+            loop.parsed = schema.model_validate_json(text)
     except (ValidationError, ValueError) as exc:
         error = (
-            format_validation_error(exc)
+            _validation_text(exc, "arguments" if by_tool else "answer")
             if isinstance(exc, ValidationError)
             else error_text(exc)
         )
@@ -102,11 +120,52 @@ def parse(
                 f"the answer did not match the structured output after "
                 f"{loop.structured_failures} attempts: {error}"
             ) from exc
+        again = (
+            "Call the final answer tool again with corrected arguments."
+            if by_tool
+            else "Answer again with only the corrected JSON."
+        )
         return (
-            f"Your answer does not match the required output format: {error}. "
-            "Answer again with only the corrected JSON."
+            f"Your answer does not match the required output format: {error}. {again}"
         )
     return None
+
+
+_FENCED: Final = re.compile(r"```[A-Za-z0-9_-]*[ \t]*\n(.*?)\n?[ \t]*```", re.DOTALL)
+"""A Markdown code block (```json ... ```), its text captured."""
+
+
+def json_document(text: str) -> str:
+    """The JSON document in an answer: `text` when it is JSON, else the first
+    code block that is, else the outermost `{...}` or `[...]` that is; `text`
+    when none is (its validation error then says why)."""
+    if _is_json(text):
+        return text
+    candidates = [m.group(1) for m in _FENCED.finditer(text)]
+    for opening, closing in ("{}", "[]"):
+        start, end = text.find(opening), text.rfind(closing)
+        if start != -1 and end > start:
+            candidates.append(text[start : end + 1])
+    return next((c for c in candidates if _is_json(c)), text)
+
+
+def _is_json(text: str) -> bool:
+    try:
+        from_json(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _validation_text(error: ValidationError, root: str) -> str:
+    """One line per problem: `field: message (got value)`, a problem with the
+    whole answer named `root`."""
+    problems = []
+    for err in error.errors(include_url=False):
+        where = ".".join(str(part) for part in err["loc"]) or root
+        got = "" if err["type"] == "missing" else f" (got {err.get('input')!r})"
+        problems.append(f"{where}: {err['msg']}{got}")
+    return "; ".join(problems)
 
 
 def _validate_json_schema(schema: dict[str, Any], text: str) -> Any:
