@@ -257,6 +257,6 @@ def test_ctrl_c_ends_the_line_and_sums_up(
         "model: Hello there\n"
         "\ninterrupted in inference_streaming\n"
         "path: idle -> context_update -> inference_streaming\n"
-        "tokens: 0 in + 0 out = 0 total, and 0 tool call(s), so far\n"
+        "tokens: unknown (not reported), and 0 tool call(s), so far\n"
     ), text
     assert err.strip().endswith("interrupted"), err

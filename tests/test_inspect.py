@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import random
+import re
+import tempfile
+import threading
 import xml.etree.ElementTree as ET
 from collections import Counter
 from datetime import UTC, datetime, timedelta
@@ -17,12 +21,15 @@ from agentfsm import (
     LoopStatus,
     Runtime,
     TokenUsage,
+    tool,
 )
 from agentfsm.cli import main
+from agentfsm.cli._stored import path_of, read_report, stored_html
 from agentfsm.diagrams import render_path_mermaid
 from agentfsm.eventlog import EventLogWriter, read_events
 from agentfsm.events import FunctionCallCompleted, LoopStarted
 from agentfsm.exceptions import EventLogError
+from agentfsm.store import SQLiteStore
 from agentfsm.testing import ScriptedProvider, call, calls, text
 from agentfsm.timeline import (
     build_timeline,
@@ -31,7 +38,13 @@ from agentfsm.timeline import (
     short_ids,
     summarize,
 )
-from tests.helpers import needs_dot, pause_tools, request, stream_after_tools
+from tests.helpers import (
+    needs_dot,
+    pause_tools,
+    request,
+    stream_after_tools,
+    wait_until,
+)
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -367,3 +380,268 @@ async def test_a_log_closed_while_a_loop_is_paused(tmp_path: Path) -> None:
     assert "  inference --> function_call: call_tools (pending)" in (
         render_path_mermaid(timeline.path).splitlines()
     )
+
+
+# ------------------------------------------------------------------ stores
+
+
+@tool(needs_approval=True)
+async def pay(amount: int) -> str:
+    """Pay an amount."""
+    return f"paid {amount}"
+
+
+async def fill_store(store: SQLiteStore) -> None:
+    """loop-1 (calculator) answers 2 + 3 after a call of `add`; loop-2 (payer)
+    is paused for approval of `pay` when its runtime exits."""
+    ids = iter(range(1, 10))
+    pays = ScriptedProvider([calls(call("pay", call_id="p1", amount=5))])
+    async with Runtime(
+        providers={"scripted": script(), "pays": pays},
+        store=store,
+        ids=lambda: f"loop-{next(ids)}",
+    ) as runtime:
+        await runtime.wait(runtime.run_loop("calculator", "What is 2 + 3?", request()))
+        paused = runtime.run_loop("payer", "pay 5", request(pay, model="pays:m"))
+        await wait_until(lambda: runtime.get(paused).status is LoopStatus.paused)
+
+
+@pytest.fixture(params=[False, True], ids=["records", "events"])
+def store_file(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    """A SQLite store of loop-1 and loop-2, made to keep events or not."""
+    path = tmp_path / "loops.db"
+    anyio.run(fill_store, SQLiteStore(path, events=request.param))
+    return path
+
+
+class TestStore:
+    def test_table(self, store_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        """`inspect STORE`: the store's loops, as `agentfsm loops` lists them."""
+        code, out, err = inspect(capsys, str(store_file))
+        assert (code, err) == (0, "")
+        assert out == inspect_loops(capsys, store_file)
+        lines = out.splitlines()
+        assert lines[0].split()[:4] == ["LOOP", "AGENT", "STATUS", "STATE"]
+        assert lines[1].split()[:7] == [
+            "loop-1",
+            "calculator",
+            "done",
+            "idle",
+            "2",
+            "1",
+            "61",
+        ]
+        assert lines[-1] == "2 loops (1 paused, 1 done)"
+
+    def test_a_paused_loop(
+        self, store_file: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """`--loop`: a paused loop's pause, the calls it waits on, its path, and
+        its story: the timeline where the store kept events, else its
+        records' model requests and decisions."""
+        code, out, err = inspect(capsys, str(store_file), "--loop", "loop-2")
+        assert (code, err) == (0, "")
+        lines = out.splitlines()
+        assert lines[0] == "loop loop-2"
+        assert "  path      idle -> context_update -> inference" in lines
+        if "timeline" in lines:  # events kept
+            assert any(
+                re.fullmatch(r' +\+\d\.\d{3}s  started      "pay 5" on pays:m', line)
+                for line in lines
+            )
+            assert any(
+                "paused       before inference --call_tools--> function_call: "
+                "approval required: pay" in line
+                for line in lines
+            )
+            assert lines[-2:] == [
+                "in the store",
+                "  paused in inference: approval required: pay; calls: pay",
+            ]
+        else:
+            assert (
+                "  waits on  inference --call_tools--> function_call: "
+                "approval required: pay"
+            ) in lines
+            assert "  calls     pay" in lines
+            assert "  no timeline: the store kept no events of this loop" in out
+            assert lines[lines.index("model requests") + 1] == (
+                '  #1 calls pay({"amount":5}); usage unknown'
+            )
+            [decision] = [
+                line for line in lines[lines.index("decisions") + 1 :] if line
+            ]
+            assert decision.endswith(
+                "inference --call_tools--> function_call: pause (approval "
+                "required: pay) [handler agentfsm._loop.intercept:approval_gate]"
+            )
+
+    def test_a_finished_loop(
+        self, store_file: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """A loop that answered: its totals, tool call and answer."""
+        code, out, _ = inspect(capsys, str(store_file), "--loop", "loop-1")
+        assert code == 0
+        lines = out.splitlines()
+        assert "answer" in lines
+        assert lines[lines.index("answer") + 1] == "  2 + 3 = <5>"
+        if "timeline" in lines:
+            assert (
+                "  totals    2 model requests, 1 tool call, 61 tokens (50 in, 11 out)"
+                in lines
+            )
+            assert any('tool         add({"a":2,"b":3}) -> 5' in line for line in lines)
+        else:
+            assert (
+                "  totals    2 model requests, 1 tool call, 61 tokens (50 in, 11 out)"
+                in lines
+            )
+            assert "  outcome   answered" in lines
+            assert '  add({"a":2,"b":3}) [c1]: done -> 5' in lines
+            assert lines[lines.index("steps") + 1 :][:2] == [
+                "  #1 idle --start--> context_update",
+                "  #2 context_update --infer--> inference",
+            ]
+
+    def test_which_loop(
+        self, store_file: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """`--html` without `--loop` needs the store to hold one loop; an
+        unknown or ambiguous id lists the loops."""
+        code, out, err = inspect(capsys, str(store_file), "--html", "x.html")
+        assert (code, out) == (1, "")
+        assert (
+            f"{store_file} holds 2 loops (loop-1, loop-2); say which one with --loop ID"
+            in err
+        )
+        code, _, err = inspect(capsys, str(store_file), "--loop", "loop-")
+        assert code == 1
+        assert "2 loops have 'loop-' in their id" in err
+        code, _, err = inspect(capsys, str(store_file), "--loop", "zzz")
+        assert code == 1
+        assert "no loop id contains 'zzz' (loops: loop-1, loop-2)" in err
+
+
+def inspect_loops(capsys: pytest.CaptureFixture[str], path: Path) -> str:
+    """What `agentfsm loops` prints for the store (its ages may differ by a
+    second from `inspect`'s: the store was read twice)."""
+    assert main(["loops", str(path)]) == 0
+    return capsys.readouterr()[0]
+
+
+async def test_the_page_of_a_stored_loop_without_events(tmp_path: Path) -> None:
+    """The page from a store's records: summary, the path diagram given, the
+    steps, model requests, tool calls and answer, every value escaped."""
+    path = tmp_path / "loops.db"
+    await fill_store(SQLiteStore(path))
+    async with SQLiteStore(path, read_only=True) as store:
+        [summary] = await store.loops(status="done")
+        report = await read_report(store, summary)
+    assert report is not None
+    svg = '<?xml version="1.0"?>\n<svg id="path"></svg>'
+    page = stored_html(report, svg, datetime.now(UTC))
+    assert page.startswith("<!DOCTYPE html>")
+    assert '<figure>\n<svg id="path"></svg>\n</figure>' in page
+    assert "<?xml" not in page
+    for title in ("Steps", "Model requests", "Tool calls", "Answer"):
+        assert f"<h2>{title}</h2>" in page
+    assert "<pre>2 + 3 = &lt;5&gt;</pre>" in page
+    assert "add({&quot;a&quot;:2,&quot;b&quot;:3}) [c1]: done -&gt; 5" in page
+    assert path_of(report.record).steps == report.record.path
+
+
+# --------------------------------------------------- neither a log nor a store
+
+NEITHER = (
+    "neither an event log (JSON lines, Runtime(event_log=...)) nor a store "
+    "(a SQLite file, or a postgresql:// URL)"
+)
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        pytest.param(b"", "is empty", id="empty"),
+        pytest.param(b"\x89PNG\r\n\x1a\n" + bytes(64), "is a PNG image", id="png"),
+        pytest.param(
+            random.Random(3).randbytes(512),
+            "is binary data (not UTF-8 text)",
+            id="random-bytes",
+        ),
+        pytest.param(
+            b'hello\nworld, torn {"event_id\n',
+            "holds no agentfsm event: none of its 2 lines is JSON, so it is",
+            id="text",
+        ),
+    ],
+)
+def test_a_file_neither_a_log_nor_a_store(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, says: str
+) -> None:
+    """Exit 1, and an error saying what the file is not; never "0 loops"."""
+    path = tmp_path / "thing"
+    path.write_bytes(content)
+    code, out, err = inspect(capsys, str(path))
+    assert (code, out) == (1, "")
+    assert err.startswith(f"agentfsm inspect: error: {path} {says}")
+    assert NEITHER in err
+    assert "torn by a writer" not in err
+
+
+def test_a_log_with_a_torn_line_is_still_read(
+    recorded_log: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A log whose last line a killed writer cut: its events, and the cut
+    line named on stderr."""
+    torn = tmp_path / "torn.jsonl"
+    torn.write_bytes(recorded_log.read_bytes() + b'{"event_id":"loop-1:99","lo')
+    code, out, err = inspect(capsys, str(torn))
+    assert (code, out) == (0, TABLE)
+    lines = len(recorded_log.read_bytes().splitlines()) + 1
+    assert f"skipped line {lines} of {torn}: not valid JSON, torn by a writer" in err
+
+
+@needs_dot
+def test_html_page_of_a_stored_loop(
+    store_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`inspect STORE --loop ID --html`: the page, its path diagram drawn."""
+    page_file = tmp_path / "loop.html"
+    code, out, _ = inspect(
+        capsys, str(store_file), "--loop", "loop-2", "--html", str(page_file)
+    )
+    assert (code, out) == (0, f"wrote {page_file} (loop loop-2)\n")
+    page = page_file.read_text(encoding="utf-8")
+    assert page.count("<svg") == 1
+    assert "approval required: pay" in page
+    assert page_file.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_log_from_a_pipe_is_read_whole(
+    recorded_log: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`cat events.jsonl | agentfsm inspect /dev/stdin`: a stream is read
+    once, so what told it is a log is not lost (the table is a file's); the
+    copy it is read from is removed after."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    data = recorded_log.read_bytes()
+    assert len(data) > 4096  # more than the first bytes looked at
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+
+    def feed() -> None:
+        with open(pipe, "wb") as writer:
+            writer.write(data)
+
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    try:
+        assert inspect(capsys, str(pipe)) == (0, TABLE, "")
+    finally:
+        feeder.join()
+    assert list(scratch.iterdir()) == []

@@ -577,10 +577,22 @@ class TestCli:
         done = run_cli("--markdown", "--format", "dot")
         assert done.returncode == 2
 
-    def test_unknown_loop(self, tmp_path: Path) -> None:
+    async def test_unknown_loop(self, tmp_path: Path) -> None:
         """A loop id the log does not hold: exit 1 with the ids it does hold."""
+        log = tmp_path / "events.jsonl"
+        async with Runtime(
+            providers={"scripted": tool_script()}, event_log=log
+        ) as runtime:
+            held = runtime.run_loop("agent", "2+3?", request())
+        done = run_cli("--events", str(log), "--loop", "nope")
+        assert done.returncode == 1
+        assert b"no loop id contains 'nope'" in done.stderr
+        assert held.encode() in done.stderr
+
+    def test_an_empty_file_is_named_as_such(self, tmp_path: Path) -> None:
+        """An empty file is neither a log nor a store: exit 1, saying so."""
         log = tmp_path / "events.jsonl"
         log.write_text("", encoding="utf-8")
         done = run_cli("--events", str(log), "--loop", "nope")
         assert done.returncode == 1
-        assert b"no loop id contains 'nope'" in done.stderr
+        assert b"is empty: neither an event log" in done.stderr

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 
 from agentfsm import __version__
 
-from . import diagram, inspect, run
+from . import diagram, inspect, loops, run
 
-SUBCOMMANDS = (diagram, run, inspect)
+SUBCOMMANDS = (diagram, run, inspect, loops)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +25,13 @@ from agentfsm.diagrams import (
     render_png,
     render_svg,
 )
-from agentfsm.eventlog import _private_opener, read_events
-from agentfsm.exceptions import AgentFSMError
+from agentfsm.eventlog import _private_opener
+from agentfsm.exceptions import AgentFSMError, StoreError
+from agentfsm.store._sql import SQLStore
 
-from .inspect import loop_of, report_skipped
+from ._stored import path_of
+from .inspect import loop_of, read_log, read_loop, readable, report_skipped
+from .loops import add_schema_argument, with_store
 
 FORMATS = ("mermaid", "dot", "svg", "png")
 
@@ -50,7 +54,10 @@ def add_parser(commands: Any) -> None:
         help="mermaid (default) or DOT text, or SVG or PNG drawn by graphviz",
     )
     parser.add_argument(
-        "--events", metavar="FILE.jsonl", help="an event log; draw one loop's path"
+        "--events",
+        metavar="FILE",
+        help="an event log (FILE.jsonl), a SQLite store, or a PostgreSQL URL; "
+        "draw one loop's path",
     )
     parser.add_argument(
         "--loop",
@@ -64,6 +71,7 @@ def add_parser(commands: Any) -> None:
         help="the machine as a markdown page with a mermaid block",
     )
     parser.add_argument("-o", "--output", help="write to this file instead of stdout")
+    add_schema_argument(parser)
     parser.set_defaults(handler=run)
 
 
@@ -104,10 +112,7 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
 def _draw(args: argparse.Namespace) -> str | bytes:
     path: LoopPath | None = None
     if args.events is not None:
-        skipped: list[int] = []
-        events = list(read_events(args.events, on_skip=skipped.append))
-        report_skipped(args.events, skipped, "diagram")  # on stderr, as inspect does
-        path = LoopPath.from_events(events, loop_of(args, events))
+        path = _loop_path(args)
     match args.format:
         case "mermaid" if path is None:
             return render_markdown() if args.markdown else render_mermaid()
@@ -120,6 +125,26 @@ def _draw(args: argparse.Namespace) -> str | bytes:
             return render_svg(path)
         case _:
             return render_png(path)
+
+
+def _loop_path(args: argparse.Namespace) -> LoopPath:
+    """The path of the loop `--loop` names in `--events`: an event log, or a
+    store (told apart as `inspect` tells them), its path from its record."""
+    with readable(args.events) as (kind, source):
+        if kind == "store":
+            return with_store(args.events, args.schema, partial(_stored, args.loop))
+        skipped: list[int] = []
+        events = read_log(args.events, source, skipped)
+        report_skipped(args.events, skipped, "diagram")  # on stderr, as inspect does
+        return LoopPath.from_events(events, loop_of(args, events))
+
+
+async def _stored(given: str | None, store: SQLStore[Any]) -> LoopPath:
+    summary = await read_loop(store, given)
+    stored = await store.load(summary.loop_id)
+    if stored is None:
+        raise StoreError(f"loop {summary.loop_id} left the store while it was read")
+    return path_of(stored.record)
 
 
 def _write(target: Path, drawing: str | bytes) -> None:

@@ -3,26 +3,45 @@
 ```text
 agentfsm run "What is 2 + 3?" --tool agentfsm.demo_tools:add --tool-choice add
 agentfsm run "What is 2 + 3?" --mcp "python examples/mcp_calc_server.py"
+agentfsm run "What is 2 + 3?" --tool agentfsm.demo_tools:add --needs-approval add
 ```
 
 The answer streams to the terminal as it comes; each transition and tool call
-is shown as it happens (from the event bus), progress while a local model
-loads, and at the end the path the loop took and the tokens it used. The exit
-code is 0 when the loop answered, 1 when it ended any other way (the outcome
-and the error are printed) and 2 for a bad command line (an unknown model or
-tool, a missing extra).
+is shown as it happens (from the event bus), a running tool with a spinner and
+its progress, progress while a local model loads, and at the end the path the
+loop took and the tokens it used.
+
+A loop that pauses (a tool call needs approval, or a handler paused it) is
+answered at the terminal: approve each call, deny it with a reason, or edit
+its arguments; any other pause is resumed or aborted. Without a terminal
+(stdin or stdout not a tty) nobody can answer: the pause and how to resume a
+loop are printed, and the command exits 3.
+
+Ctrl-C says at once that the loop is stopping, stops it and tells how far it
+got. A tool still running in a thread (interrupted, or past its timeout) is
+left to finish on its own, and the process does not wait for it, however the
+run ended. A second Ctrl-C ends the process at once.
+
+At the approval prompt, edited arguments are checked as the loop will parse
+them; a terminal passes at most 4095 bytes a line, so longer arguments are
+read from a file: `@args.json`.
+
+Exit codes: 0 the loop answered; 1 it ended any other way (the outcome and
+the error are printed); 2 a bad command line (an empty question, an unknown
+model or tool, a missing extra, an MCP server that cannot be reached); 3 the
+loop paused with no terminal to ask; 130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib
 import logging
 import os
 import sys
-import time
-from collections.abc import Sequence
-from pathlib import Path
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 import anyio
@@ -30,38 +49,30 @@ import structlog
 from pydantic import ValidationError
 
 from agentfsm import (
-    AgentEvent,
     AgentFSMError,
     InferenceInput,
     LoopResult,
     ModelContext,
     Runtime,
-    TokenUsage,
     Tool,
 )
 from agentfsm._text import printable, printable_log
-from agentfsm.events import (
-    FunctionCallCompleted,
-    FunctionCallStarted,
-    InferenceCompleted,
-    InferenceStream,
-    LoopFailed,
-    LoopIdle,
-    LoopTransition,
-    ModelAnswer,
-)
+from agentfsm.events import LoopDetached, LoopIdle, LoopPaused
 from agentfsm.exceptions import ConfigurationError, ProviderError
-from agentfsm.providers import (
-    Provider,
-    TextDelta,
-    split_model,
-)
+from agentfsm.messages import TokenUsage
+from agentfsm.providers import Provider, split_model
 from agentfsm.providers._common import TOOL_CHOICE_MODES
-from agentfsm.providers.local import DEFAULT_MODEL, LoadProgress, LocalProvider
-from agentfsm.states import Outcome
+from agentfsm.providers.local import DEFAULT_MODEL, LocalProvider
+from agentfsm.results import LoopStatus, LoopView
+from agentfsm.states import LoopState, Outcome
 from agentfsm.tools import format_validation_error
 
-__all__ = ("add_parser", "load_tool", "run", "with_mcp_tools")
+from ._interrupt import INTERRUPTED_EXIT, Interrupts, leave_threads
+from ._pause import PAUSED_EXIT, PauseDecider, ask_terminal, unattended
+from ._text import one_line
+from ._view import LoadDisplay, RunView
+
+__all__ = ("PAUSED_EXIT", "add_parser", "load_tool", "run", "with_mcp_tools")
 
 DEFAULT_INSTRUCTIONS = (
     "You are a helpful assistant. Answer with the results of the tools you call."
@@ -74,6 +85,8 @@ def add_parser(commands: Any) -> None:
         "run",
         help="run one agent loop on a model and stream its answer",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("question", help="the user message the loop starts with")
     parser.add_argument(
@@ -152,11 +165,40 @@ def add_parser(commands: Any) -> None:
         metavar="FILE.jsonl",
         help="append every event to a JSON-lines file (see `agentfsm inspect`)",
     )
+    parser.add_argument(
+        "--needs-approval",
+        action="append",
+        default=[],
+        metavar="TOOL",
+        help="ask before each call of TOOL (offered by --tool or --mcp): "
+        "approve, deny or edit it at the terminal; repeatable",
+    )
+    parser.add_argument(
+        "--approve-all",
+        action="store_true",
+        help="approve every call that needs approval, without asking",
+    )
     parser.set_defaults(handler=run)
+
+
+_EPILOG = f"""\
+a pause (a tool call that needs approval) is answered at the terminal; with
+no terminal to ask, the command prints the pause and exits {PAUSED_EXIT}.
+Ctrl-C stops the loop (a second one ends the process at once).
+
+exit codes: 0 answered, 1 the loop ended otherwise, 2 a bad command line
+or an MCP server that cannot be reached, {PAUSED_EXIT} paused with no terminal to
+ask, {INTERRUPTED_EXIT} interrupted"""
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the loop; returns the exit code."""
+    if not args.question.strip():
+        return _error(
+            "error: the question is empty: give the message the loop starts "
+            "with, e.g. agentfsm run 'What is 2 + 3?'",
+            2,
+        )
     try:
         tools = [load_tool(spec) for spec in args.tool]
         # Checked now, before any server starts; with MCP servers, the tools
@@ -173,14 +215,23 @@ def run(args: argparse.Namespace) -> int:
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         processors=[printable_log, *saved["processors"]],
     )
-    display = _Display(sys.stdout)
+    view = RunView(sys.stdout, live=sys.stdout.isatty())
+    interrupts = Interrupts()
+    before = set(threading.enumerate())
     try:
-        return anyio.run(_run, args, request, display)
-    except KeyboardInterrupt:
-        display.interrupted()
-        return _error("interrupted", 130)
+        with interrupts.installed():
+            code = anyio.run(_run, args, request, view, interrupts)
+    except KeyboardInterrupt:  # outside the main thread, where no handler is ours
+        view.end_line()
+        code = INTERRUPTED_EXIT
     finally:
         structlog.configure(**saved)
+    if code == INTERRUPTED_EXIT:
+        _error("interrupted", code)
+    # Whatever the outcome: a sync tool still running past its timeout would
+    # otherwise hold the process at exit (`threading._shutdown`).
+    leave_threads(code, before)
+    return code
 
 
 def load_tool(spec: str) -> Tool:
@@ -230,6 +281,7 @@ def _request(
         raise ConfigurationError(
             f"--temperature must be in 0..2, got {args.temperature}"
         )
+    tools = _with_approval(tools, args.needs_approval, check=check_choice)
     choice = args.tool_choice
     request = InferenceInput(
         model=args.model,
@@ -252,6 +304,26 @@ def _request(
     return request
 
 
+def _with_approval(
+    tools: Sequence[Tool], names: Sequence[str], *, check: bool
+) -> list[Tool]:
+    """`tools`, with those `--needs-approval` names made to ask first (copies:
+    a module's tool is shared with whoever imports it)."""
+    wanted = set(names)
+    if check and (unknown := sorted(wanted - {t.name for t in tools})):
+        offered = ", ".join(t.name for t in tools) or "none (use --tool or --mcp)"
+        raise ConfigurationError(
+            f"--needs-approval {unknown[0]!r} names no tool offered (offered: {offered})"
+        )
+    marked = []
+    for tool in tools:
+        if tool.name in wanted and tool.needs_approval is not True:
+            tool = copy.copy(tool)
+            tool.needs_approval = True
+        marked.append(tool)
+    return marked
+
+
 def _error(message: str, code: int) -> int:
     # Errors quote what a model, a tool or a server said.
     print(printable(message), file=sys.stderr)
@@ -259,18 +331,64 @@ def _error(message: str, code: int) -> int:
 
 
 async def _run(
-    args: argparse.Namespace, request: InferenceInput, display: _Display
+    args: argparse.Namespace,
+    request: InferenceInput,
+    view: RunView,
+    interrupts: Interrupts,
 ) -> int:
+    run = _Run(view)
+    code = INTERRUPTED_EXIT
+    async with anyio.create_task_group() as tg:
+
+        async def stop_at_interrupt() -> None:
+            await interrupts.wait()
+            if interrupts.told and _one_terminal(sys.stdout, sys.stderr):
+                run.view.line_ended()  # by the handler's line, on stderr
+            # Told at once, from the loop as it is now: what stopping it takes
+            # (a tool's cleanup, an MCP server's exit) may take a while.
+            run.interrupted()
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(stop_at_interrupt)
+        if view.live:
+            tg.start_soon(view.spin)
+        code = await _session(args, request, run)
+        tg.cancel_scope.cancel()
+    return INTERRUPTED_EXIT if interrupts.interrupted else code
+
+
+async def _session(args: argparse.Namespace, request: InferenceInput, run: _Run) -> int:
     providers: dict[str, Provider] = {}
     try:
         prefix = split_model(request.model)[0]
-        if prefix == "local":
-            providers["local"] = await _load_local(request.model)
-        elif args.base_url is not None or args.api_key is not None:
+        if prefix != "local" and (
+            args.base_url is not None or args.api_key is not None
+        ):
             providers[prefix] = _remote(prefix, args.base_url, args.api_key)
         async with Runtime(providers=providers, event_log=args.events) as runtime:
+            # The servers first: one that cannot be reached fails the command
+            # before a local model takes its seconds to load.
             request = await with_mcp_tools(runtime, args, request)
-            result = await _watch(runtime, args, request, sys.stdout, display)
+            if prefix == "local":
+                runtime.providers.register("local", await _load_local(request.model))
+            interactive = sys.stdin.isatty() and sys.stdout.isatty()
+            decider = PauseDecider(
+                {tool.name: tool for tool in request.tools},
+                ask=ask_terminal if interactive else None,
+                approve_all=args.approve_all,
+                out=sys.stdout,
+            )
+            result = await _watch(
+                runtime,
+                args,
+                request,
+                sys.stdout,
+                run.view,
+                pauses=decider,
+                started=run.started,
+            )
+    except _Unanswered as exc:
+        return _error(unattended(exc.paused), PAUSED_EXIT)
     except (ConfigurationError, ProviderError) as exc:
         return _error(f"error: {exc}", 2)
     except OSError as exc:  # e.g. the --events file cannot be opened
@@ -333,7 +451,7 @@ def _remote(prefix: str, base_url: str | None, api_key: str | None) -> Provider:
 
 async def _load_local(model: str) -> LocalProvider:
     """A local provider with `model` loaded, showing progress meanwhile."""
-    loading = _LoadDisplay(sys.stderr, live=sys.stderr.isatty())
+    loading = LoadDisplay(sys.stderr, live=sys.stderr.isatty())
     local = LocalProvider(on_progress=loading)
     if not loading.live:
         await local.load(model)
@@ -351,14 +469,33 @@ async def _load_local(model: str) -> LocalProvider:
     return local
 
 
+class _Unanswered(Exception):
+    """The loop paused and nobody could answer (no terminal)."""
+
+    def __init__(self, paused: LoopView) -> None:
+        super().__init__(paused.loop_id)
+        self.paused = paused
+
+
 async def _watch(
     runtime: Runtime,
     args: argparse.Namespace,
     request: InferenceInput,
     out: TextIO,
-    display: _Display | None = None,
+    view: RunView | None = None,
+    *,
+    pauses: PauseDecider | None = None,
+    started: Callable[[Runtime, str], None] | None = None,
 ) -> LoopResult:
-    display = _Display(out) if display is None else display
+    """Run the loop, show its events and answer its pauses; its result.
+
+    Raises:
+        _Unanswered: it paused and `pauses` had nobody to ask (the loop is
+            cancelled).
+    """
+    view = RunView(out) if view is None else view
+    if pauses is None:
+        pauses = PauseDecider({}, ask=None, approve_all=args.approve_all, out=out)
     # Subscribe before the loop starts so no event is missed; backpressure, so
     # every chunk is shown however fast the model streams.
     with runtime.bus.subscribe("*", backpressure=True) as events:
@@ -368,19 +505,37 @@ async def _watch(
             request,
             max_turns=args.max_turns,
         )
+        if started is not None:
+            started(runtime, loop_id)
         async for event in events:
-            display.show(event)
-            if isinstance(event, LoopIdle):
-                break
+            view.show(event)
+            if isinstance(event, LoopPaused):
+                await _answer(runtime, loop_id, pauses, view)
+            elif isinstance(event, LoopIdle | LoopDetached):
+                break  # no event of the loop follows either
     return await runtime.wait(loop_id)
+
+
+async def _answer(
+    runtime: Runtime, loop_id: str, pauses: PauseDecider, view: RunView
+) -> None:
+    """Resume the paused loop as `pauses` decides."""
+    paused = runtime.get(loop_id)
+    if paused.status is not LoopStatus.paused:
+        return  # it was cancelled meanwhile; its end follows
+    view.end_line()
+    decision = await pauses.decide(paused)
+    if decision is None:
+        runtime.cancel(loop_id, "paused, with no terminal to ask")
+        raise _Unanswered(paused)
+    runtime.resume(loop_id, decision)
 
 
 def _summary(result: LoopResult) -> int:
     print(f"\npath: {' -> '.join(result.states)}")
-    usage = result.usage
+    # `str(usage)` says "unknown" when the server reported none, never 0.
     print(
-        f"tokens: {usage.input_tokens} in + {usage.output_tokens} out = "
-        f"{usage.total_tokens} total, over {result.model_requests} model request(s) "
+        f"tokens: {result.usage}, over {result.model_requests} model request(s) "
         f"and {result.tool_calls} tool call(s)"
     )
     print(f"outcome: {result.outcome}")
@@ -390,121 +545,59 @@ def _summary(result: LoopResult) -> int:
     return _error(f"loop {result.outcome}: {detail or result.reason or 'no answer'}", 1)
 
 
-class _Display:
-    """Shows a loop's events as they come: transitions, tool calls, streamed text."""
+class _Run:
+    """The loop a run started, for what Ctrl-C tells of it."""
 
-    __slots__ = ("_out", "_states", "_streamed", "_text_open", "_tools", "_usage")
+    __slots__ = ("loop_id", "runtime", "view")
 
-    def __init__(self, out: TextIO) -> None:
-        self._out = out
-        self._text_open = False  # a line of streamed text is being written
-        self._streamed = False  # the current answer arrived as chunks
-        # What the loop did so far, for the summary of an interrupted run.
-        self._states: list[str] = ["idle"]
-        self._usage = TokenUsage()
-        self._tools = 0
+    def __init__(self, view: RunView) -> None:
+        self.view = view
+        self.runtime: Runtime | None = None
+        self.loop_id: str | None = None
+
+    def started(self, runtime: Runtime, loop_id: str) -> None:
+        self.runtime = runtime
+        self.loop_id = loop_id
 
     def interrupted(self) -> None:
         """End the line being written and tell how far the loop got."""
-        if self._text_open:
-            self._out.write("\n")
-            self._text_open = False
-        usage = self._usage
-        self._out.write(
-            f"\ninterrupted in {self._states[-1]}\n"
-            f"path: {' -> '.join(self._states)}\n"
-            f"tokens: {usage.input_tokens} in + {usage.output_tokens} out = "
-            f"{usage.total_tokens} total, and {self._tools} tool call(s), so far\n"
-        )
-        self._out.flush()
-
-    def _line(self, text: str) -> None:
-        if self._text_open:
-            self._out.write("\n")
-            self._text_open = False
-        self._out.write(text + "\n")
-        self._out.flush()
-
-    def show(self, event: AgentEvent) -> None:
-        """Print what `event` tells, if anything."""
-        self._count(event)
-        match event:
-            case InferenceStream(delta=TextDelta(text=text)):
-                if not self._text_open:
-                    self._out.write("model: ")
-                    self._text_open = self._streamed = True
-                # A chunk may end inside an escape sequence: each is made
-                # printable alone, so no part of one reaches the terminal.
-                self._out.write(printable(text))
-                self._out.flush()
-            case LoopTransition():
-                self._line(f"[{event.source} --{event.trigger}--> {event.dest}]")
-            case InferenceCompleted() if event.output.finish_reason == "length":
-                self._line("(the output was cut at the token limit)")
-            case FunctionCallStarted():
-                call = event.call
-                self._line(f"  call {_one(call.name)}({_one(call.arguments)})")
-            case FunctionCallCompleted():
-                status = "error" if event.output.is_error else "->"
-                self._line(
-                    f"  {_one(event.call.name)} {status} "
-                    f"{printable(event.output.output)} ({event.duration * 1000:.0f} ms)"
-                )
-            case ModelAnswer() if not self._streamed:
-                self._line(f"model: {printable(event.message.content)}")
-            case LoopFailed():
-                self._line(
-                    f"failed: {_one(event.error_type)}: {printable(event.message)}"
-                )
-            case _:
-                pass
-
-    def _count(self, event: AgentEvent) -> None:
-        if isinstance(event, LoopTransition):
-            self._states.append(str(event.dest))
-        elif isinstance(event, InferenceCompleted) and event.output.token_usage:
-            self._usage = self._usage + event.output.token_usage
-        elif isinstance(event, FunctionCallCompleted):
-            self._tools += 1
+        self.view.end_line()
+        loop = None
+        if self.runtime is not None and self.loop_id is not None:
+            loop = self.runtime.get(self.loop_id)
+        _interrupted(loop, sys.stdout)
 
 
-def _one(text: str) -> str:
-    """A name or arguments from the model, `printable` on one line."""
-    return printable(text, newlines=False)
+def _one_terminal(out: TextIO, err: TextIO) -> bool:
+    """Whether `out` and `err` write to one terminal (what one ends, the
+    other sees ended)."""
+    try:
+        same = os.path.samestat(os.fstat(out.fileno()), os.fstat(err.fileno()))
+        return same and out.isatty()
+    except (OSError, ValueError):  # no file descriptor (captured, closed)
+        return False
 
 
-class _LoadDisplay:
-    """Shows a local model loading: a line when it starts (with a running clock
-    on a terminal), then the time it took."""
-
-    __slots__ = ("_label", "_out", "_started", "live")
-
-    def __init__(self, out: TextIO, *, live: bool) -> None:
-        self._out = out
-        self.live = live
-        """Whether the line is rewritten in place (a terminal) to show a clock."""
-        self._label = ""
-        self._started: float | None = None
-
-    def __call__(self, progress: LoadProgress) -> None:
-        if progress.phase == "loading":
-            self._started = time.monotonic()
-            size = progress.size_bytes / 1e6
-            name = Path(progress.path).name
-            label = f"loading {progress.model} ({name}, {size:.0f} MB)..."
-            self._label = printable(label, newlines=False)
-            self._out.write(self._label)
-        else:
-            self._started = None
-            again = f"\r{self._label}" if self.live else ""
-            self._out.write(f"{again} loaded in {progress.seconds:.1f}s\n")
-        self._out.flush()
-
-    async def tick(self) -> None:
-        """Update the clock on the loading line until cancelled."""
-        while True:
-            await anyio.sleep(0.2)
-            if self._started is not None:
-                elapsed = time.monotonic() - self._started
-                self._out.write(f"\r{self._label} {elapsed:.1f}s")
-                self._out.flush()
+def _interrupted(loop: LoopView | None, out: TextIO) -> None:
+    """Tell where the interrupted loop was: its state (and its pause), path and totals."""
+    if loop is None:
+        out.write("\ninterrupted before the loop started\n")
+        out.flush()
+        return
+    where = str(loop.state)
+    if loop.status is LoopStatus.paused and loop.pending is not None:
+        reason = one_line(loop.pause_reason or "")
+        where += f", paused before {loop.pending.trigger} ({reason})"
+    path = " -> ".join(["idle", *(str(step.dest) for step in loop.path)])
+    usage = loop.usage
+    in_flight = loop.state in (LoopState.inference, LoopState.inference_streaming)
+    if in_flight and loop.status is LoopStatus.running:
+        # The request in flight reported nothing yet: counted as one that
+        # reported none, as the summary of a loop it ended would count it.
+        usage = usage + TokenUsage(unreported_requests=1)
+    out.write(
+        f"\ninterrupted in {where}\n"
+        f"path: {path}\n"
+        f"tokens: {usage}, and {loop.tool_calls} tool call(s), so far\n"
+    )
+    out.flush()

@@ -9,7 +9,7 @@ async with Runtime(store=SQLiteStore("loops.db"), tools=[charge], handlers=[appr
     loop_id = runtime.run_loop(...)  # durable from its first transition
 ```
 
-See `docs/durability.md` for what is stored, when, and what recovery does.
+See [Durable loops][durable-loops] for what is stored, when, and what recovery does.
 """
 
 from ._base import (
@@ -27,9 +27,11 @@ from ._base import (
     LoopStore,
     SharedContexts,
     StoredLoop,
+    StoredLoopSummary,
     StoreError,
     StoreSchemaError,
     StoreStatistics,
+    UnreadableLoop,
 )
 from .memory import MemoryStore
 from .sqlite import SQLiteStore
@@ -53,5 +55,7 @@ __all__ = (
     "StoreError",
     "StoreSchemaError",
     "StoreStatistics",
+    "UnreadableLoop",
     "StoredLoop",
+    "StoredLoopSummary",
 )

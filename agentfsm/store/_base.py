@@ -35,6 +35,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from types import TracebackType
 from typing import Literal, Self
 
@@ -52,9 +53,16 @@ from agentfsm.exceptions import (
     StoreSchemaError,
 )
 from agentfsm.inference import InferenceOutput
-from agentfsm.messages import ContextItem, ContextItemAdapter, FunctionCallOutputItem
+from agentfsm.interception import ToolBatch
+from agentfsm.messages import (
+    ContextItem,
+    ContextItemAdapter,
+    FunctionCallOutputItem,
+    TokenUsage,
+)
 from agentfsm.record import DecisionEntry, LoopRecord
-from agentfsm.results import PathStep
+from agentfsm.results import LoopStatus, PathStep
+from agentfsm.states import LoopState, Outcome
 
 __all__ = (
     "CallRecord",
@@ -74,6 +82,8 @@ __all__ = (
     "StoreSchemaError",
     "StoreStatistics",
     "StoredLoop",
+    "StoredLoopSummary",
+    "UnreadableLoop",
 )
 
 
@@ -204,6 +214,135 @@ class StoredLoop:
     last_event: int = 0
     """The seq of its last kept event (0: none kept): a loop taken up again
     numbers its events on from past it, and past its record's seq."""
+
+
+class StoredLoopSummary(BaseModel):
+    """One loop of a store, in a line (`SQLiteStore.loops`, what `agentfsm
+    loops` lists): where it is, what it cost, why it waits, who runs it.
+
+    Its text (ids, reasons, tool names) is the store's as written: untrusted,
+    to be made `printable` before it reaches a terminal."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    loop_id: str
+    agent_id: str
+    status: LoopStatus
+    state: LoopState
+    """The state of its latest committed transition."""
+    outcome: Outcome | None = None
+    """How it ended (None: not ended)."""
+    reason: str | None = None
+    """Why it ended so (a stop condition's verdict, a cancel's reason)."""
+    error: str | None = None
+    """A failed loop's error, as `type: message`."""
+    model_requests: int
+    tool_calls: int
+    usage: TokenUsage
+    started_at: datetime
+    ended_at: datetime | None = None
+    status_since: datetime | None = None
+    """When its status last changed (it was started, paused, resumed, taken
+    up by a runtime, ended), on the store's clock; None where the store does
+    not say."""
+    pause_reason: str | None = None
+    """A paused loop's reason (the handler's, or a recovery's)."""
+    pending_calls: tuple[str, ...] = ()
+    """A paused loop's calls waiting for the decision, by tool name: those
+    awaiting approval, else those of its batch neither denied nor answered."""
+    owner: str | None = None
+    """The runtime that last took its lease (`host:pid:random`; None: given
+    up, as a runtime does at exit)."""
+    lease_until: datetime | None = None
+    """When that lease expires unless renewed (None: no lease, as for a loop
+    that has ended)."""
+    lease_live: bool = False
+    """Whether the lease had not expired when the store was read (on the
+    store's clock)."""
+
+    @classmethod
+    def of(
+        cls,
+        record: LoopRecord,
+        *,
+        owner: str | None,
+        lease_until: float,
+        lease_live: bool,
+        status_since: float | None,
+    ) -> StoredLoopSummary:
+        """A loop's summary from its latest record (its path unused) and its
+        lease (times as seconds since the epoch; `lease_until` 0: none)."""
+        pause = record.pause
+        pending: tuple[str, ...] = ()
+        if pause is not None and isinstance(pause.payload, ToolBatch):
+            batch = pause.payload
+            waiting = set(batch.awaiting_approval) or {
+                c.call_id
+                for c in batch.calls
+                if c.call_id not in batch.denied and c.call_id not in batch.outputs
+            }
+            pending = tuple(c.name for c in batch.calls if c.call_id in waiting)
+        error = record.error
+        if record.status is LoopStatus.done:
+            lease_until, lease_live = 0, False  # (never taken again)
+        return cls(
+            loop_id=record.loop_id,
+            agent_id=record.agent_id,
+            status=record.status,
+            state=record.state,
+            outcome=record.outcome,
+            reason=record.reason,
+            error=None if error is None else f"{error.type}: {error.message}",
+            model_requests=record.model_requests,
+            tool_calls=record.tool_calls,
+            usage=record.usage,
+            started_at=record.started_at,
+            ended_at=record.ended_at,
+            status_since=_utc(status_since),
+            pause_reason=None if pause is None else pause.reason,
+            pending_calls=pending,
+            owner=owner,
+            lease_until=_utc(lease_until) if lease_until else None,
+            lease_live=bool(owner is not None and lease_live),
+        )
+
+
+class UnreadableLoop(BaseModel):
+    """A loop of a store whose stored data cannot be read (`loops(...,
+    unreadable=[])` lists it here rather than failing the whole listing)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    loop_id: str
+    reason: str
+    """Why: the store's error (without the store's name), saying what could
+    not be decoded."""
+
+
+def _utc(seconds: float | None) -> datetime | None:
+    return None if seconds is None else datetime.fromtimestamp(seconds, UTC)
+
+
+def loops_wanted(status: object, agent_id: object) -> LoopStatus | None:
+    """`loops`' filters, checked: the status as a `LoopStatus`.
+
+    Raises:
+        ArgumentTypeError: `agent_id` not a str, `status` neither.
+        ArgumentValueError: `status` not a status's name.
+    """
+    if agent_id is not None:
+        check("agent_id", agent_id, str)
+    if status is None:
+        return None
+    check("status", status, str)
+    assert isinstance(status, str)
+    try:
+        return LoopStatus(status)
+    except ValueError:
+        names = ", ".join(s.value for s in LoopStatus)
+        raise ArgumentValueError(
+            f"status must be one of {names}, got {status!r}"
+        ) from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,6 +45,7 @@ import anyio
 from pydantic import BaseModel, ConfigDict
 from pydantic_core import PydanticSerializationError
 
+from agentfsm._arguments import check
 from agentfsm._errors import error_text
 from agentfsm._keys import number_text
 from agentfsm._models import json_of
@@ -67,10 +68,13 @@ from ._base import (
     LoopStore,
     SharedContexts,
     StoredLoop,
+    StoredLoopSummary,
     StoreError,
     StoreStatistics,
+    UnreadableLoop,
     commits_in_turn,
     context_appended,
+    loops_wanted,
 )
 from ._outline import Outline, inline
 from ._rows import (
@@ -260,9 +264,19 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
     where: str
     """The store, in messages: its file, or its server, database and schema."""
 
-    def __init__(self, *, events: bool, lease_ttl: float, thread_name: str) -> None:
+    def __init__(
+        self,
+        *,
+        events: bool,
+        lease_ttl: float,
+        thread_name: str,
+        read_only: bool = False,
+    ) -> None:
         self.keeps_events = events
         self.lease_ttl = lease_ttl
+        self.read_only = read_only
+        """Opened to read only (`read_only=True`): it creates nothing, and
+        refuses every write, leases and presence included."""
         self._conn: _C | None = None
         self._thread = StoreThread(thread_name)
         self._counted = threading.Lock()
@@ -688,6 +702,118 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
 
         return await self._read(read)
 
+    async def loops(
+        self,
+        *,
+        status: str | None = None,
+        agent_id: str | None = None,
+        loop_id: str | None = None,
+        unreadable: list[UnreadableLoop] | None = None,
+    ) -> list[StoredLoopSummary]:
+        """The store's loops, oldest first, each as its latest record and its
+        lease say (one read transaction: one state of the store, held only
+        while the rows are read); only those of `status` (`"running"`,
+        `"paused"`, `"done"`), of `agent_id` and the one `loop_id`, when
+        given. A read only: what `agentfsm loops` shows.
+
+        Args:
+            status, agent_id, loop_id: the filters.
+            unreadable: when given, each loop whose stored data cannot be read
+                is added to it (its id and why), and the others are listed;
+                else the first such loop fails the listing.
+
+        Raises:
+            ArgumentTypeError, ArgumentValueError: a filter that is not a
+                status's name, or not a str.
+            StoreError: a loop's stored data cannot be read (the message names
+                the loop) and `unreadable` is None.
+        """
+        wanted = loops_wanted(status, agent_id)
+        if loop_id is not None:
+            check("loop_id", loop_id, str)
+        where = []
+        params: dict[str, Any] = {"now": time.time()}
+        if wanted is not None:
+            where.append("status = :status")
+            params["status"] = wanted.value
+        if agent_id is not None:
+            where.append("agent_id = :agent")
+            params["agent"] = self._key_of_agent(agent_id)
+        if loop_id is not None:
+            where.append("loop_id = :loop")
+            params["loop"] = loop_id
+        sql = (
+            "SELECT loop_id, owner, lease_until, lease_until > {now}, updated"
+            " FROM loops"
+            + (f" WHERE {' AND '.join(where)}" if where else "")
+            + " ORDER BY number"
+        )
+
+        def read(conn: _C) -> list[StoredLoopSummary]:
+            found = []
+            for key, owner, until, live, updated in self._rows(conn, sql, params):
+                loop_id = self._key_of(key)
+                try:
+                    record = self._latest(conn, loop_id)
+                except StoreError as exc:
+                    if unreadable is None:
+                        raise
+                    why = str(exc).removeprefix(f"{self.where}: ")
+                    unreadable.append(UnreadableLoop(loop_id=loop_id, reason=why))
+                    continue
+                if record is None:
+                    continue  # (its first commit is being written)
+                found.append(
+                    StoredLoopSummary.of(
+                        record,
+                        owner=owner,
+                        lease_until=float(until),
+                        lease_live=bool(live),
+                        status_since=float(updated),
+                    )
+                )
+            return found
+
+        return await self._read(read)
+
+    async def loop_ids(self) -> list[str]:
+        """The ids of the store's loops, oldest first: one cheap read, nothing
+        decoded (to pick one loop before reading it)."""
+
+        def read(conn: _C) -> list[str]:
+            rows = self._rows(conn, "SELECT loop_id FROM loops ORDER BY number", {})
+            return [self._key_of(key) for (key,) in rows]
+
+        return await self._read(read)
+
+    def _key_of_agent(self, agent_id: str) -> str:
+        """An agent id as the `agent_id` column holds it."""
+        return agent_id
+
+    def _latest(self, conn: _C, loop_id: str) -> LoopRecord | None:
+        """The loop's latest record, its path left empty (not read: a summary
+        needs none, and reading it reads every row of the loop)."""
+        params = {"loop": loop_id}
+        try:
+            last = self._row(
+                conn,
+                f"SELECT record, outlined FROM log WHERE {_SPAN}"
+                " AND record IS NOT NULL ORDER BY id DESC LIMIT 1",
+                params,
+            )
+            shared = self._row(
+                conn,
+                f"SELECT shared, outlined FROM log WHERE {_SPAN}"
+                " AND shared IS NOT NULL ORDER BY id DESC LIMIT 1",
+                params,
+            )
+            if last is None or shared is None:
+                return None
+            data = self._decoded(conn, last[0], last[1])
+            return record_of(data, self._decoded(conn, shared[0], shared[1]), [])
+        except _DECODING as exc:
+            self._unreadable(loop_id, exc)
+
     def _record(
         self, conn: _C, loop_id: str, row_id: int, data: dict[str, Any]
     ) -> LoopRecord:
@@ -1006,6 +1132,7 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
         byte-range lock, PostgreSQL's advisory lock), so another process can
         tell it is alive (`alive`); slots are a hash of the owner's name: two
         owners sharing one make a dead one look alive, never the reverse."""
+        self._refuse_presence()
         slot = self._presence_slot(owner)
 
         def hold(conn: _C) -> None:
@@ -1016,6 +1143,15 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
 
         await self._run(hold)
         await super().hold_presence(owner)
+
+    def _refuse_presence(self) -> None:
+        """Refuse a presence in a read-only store (it would write the lock's
+        file or row)."""
+        if self.read_only:
+            raise StoreError(
+                f"{self.where}: the store was opened with read_only=True: no "
+                "runtime can hold its loops"
+            )
 
     async def drop_presence(self, owner: str) -> None:
         await super().drop_presence(owner)

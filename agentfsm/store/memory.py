@@ -31,9 +31,12 @@ from ._base import (
     LoopStore,
     SharedContexts,
     StoredLoop,
+    StoredLoopSummary,
     StoreError,
     StoreStatistics,
+    UnreadableLoop,
     context_appended,
+    loops_wanted,
     run_commits,
 )
 
@@ -54,6 +57,7 @@ class _Entry:
         "owner",
         "path",
         "records",
+        "updated",
     )
 
     def __init__(self, owner: str) -> None:
@@ -70,6 +74,8 @@ class _Entry:
         self.inferences: dict[int, InferenceOutput] = {}
         self.events: list[AgentEvent] = []
         self.decisions: list[DecisionEntry] = []
+        self.updated = time.time()
+        """When its status last changed (or a runtime took it)."""
 
     def whole(self, record: LoopRecord, length: int) -> LoopRecord:
         """A record as committed, with its path (the loop's, to its length)."""
@@ -117,6 +123,9 @@ class MemoryStore(LoopStore, EventArchive, SharedContexts):
             del entry.path[commit.path_from :]
             entry.path.extend(commit.steps)
             entry.records[record.seq] = (record, commit.path_length)
+            latest = entry.latest
+            if latest is not None and latest.status is not record.status:
+                entry.updated = time.time()
             entry.latest, entry.length = record, commit.path_length
         for call in commit.ledger:
             entry.ledger.add(call)
@@ -173,6 +182,39 @@ class MemoryStore(LoopStore, EventArchive, SharedContexts):
             for loop_id, entry in self._loops.items()
             if entry.latest is not None and not entry.done
         )
+
+    async def loops(
+        self,
+        *,
+        status: str | None = None,
+        agent_id: str | None = None,
+        loop_id: str | None = None,
+        unreadable: list[UnreadableLoop] | None = None,
+    ) -> list[StoredLoopSummary]:
+        """The store's loops, oldest first (see `SQLiteStore.loops`; a memory
+        store holds no data it cannot read, so `unreadable` stays empty)."""
+        wanted = loops_wanted(status, agent_id)
+        if loop_id is not None:
+            check("loop_id", loop_id, str)
+        now = time.time()
+        return [
+            StoredLoopSummary.of(
+                entry.latest,
+                owner=entry.owner,
+                lease_until=entry.lease_until,
+                lease_live=entry.lease_until > now,
+                status_since=entry.updated,
+            )
+            for key, entry in self._loops.items()
+            if entry.latest is not None
+            and (wanted is None or entry.latest.status is wanted)
+            and (agent_id is None or entry.latest.agent_id == agent_id)
+            and (loop_id is None or key == loop_id)
+        ]
+
+    async def loop_ids(self) -> list[str]:
+        """The ids of the store's loops, oldest first (see `SQLiteStore.loop_ids`)."""
+        return [key for key, entry in self._loops.items() if entry.latest is not None]
 
     async def inference(self, loop_id: str, request: int) -> InferenceOutput | None:
         entry = self._loops.get(loop_id)
@@ -236,7 +278,8 @@ class MemoryStore(LoopStore, EventArchive, SharedContexts):
             raise LoopLockedError(loop_id, entry.owner)
         entry.owner = owner
         entry.epoch += 1
-        entry.lease_until = time.time() + self.lease_ttl
+        entry.updated = time.time()
+        entry.lease_until = entry.updated + self.lease_ttl
         self._commits += 1
         return Lease(owner, entry.epoch)
 

@@ -229,6 +229,11 @@ class PostgresStore(SQLStore[_Conn]):
         events: keep the events the runtime's loops publish (see `SQLiteStore`).
         lease_ttl: seconds a runtime's lease on a loop lasts unless renewed.
         connect_timeout: seconds to wait for a connection.
+        read_only: open an existing store to read it only (`loops`, `load`,
+            `events`, ...; what `agentfsm loops` does): its session is
+            read-only (`default_transaction_read_only`), so it creates no
+            schema nor table, and every write, lease and presence is refused
+            (`StoreError`).
 
     Raises:
         ConfigurationError: (at once) an argument is not usable.
@@ -247,6 +252,7 @@ class PostgresStore(SQLStore[_Conn]):
         events: bool = False,
         lease_ttl: float = 30.0,
         connect_timeout: float = 10.0,
+        read_only: bool = False,
     ) -> None:
         if not isinstance(conninfo, str):  # (not quoted: it may hold a password)
             raise ArgumentTypeError(
@@ -255,6 +261,7 @@ class PostgresStore(SQLStore[_Conn]):
         params = _parsed(conninfo)
         _check_schema(schema)
         check("events", events, bool)
+        check("read_only", read_only, bool)
         lease_ttl = seconds("lease_ttl", lease_ttl, positive=True)
         connect_timeout = seconds("connect_timeout", connect_timeout, positive=True)
         self._conninfo = conninfo
@@ -269,6 +276,7 @@ class PostgresStore(SQLStore[_Conn]):
             events=events,
             lease_ttl=lease_ttl,
             thread_name=f"agentfsm-postgres {self.where}",
+            read_only=read_only,
         )
 
     # ------------------------------------------------------------ connection
@@ -281,9 +289,13 @@ class PostgresStore(SQLStore[_Conn]):
                 connect_timeout=self._connect_timeout,
             )
         except psycopg.Error as exc:
-            error = StoreError(
-                f"cannot connect to {self.where}: {self._redacted(str(exc))}"
-            )
+            message = self._redacted(str(exc)).strip()
+            if "timeout expired" in message:
+                message += (
+                    f" (no answer within connect_timeout, {self._connect_timeout}s:"
+                    " is the server up, and is this its address and port?)"
+                )
+            error = StoreError(f"cannot connect to {self.where}: {message}")
         # Raised out of the handler, unchained: the driver's error holds the
         # connection's parameters, password included (its `pgconn`).
         raise error
@@ -297,7 +309,11 @@ class PostgresStore(SQLStore[_Conn]):
     def _connect(self) -> _Conn:
         conn = self._open_connection()
         try:
-            self._check_layout(conn)
+            if self.read_only:
+                conn.execute("SET default_transaction_read_only = on")
+                self._check_layout_read_only(conn)
+            else:
+                self._check_layout(conn)
             conn.execute(f'SET search_path TO "{self.schema}"')
         except psycopg.Error as exc:
             conn.close()
@@ -319,19 +335,7 @@ class PostgresStore(SQLStore[_Conn]):
                 (f"agentfsm.store:{self.schema}",),
             )
             version = self._version(conn)
-            if version is not None and version > _LAYOUT:
-                raise StoreSchemaError(
-                    f"{self.where} was written by a newer agentfsm (store layout "
-                    f"{version}; this one reads up to {_LAYOUT}): upgrade "
-                    "agentfsm to open it"
-                )
-            if version is not None and version < _LAYOUT:
-                raise StoreSchemaError(
-                    f"{self.where} was written by an earlier agentfsm (store "
-                    f"layout {version}; this one reads layout {_LAYOUT} only): "
-                    "finish its loops with that version, or give this one another "
-                    "schema"
-                )
+            self._layout_readable(version)
             if version is None:
                 row = conn.execute(
                     "SELECT string_agg(table_name, ', ' ORDER BY table_name)"
@@ -349,6 +353,34 @@ class PostgresStore(SQLStore[_Conn]):
                     f"INSERT INTO {s}.schema_version (version) VALUES (%s)",
                     (_LAYOUT,),
                 )
+
+    def _check_layout_read_only(self, conn: _Conn) -> None:
+        """Refuse a schema that holds no agentfsm store of this layout (a
+        read-only store creates none)."""
+        version = self._version(conn)
+        self._layout_readable(version)
+        if version is None:
+            raise StoreSchemaError(
+                f"{self.where} holds no agentfsm store (no schema_version table "
+                f"in schema {self.schema})"
+            )
+
+    def _layout_readable(self, version: int | None) -> None:
+        """Refuse a store of a layout this version does not read (the one
+        check of readers and writers; None: no store yet)."""
+        if version is not None and version > _LAYOUT:
+            raise StoreSchemaError(
+                f"{self.where} was written by a newer agentfsm (store layout "
+                f"{version}; this one reads up to {_LAYOUT}): upgrade "
+                "agentfsm to open it"
+            )
+        if version is not None and version < _LAYOUT:
+            raise StoreSchemaError(
+                f"{self.where} was written by an earlier agentfsm (store "
+                f"layout {version}; this one reads layout {_LAYOUT} only): "
+                "finish its loops with that version, or give this one another "
+                "schema"
+            )
 
     def _version(self, conn: _Conn) -> int | None:
         s = f'"{self.schema}"'
@@ -393,6 +425,9 @@ class PostgresStore(SQLStore[_Conn]):
 
     def _key_of(self, value: Any) -> str:
         return _key_read(str(value))
+
+    def _key_of_agent(self, agent_id: str) -> str:
+        return str(_key(agent_id))
 
     @contextmanager
     def _transaction(self, conn: _Conn) -> Iterator[None]:

@@ -34,6 +34,7 @@ import socket
 import sqlite3
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Final, Literal
@@ -190,6 +191,12 @@ class SQLiteStore(SQLStore[sqlite3.Connection]):
             `<path>-owners`. Readable by their owner only by default, since
             the store holds prompts and tool outputs; `0o660` shares them with
             a group. Existing files keep their own.
+        read_only: open an existing store to read it only (`loops`, `load`,
+            `events`, ... ; what `agentfsm loops` does): the file is opened
+            read-only, so it is never created, changed or checkpointed, and
+            every write, lease and presence is refused (`StoreError`). SQLite
+            may leave empty `-wal` and `-shm` files beside a file no other
+            process has open, as any reader of a WAL database does.
 
     Raises:
         StoreSchemaError: (at open) the file is not an agentfsm store, or one
@@ -209,10 +216,12 @@ class SQLiteStore(SQLStore[sqlite3.Connection]):
         lease_ttl: float = 30.0,
         busy_timeout: float = 10.0,
         file_mode: int = 0o600,
+        read_only: bool = False,
     ) -> None:
         check("path", path, str | os.PathLike, "a str or a path")
         one_of("durability", durability, ("normal", "strict"))
         check("events", events, bool)
+        check("read_only", read_only, bool)
         lease_ttl = seconds("lease_ttl", lease_ttl, positive=True)
         self.path = os.fspath(path)
         self.where = self.path
@@ -229,11 +238,15 @@ class SQLiteStore(SQLStore[sqlite3.Connection]):
             events=events,
             lease_ttl=lease_ttl,
             thread_name=f"agentfsm-sqlite {self.path}",
+            read_only=read_only,
         )
 
     # ------------------------------------------------------------ connection
 
     def _connect(self) -> sqlite3.Connection:
+        if self.read_only:
+            return self._connect_read_only()
+        self._check_path()
         # Created here, not by SQLite (which would make it 0644 less the
         # umask): SQLite gives the `-wal` and `-shm` files the database's mode.
         try:
@@ -262,16 +275,133 @@ class SQLiteStore(SQLStore[sqlite3.Connection]):
             raise
         return db
 
+    def _connect_read_only(self) -> sqlite3.Connection:
+        """A connection that cannot write (SQLite's `mode=ro`: nor create the
+        file, nor checkpoint its WAL at close), the layout checked."""
+        self._check_path()
+        if not os.path.exists(self.path):
+            raise StoreError(
+                f"{self.path}: no such file (a read-only store is not created)"
+            )
+        uri = "file:" + urllib.parse.quote(os.path.abspath(self.path)) + "?mode=ro"
+        db = sqlite3.connect(
+            uri,
+            uri=True,
+            check_same_thread=False,  # used from the store's thread only
+            isolation_level=None,
+            timeout=self._busy_timeout,
+        )
+        try:
+            try:
+                db.execute("BEGIN")  # one state of the file for the three reads
+                try:
+                    if not self._judge_layout(*self._layout_of(db)):
+                        raise StoreSchemaError(
+                            f"{self.path} holds no agentfsm store (an empty SQLite "
+                            "database; a read-only store is not made)"
+                        )
+                finally:
+                    db.execute("ROLLBACK")
+            except sqlite3.OperationalError as exc:
+                raise self._unreadable_here(exc) from None
+            stat = os.stat(self.path)
+            self._identity = (stat.st_dev, stat.st_ino)
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _check_path(self) -> None:
+        """Refuse a path that cannot be a store's file: a directory."""
+        if os.path.isdir(self.path):
+            raise StoreError(
+                f"{self.path} is a directory: give the store's file (e.g. "
+                f"{os.path.join(self.path, 'loops.db')})"
+            )
+
+    def _unreadable_here(self, exc: sqlite3.OperationalError) -> Exception:
+        """Why a read-only connection could not read the file: SQLite makes a
+        WAL store's `-shm` file beside it even to read it, which a reader
+        cannot do in a directory it may not write."""
+        folder = os.path.dirname(os.path.abspath(self.path))
+        shm = f"{self.path}-shm"
+        if not os.path.exists(shm) and not os.access(folder, os.W_OK):
+            return StoreError(
+                f"{self.path}: cannot be read: SQLite needs to create {shm} "
+                f"to read a store, and this user cannot write to {folder}: "
+                "read it as a user who can (the writer's), or copy the store's "
+                f"files ({os.path.basename(self.path)} and its -wal, if any) "
+                "to a directory this user can write"
+            )
+        return self._failure(exc)
+
+    def _layout_readable(self, version: int) -> None:
+        """Refuse an agentfsm store of a layout this version does not read."""
+        if version > _LAYOUT:
+            raise StoreSchemaError(
+                f"{self.path} was written by a newer agentfsm (store layout "
+                f"{version}; this one reads up to {_LAYOUT}): upgrade "
+                "agentfsm to open it"
+            )
+        if version < _LAYOUT:
+            raise StoreSchemaError(
+                f"{self.path} was written by an earlier agentfsm (store "
+                f"layout {version}; this one reads layout {_LAYOUT} only): "
+                "finish its loops with that version, or give this one a "
+                "new file"
+            )
+
+    def _layout_of(self, db: sqlite3.Connection) -> tuple[int, int, list[str]]:
+        """The file's SQLite application id, user version and objects.
+
+        Raises:
+            StoreSchemaError: the file is not a SQLite database.
+        """
+        try:
+            (app,) = db.execute("PRAGMA application_id").fetchone()
+            (version,) = db.execute("PRAGMA user_version").fetchone()
+            # Every object, not tables only: a file of views is another's too.
+            tables = sorted(
+                f"{name}" if kind == "table" else f"{name} ({kind})"
+                for kind, name in db.execute("SELECT type, name FROM sqlite_master")
+            )
+        except sqlite3.DatabaseError as exc:
+            if "file is not a database" not in str(exc):
+                raise
+            raise StoreSchemaError(
+                f"{self.path} is not a SQLite database, so not an agentfsm store: "
+                "it is left as it was"
+            ) from None
+        return app, version, tables
+
+    def _judge_layout(self, app: int, version: int, tables: list[str]) -> bool:
+        """Whether the file holds an agentfsm store of this layout (True) or
+        nothing (False: a store may be made in it); the one check of readers
+        and writers.
+
+        Raises:
+            StoreSchemaError: it holds another's data, or a store of a layout
+                this version does not read.
+        """
+        earlier = app == 0 and 0 < version < _LAYOUT and "loops" in tables
+        if app == _APPLICATION_ID or earlier:
+            self._layout_readable(version)
+            return True
+        if tables or app or version:
+            raise StoreSchemaError(
+                f"{self.path} is not an agentfsm store (SQLite application_id "
+                f"{app}, user_version {version}, objects: "
+                f"{', '.join(tables) or 'none'}): it is left as it was"
+            )
+        return False
+
     def _check_layout(self, db: sqlite3.Connection) -> None:
         """Refuse a file that is not an agentfsm store of this layout; make a
         new (empty) one one. In a write transaction: two processes opening a
         new file at once make it once, and neither sees it half made."""
         try:
             db.execute("BEGIN IMMEDIATE")
-            (app,) = db.execute("PRAGMA application_id").fetchone()
         except sqlite3.DatabaseError as exc:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
             if "file is not a database" not in str(exc):
                 raise
             raise StoreSchemaError(
@@ -279,34 +409,7 @@ class SQLiteStore(SQLStore[sqlite3.Connection]):
                 "it is left as it was"
             ) from None
         try:
-            (version,) = db.execute("PRAGMA user_version").fetchone()
-            # Every object, not tables only: a file of views is another's too.
-            tables = sorted(
-                f"{name}" if kind == "table" else f"{name} ({kind})"
-                for kind, name in db.execute("SELECT type, name FROM sqlite_master")
-            )
-            earlier = app == 0 and 0 < version < _LAYOUT and "loops" in tables
-            if app == _APPLICATION_ID or earlier:
-                if version > _LAYOUT:
-                    raise StoreSchemaError(
-                        f"{self.path} was written by a newer agentfsm (store layout "
-                        f"{version}; this one reads up to {_LAYOUT}): upgrade "
-                        "agentfsm to open it"
-                    )
-                if version < _LAYOUT:
-                    raise StoreSchemaError(
-                        f"{self.path} was written by an earlier agentfsm (store "
-                        f"layout {version}; this one reads layout {_LAYOUT} only): "
-                        "finish its loops with that version, or give this one a "
-                        "new file"
-                    )
-            elif tables or app or version:
-                raise StoreSchemaError(
-                    f"{self.path} is not an agentfsm store (SQLite application_id "
-                    f"{app}, user_version {version}, objects: "
-                    f"{', '.join(tables) or 'none'}): it is left as it was"
-                )
-            else:
+            if not self._judge_layout(*self._layout_of(db)):
                 for statement in _SCHEMA:
                     db.execute(statement)
                 db.execute(f"PRAGMA application_id={_APPLICATION_ID}")
@@ -328,6 +431,8 @@ class SQLiteStore(SQLStore[sqlite3.Connection]):
             hint += f" ({self._busy_timeout:g}s)"
         if _read_only(self.path):
             hint = "the file's filesystem is read-only"
+        if self.read_only and message.startswith("attempt to write"):
+            hint = "the store was opened with read_only=True"
         detail = f"{message} ({hint})" if hint else message
         return StoreError(f"{self.path}: {detail}")
 
@@ -470,6 +575,7 @@ class SQLiteStore(SQLStore[sqlite3.Connection]):
         return self._owners().free(slot)
 
     async def hold_presence(self, owner: str) -> None:
+        self._refuse_presence()  # (before `<path>-owners` is created)
         self._owners().hold(self._presence_slot(owner))
         await Leases.hold_presence(self, owner)
 
