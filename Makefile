@@ -53,9 +53,18 @@ docs-check: $(STAMP)
 quick: $(STAMP)
 	$(PY) -m pytest -m "not e2e" -x -q
 
+# The embedded SmolLM2 model (135M parameters) answers reliably only when
+# decoding is greedy (temperature 0) and the instructions say to answer with
+# the tool's result: the add tool is forced once, then the model answers.
+# Another question: make demo QUESTION="What is 100 plus 23?"
+QUESTION ?= What is 12 plus 30?
+DEMO_INSTRUCTIONS := You are a helpful assistant. Answer the question in one \
+	short sentence, using the result of the tool you called.
+
 demo: $(STAMP) $(LOCAL)
-	$(PY) -m agentfsm run "What is 2 + 3?" \
-		--tool agentfsm.demo_tools:add --tool-choice add
+	$(PY) -m agentfsm run "$(QUESTION)" \
+		--tool agentfsm.demo_tools:add --tool-choice add --temperature 0 \
+		--instructions "$(DEMO_INSTRUCTIONS)"
 
 # bench_loop.py runs last: its last line is the `ratio_vs_floor=...` summary.
 bench: $(STAMP) bench/.venvs/burr/.installed

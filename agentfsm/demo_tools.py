@@ -1,8 +1,15 @@
 """Small built-in tools for demos: `agentfsm run --tool agentfsm.demo_tools:add`.
 
+`make demo` runs `add` on the embedded SmolLM2 model the way a model that
+small answers reliably: the tool forced once, then an answer at temperature 0
+(greedy), with instructions to answer with the tool's result.
+
 Example:
     ```python
-    InferenceInput(model="local:smollm2", context=ModelContext(), tools=[add, clock])
+    context = ModelContext(instructions="Answer in one short sentence, "
+                           "using the result of the tool you called.")
+    InferenceInput(model="local:smollm2", context=context, tools=[add],
+                   tool_choice="add", reset_tool_choice="none", temperature=0)
     ```
 """
 

@@ -16,7 +16,7 @@ async with worker(client, task_queue="agents", agents=[calc]):
     result = await loops.wait(loop_id)
 ```
 
-See docs/temporal.md for the mapping (signals, updates, the query, the
+See [Loops on Temporal][loops-on-temporal] for the mapping (signals, updates, the query, the
 search attribute, streaming, the context passed by reference).
 """
 
@@ -24,6 +24,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+try:
+    import temporalio  # noqa: F401 - only to say which extra is missing
+except ImportError as exc:
+    raise ImportError(
+        "agentfsm.temporal needs the Temporal SDK: pip install 'agentfsm[temporal]'"
+    ) from exc
 
 # Imported eagerly, here and not inside the sandbox: anyio imports its asyncio
 # backend lazily, at first use, and doing that inside a workflow trips the

@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import re
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -107,3 +109,32 @@ def test_module_exports_what_it_defines(name: str) -> None:
     """Each public class, function and constant a module defines is in its `__all__`."""
     module = public_module(name)
     assert defined_names(module) - set(module.__all__) == set()
+
+
+DOCUMENTED_ELSEWHERE = (
+    "agentfsm.options",
+    "agentfsm.record",
+    "agentfsm.otel",
+    "agentfsm.mcp",
+    "agentfsm.store",
+    "agentfsm.store.postgres",
+    "agentfsm.temporal",
+)
+"""Public modules outside `PUBLIC_MODULES` (their extras, or no `__all__`
+check yet) that have a reference page all the same."""
+
+
+@pytest.mark.parametrize("name", PUBLIC_MODULES + DOCUMENTED_ELSEWHERE)
+def test_module_has_a_reference_page_in_the_nav(name: str) -> None:
+    """Each public module is rendered (`::: module`) on a reference page the
+    site's navigation lists: the how-to pages send readers to them."""
+    root = Path(__file__).resolve().parent.parent
+    directive = re.compile(rf"^::: {re.escape(name)}$", re.MULTILINE)
+    pages = [
+        page
+        for page in sorted((root / "docs" / "reference").glob("*.md"))
+        if directive.search(page.read_text(encoding="utf-8"))
+    ]
+    assert pages, f"no docs/reference page renders {name}"
+    nav = (root / "mkdocs.yml").read_text(encoding="utf-8")
+    assert any(f"reference/{page.name}" in nav for page in pages)
