@@ -17,7 +17,7 @@ print(format_timeline(timeline))
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Final, NamedTuple, final
@@ -41,6 +41,7 @@ __all__ = (
     "format_table",
     "format_timeline",
     "group_by_loop",
+    "match_loop_id",
     "render_html",
     "short_ids",
     "summarize",
@@ -136,30 +137,44 @@ def find_loop(events: Iterable[ev.AgentEvent], prefix: str | None = None) -> str
     Raises:
         EventLogError: no loop, or several, match (the message lists them).
     """
-    ids = list(dict.fromkeys(e.loop_id for e in events))
+    ids = [e.loop_id for e in events]
+    return match_loop_id(ids, prefix, "the events hold", EventLogError)
+
+
+def match_loop_id(
+    ids: Iterable[str],
+    given: str | None,
+    holder: str,
+    error: Callable[[str], Exception],
+) -> str:
+    """The one id of `ids` that is `given` or contains it (the only one when
+    `given` is None), as `find_loop` picks one; `holder` starts the message
+    that lists them ("the events hold", "loops.db holds") and `error` makes
+    the exception raised when none or several match."""
+    ids = list(dict.fromkeys(ids))
     known = ", ".join(ids[:10]) + (" ..." if len(ids) > 10 else "")
-    if prefix is None:
+    if given is None:
         if len(ids) == 1:
             return ids[0]
-        raise EventLogError(
-            f"the events hold {len(ids)} loops ({known}); say which one"
+        raise error(
+            f"{holder} {len(ids)} loops ({known}); say which one"
             if ids
-            else "the events hold no loop"
+            else f"{holder} no loop"
         )
-    if prefix in ids:
-        return prefix
-    matches = [i for i in ids if prefix in i] if prefix else []
+    if given in ids:
+        return given
+    matches = [i for i in ids if given in i] if given else []
     if len(matches) == 1:
         return matches[0]
     if matches:
         shorts = short_ids(ids)
         listed = ", ".join(shorts[i] for i in matches[:10])
-        raise EventLogError(
-            f"{len(matches)} loops have {prefix!r} in their id; say which one by "
+        raise error(
+            f"{len(matches)} loops have {given!r} in their id; say which one by "
             f"its short id (the end of its id): {listed}"
             f"{' ...' if len(matches) > 10 else ''}"
         )
-    raise EventLogError(f"no loop id contains {prefix!r} (loops: {known or 'none'})")
+    raise error(f"no loop id contains {given!r} (loops: {known or 'none'})")
 
 
 _SHORT_ID: Final = 8

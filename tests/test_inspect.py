@@ -511,7 +511,7 @@ class TestStore:
         code, out, err = inspect(capsys, str(store_file), "--html", "x.html")
         assert (code, out) == (1, "")
         assert (
-            f"{store_file} holds 2 loops (loop-1, loop-2); say which one with --loop ID"
+            f"{store_file} holds 2 loops (loop-1, loop-2); say which one (--loop ID)"
             in err
         )
         code, _, err = inspect(capsys, str(store_file), "--loop", "loop-")

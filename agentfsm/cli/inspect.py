@@ -45,8 +45,8 @@ from agentfsm.timeline import (
     find_loop,
     format_table,
     format_timeline,
+    match_loop_id,
     render_html,
-    short_ids,
     summarize,
 )
 
@@ -351,29 +351,9 @@ def pick_loop(ids: Sequence[str], given: str | None, where: str) -> str:
     Raises:
         StoreError: none matches, or several (the message lists them).
     """
-    ids = list(dict.fromkeys(ids))
-    known = ", ".join(ids[:10]) + (" ..." if len(ids) > 10 else "")
-    if given is None:
-        if len(ids) == 1:
-            return ids[0]
-        raise StoreError(
-            f"{where} holds {len(ids)} loops ({known}); say which one with --loop ID"
-            if ids
-            else f"{where} holds no loop"
-        )
-    if given in ids:
-        return given
-    matches = [i for i in ids if given in i] if given else []
-    if len(matches) == 1:
-        return matches[0]
-    if matches:
-        shorts = short_ids(ids)
-        listed = ", ".join(shorts[i] for i in matches[:10])
-        raise StoreError(
-            f"{where}: {len(matches)} loops have {given!r} in their id; say which "
-            f"one by its short id (the end of its id): {listed}"
-            f"{' ...' if len(matches) > 10 else ''}"
-        )
-    raise StoreError(
-        f"{where}: no loop id contains {given!r} (loops: {known or 'none'})"
+    return match_loop_id(
+        ids,
+        given,
+        f"{where} holds",
+        lambda message: StoreError(f"{message} (--loop ID)"),
     )
