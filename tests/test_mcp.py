@@ -77,7 +77,9 @@ def scripted(*turns: Any) -> dict[str, ScriptedProvider]:
 
 async def stats(tools: MCPToolset) -> dict[str, int]:
     """What the server has seen (through the toolset's own session)."""
-    stats_tool = next(t for t in tools if t.spec.name == "stats")
+    stats_tool = next(
+        t for t in tools if isinstance(t, MCPTool) and t.spec.name == "stats"
+    )
     counts: dict[str, int] = json.loads((await stats_tool.invoke({})).output)
     return counts
 
@@ -185,7 +187,9 @@ class TestTools:
 
         assert set(agentfsm.mcp.__all__) == {
             "DEFAULT_CONNECT_TIMEOUT",
+            "DEFAULT_REQUEST_TIMEOUT",
             "MCPConnectionError",
+            "MCPRequestError",
             "MCPServerSpec",
             "MCPTool",
             "MCPToolset",
@@ -197,8 +201,9 @@ class TestTools:
 
 class TestResults:
     async def test_results(self) -> None:
-        """Structured content (as JSON) beats text, a wrapped value is unwrapped,
-        text-only results are their text, and `is_error` makes an error output."""
+        """Text beats structured content unless the tool declares an output
+        schema (a wrapped value is then unwrapped), and `is_error` makes an
+        error output."""
         turn = calls(
             call("add", a=2, b=3),
             call("weather", city="Lisbon"),
@@ -212,7 +217,7 @@ class TestResults:
         got = [(o.output, o.is_error) for o in outputs(req)]
         assert got[:4] == [
             ("5", False),  # {"result": 5} as the SDK wraps it: the model reads 5
-            ('{"sky":"sunny","celsius":18}', False),  # not "Sunny, 18 C"
+            ("Sunny, 18 C", False),  # no output schema: the text, not the JSON
             ("HI", False),
             ("no weather for Paris", True),
         ]
@@ -565,7 +570,7 @@ async def test_stdio_subprocess() -> None:
     assert result.outcome == "answered"
     assert [(o.output, o.is_error) for o in outputs(req)] == [
         ("5", False),
-        ('{"sky":"sunny","celsius":18}', False),
+        ("Sunny, 18 C", False),
         ("tool 'calc_slow' timed out after 0.5s", True),
     ]
     assert seen["sessions"] == 1

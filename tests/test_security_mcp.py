@@ -430,11 +430,12 @@ class TestMcpLabels:
             tools = await mcp_tools(f"{sys.executable} {HOSTILE} --token {SECRET}")
             result, req = await run_loop(rt, tools)
         label = Path(sys.executable).name
+        gone = f"MCP server {label} is not running: its process exited with code 3"
         assert result.outcome == "answered"
         assert [(o.output, o.is_error) for o in outputs(req)] == [
             (f"MCP server {label} refused the call: no, thank you", True),
-            (f"the session with MCP server {label} was lost", True),
-            (f"the session with MCP server {label} was lost", True),
+            (gone, True),  # the call it died in
+            (gone, True),  # the next: not started again
         ]
         _no_secret(
             tools.name,

@@ -1,9 +1,11 @@
 """What an MCP server's `tools/call` result becomes: a `ToolResult`.
 
-`is_error` makes an error output; otherwise structured content (as JSON) is
-preferred over the text blocks, which say the same for a model that reads
-text. A block that is not text (an image, a resource) is described in a line,
-since a tool's output is text.
+`is_error` makes an error output. Otherwise the text blocks are the output
+(a model reads text best, and a server's text is what it meant a reader to
+see), unless the tool declares an output schema: then its structured content
+(as JSON) is, being the result the tool promised. Structured content is the
+output of a result that has no text block either. A block that is not text
+(an image, a resource) is described in a line, since a tool's output is text.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def tool_result(
             message = json_text(result.structured_content)
         return ToolResult(output=message or "the tool failed", is_error=True)
     structured = result.structured_content
-    if structured is not None:
+    if structured is not None and (output_schema is not None or not result.content):
         return ToolResult.of(_unwrapped(structured, output_schema))
     return ToolResult.of(text_of(result.content))
 
