@@ -456,9 +456,13 @@ class TestKeepStreams:
             paused = rt.run_loop("a", "go", request(), pause_tools, stream=True)
             taken_id = rt.run_loop("a", "go", request(), stream=True)
             taken = rt.events(taken_id)
-            others = [rt.run_loop("a", "go", request(), stream=True) for _ in range(3)]
-            for loop_id in [taken_id, *others]:
-                await rt.wait(loop_id)
+            await rt.wait(taken_id)
+            # One after another: which untaken stream is the oldest must not
+            # depend on the order concurrent loops end in (trio shuffles it).
+            others = []
+            for _ in range(3):
+                others.append(rt.run_loop("a", "go", request(), stream=True))
+                await rt.wait(others[-1])
             await wait_until(lambda: rt.get(paused).status is LoopStatus.paused)
             assert_whole(await read(taken), taken_id)
             with pytest.raises(LoopStateError, match=r"keep_streams=1"):
