@@ -60,8 +60,9 @@ def pause_tools(pending: PendingTransition) -> Pause | None:
 
 
 async def wait_until(predicate: Callable[[], object]) -> None:
-    """Let the other tasks run until `predicate()` holds (5 s at most)."""
-    with anyio.fail_after(5):
+    """Let the other tasks run until `predicate()` holds (a hang guard of 30 s:
+    a store's writes run in threads, slow on a loaded machine)."""
+    with anyio.fail_after(30):
         while not predicate():
             await anyio.wait_all_tasks_blocked()
 

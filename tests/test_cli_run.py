@@ -258,11 +258,13 @@ class TestDeadMCPServer:
     def test_a_url_that_refuses(
         self, loads: list[str], capsys: pytest.CaptureFixture[str]
     ) -> None:
-        with socket.socket() as sock:  # a port nothing listens on, once closed
+        # A port held bound but not listening: it refuses, and nothing else
+        # can take it meanwhile.
+        with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
-        url = f"http://127.0.0.1:{port}/mcp"
-        assert main(["run", "hi", "--model", "local:smollm2", "--mcp", url]) == 2
+            url = f"http://127.0.0.1:{port}/mcp"
+            assert main(["run", "hi", "--model", "local:smollm2", "--mcp", url]) == 2
         err = capsys.readouterr().err
         assert err.startswith(
             f"error: --mcp: cannot connect to MCP server 127.0.0.1:{port}"

@@ -547,6 +547,7 @@ class TestRunStreamBlock:
         """The docstring's own pattern, breaking out: nothing is left to
         finalize (trio warns of an async generator collected unfinished)."""
         agent = Agent(ScriptedProvider([text("one two three four")]))
+        gc.collect()  # earlier tests' garbage warns outside this test's block
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             async with Runtime() as runtime:
