@@ -36,6 +36,7 @@ __all__ = (
     "StateTime",
     "Timeline",
     "TimelineRow",
+    "aligned",
     "build_timeline",
     "find_loop",
     "format_table",
@@ -522,16 +523,24 @@ def format_table(summaries: Sequence[LoopSummary]) -> str:
         )
         for s in summaries
     ]
+    # Turns to time are right-aligned; the rest is text.
+    lines = aligned(header, rows, numbers=range(3, 7))
+    return "\n".join((*lines, _count(len(rows), "loop"))) + "\n"
+
+
+def aligned(
+    header: Sequence[str], rows: Sequence[Sequence[str]], numbers: range
+) -> list[str]:
+    """A table's lines: `header` then `rows`, columns two spaces apart, each
+    as wide as its widest cell, those in `numbers` right-aligned."""
     widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
-    numbers = range(3, 7)  # turns to time are right-aligned; the rest is text
-    lines = [
+    return [
         "  ".join(
             cell.rjust(w) if i in numbers else cell.ljust(w)
             for i, (cell, w) in enumerate(zip(row, widths, strict=True))
         ).rstrip()
         for row in (header, *rows)
     ]
-    return "\n".join((*lines, _count(len(rows), "loop"))) + "\n"
 
 
 def _cells(*cells: str) -> tuple[str, ...]:

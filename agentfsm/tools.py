@@ -96,11 +96,12 @@ class ToolDefinition(BaseModel):
     """The JSON schema of the arguments object."""
 
 
-def format_validation_error(error: ValidationError) -> str:
-    """One line per problem: `field: message (got value)`."""
+def format_validation_error(error: ValidationError, root: str = "arguments") -> str:
+    """One line per problem: `field: message (got value)`, a problem with the
+    whole value named `root`."""
     problems = []
     for err in error.errors(include_url=False):
-        where = ".".join(str(part) for part in err["loc"]) or "arguments"
+        where = ".".join(str(part) for part in err["loc"]) or root
         got = "" if err["type"] == "missing" else f" (got {err.get('input')!r})"
         problems.append(f"{where}: {err['msg']}{got}")
     return "; ".join(problems)

@@ -243,7 +243,9 @@ class TestJson:
                 "usage_status",
             }
             assert data["unreadable"] is None
-            assert data["age_seconds"] >= 0
+            started = datetime.fromisoformat(data["started_at"])
+            since_start = (datetime.now(UTC) - started).total_seconds()
+            assert 0 <= data["age_seconds"] <= since_start
             assert data["status_age_seconds"] >= 0
             assert datetime.fromisoformat(data["started_at"]).tzinfo is not None
 
@@ -272,6 +274,7 @@ def test_reading_changes_nothing(db: Path, capsys: pytest.CaptureFixture[str]) -
         assert cli(capsys, *args)[0] == 0
     assert hashlib.sha256(db.read_bytes()).hexdigest() == digest
     after = files(db.parent)
+    assert set(before) <= set(after)  # nothing removed either
     for name, data in after.items():
         if name not in before:
             assert name in (f"{db.name}-wal", f"{db.name}-shm"), name

@@ -20,7 +20,7 @@ from agentfsm import Runtime
 from agentfsm._mcp import stdio
 from agentfsm._mcp.progress import payload
 from agentfsm._mcp.resources import READABLE, Readable
-from agentfsm.exceptions import ToolError
+from agentfsm.exceptions import ConfigurationError, ToolError
 from agentfsm.mcp import MCPRequestError, MCPToolset, mcp_tools
 
 RAW = Path(__file__).with_name("mcp_raw_server.py")
@@ -136,7 +136,7 @@ async def test_a_request_never_answered_times_out() -> None:
 
 
 def test_request_timeout_is_checked() -> None:
-    with pytest.raises(Exception, match="request_timeout"):
+    with pytest.raises(ConfigurationError, match="request_timeout must be a positive"):
         MCPToolset(str(RAW), request_timeout=0)
 
 
@@ -256,6 +256,11 @@ async def test_a_list_without_end_is_cut(
 def test_huge_progress_numbers_stay_floats() -> None:
     """Whole numbers are ints only while exact (below 2**53): 1e308 is not
     made a 309-digit int."""
-    assert payload(3.0, 10.0, None) == {"progress": 3, "total": 10}
-    assert payload(1e308, float(2**70), None) == {"progress": 1e308, "total": 2.0**70}
+    small = payload(3.0, 10.0, None)
+    assert small == {"progress": 3, "total": 10}
+    assert type(small["progress"]) is int  # (3.0 == 3: the types tell)
+    huge = payload(1e308, float(2**70), None)
+    assert huge == {"progress": 1e308, "total": 2.0**70}
+    assert type(huge["progress"]) is float
+    assert type(huge["total"]) is float
     assert payload(-1e300, None, None) == {"progress": -1e300}

@@ -400,8 +400,10 @@ class TestRunStream:
     async def test_a_paused_run_goes_on_after_resume(self) -> None:
         script = ScriptedProvider([calls(call("add", a=1, b=2)), text("3")])
         agent = Agent(script, tools=[add], handlers=[pause_tools])
+        types = []
         async with agent.run_stream("1+2?") as run:
             async for event in run:
+                types.append(event.type)
                 if event.type == "loop.paused":
                     await wait_until(
                         lambda: run.runtime.get(run.loop_id).status is LoopStatus.paused
@@ -409,6 +411,7 @@ class TestRunStream:
                     run.runtime.resume(run.loop_id)
             result = await run.result()
         assert result.output == "3"
+        assert types.index("loop.paused") < types.index("loop.resumed")
 
     def test_bad_arguments_fail_at_the_call(self) -> None:
         agent = Agent(ScriptedProvider([]))
@@ -556,6 +559,8 @@ class TestRunStreamBlock:
                     async for chunk in chunks:
                         assert chunk
                         break
+                    else:
+                        pytest.fail("no text chunk to break out at")
                     del chunks
                 gc.collect()
                 await anyio.wait_all_tasks_blocked()

@@ -179,9 +179,11 @@ def checked_output(
     if not clean or type(items) is not tuple:
         update = update or {}
         update["items"] = tuple(items)
-    if calls and loop is not None and not _unique(ids, _context_ids(loop)):
-        update = update or {}
-        update["items"] = _renamed_calls(items, _context_ids(loop), loop, model)
+    if calls and loop is not None:
+        renamed = _with_unique_ids(items, ids, loop, model)
+        if renamed is not None:
+            update = update or {}
+            update["items"] = renamed
     return output if update is None else output.model_copy(update=update)
 
 
@@ -195,12 +197,19 @@ def unique_call_ids(output: InferenceOutput, loop: Loop, model: str) -> Inferenc
     """
     items = output.items
     ids = [i.call_id for i in items if type(i) is FunctionCallItem]
+    renamed = _with_unique_ids(items, ids, loop, model)
+    return output if renamed is None else output.model_copy(update={"items": renamed})
+
+
+def _with_unique_ids(
+    items: Sequence[Any], ids: list[str], loop: Loop, model: str
+) -> tuple[Any, ...] | None:
+    """`items` (whose calls' ids are `ids`) with those ids made unique in the
+    loop, or None when they are already."""
     taken = _context_ids(loop)
     if _unique(ids, taken):
-        return output
-    return output.model_copy(
-        update={"items": _renamed_calls(items, taken, loop, model)}
-    )
+        return None
+    return _renamed_calls(items, taken, set(ids), loop, model)
 
 
 def _unique(ids: list[str], taken: set[str]) -> bool:
@@ -212,11 +221,10 @@ def _unique(ids: list[str], taken: set[str]) -> bool:
 
 
 def _renamed_calls(
-    items: Sequence[Any], taken: set[str], loop: Loop, model: str
+    items: Sequence[Any], taken: set[str], fresh: set[str], loop: Loop, model: str
 ) -> tuple[Any, ...]:
-    """`items` (checked) with their calls' ids made unique in the loop (see
-    `unique_call_ids`), logging the renaming."""
-    fresh = {item.call_id for item in items if type(item) is FunctionCallItem}
+    """`items` (checked, their calls' ids `fresh`) with those ids made unique
+    in the loop (see `unique_call_ids`), logging the renaming."""
     # Renamed in order, the first of a repeated id keeping it: what the model
     # meant by each call is unchanged, only which id the loop pairs it by.
     used: set[str] = set()

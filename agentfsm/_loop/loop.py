@@ -386,9 +386,10 @@ class Loop(Emitter):
             "outcome": self.outcome,
             "reason": self.reason,
             "answer": self.answer,
-            # A plain answer's output is its text; a structured one's, its parse.
+            # A plain answer's output is its text; a structured one's, its parse
+            # (of the schema the answering request had: a wrapper may change it).
             "output": self.parsed
-            if self.input.structured_output is not None or self.answer is None
+            if self.answer is None or self.request.structured_output is not None
             else self.answer.content,
             "error": self.error,
             "usage": self.usage,

@@ -31,7 +31,7 @@ from agentfsm.messages import TokenUsage
 from agentfsm.results import LoopStatus
 from agentfsm.store import SQLiteStore, StoredLoopSummary, UnreadableLoop
 from agentfsm.store._sql import SQLStore
-from agentfsm.timeline import short_ids
+from agentfsm.timeline import aligned, short_ids
 
 from ._interrupt import exit_at_interrupt
 from ._text import one_line
@@ -221,15 +221,8 @@ def format_loops(
         )
         for u in unreadable
     ]
-    widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
-    numbers = range(4, 9)  # turns to since are right-aligned; the rest is text
-    lines = [
-        "  ".join(
-            cell.rjust(w) if i in numbers else cell.ljust(w)
-            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
-        ).rstrip()
-        for row in (header, *rows)
-    ]
+    # Turns to since are right-aligned; the rest is text.
+    lines = aligned(header, rows, numbers=range(4, 9))
     counts = Counter(s.status for s in loops)
     by_status = ", ".join(f"{counts[s]} {s.value}" for s in LoopStatus if counts[s])
     if unreadable:

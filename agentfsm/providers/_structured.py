@@ -458,6 +458,23 @@ class Modes:
         digest = _digest(request) if _about_schema(error) else None
         return (request.model, digest, plan.mode)
 
+    def _note_refusal(
+        self,
+        exc: ProviderError,
+        request: InferenceInput,
+        plan: Plan,
+        last: bool,
+        refusals: list[_Refusal],
+    ) -> None:
+        """A request's `exc`: a refusal of `plan`'s mode joins `refusals` (the
+        next mode is tried); anything else is raised again, a final refusal as
+        what `_raise_refused` makes of it."""
+        refusal = self._refusal(request, plan, exc, last)
+        if refusal is None:
+            self._raise_refused(exc, request, plan)
+            raise exc
+        refusals.append(refusal)
+
     def _remember(self, refusals: list[_Refusal]) -> None:
         for model, digest, mode in refusals:
             self._refused.setdefault(model, {}).setdefault(digest, set()).add(mode)
@@ -474,13 +491,10 @@ class Modes:
             try:
                 output = await send(request, plan)
             except ProviderError as exc:
-                last = position == len(modes) - 1
-                refusal = self._refusal(request, plan, exc, last)
-                if refusal is not None:
-                    refusals.append(refusal)
-                    continue
-                self._raise_refused(exc, request, plan)
-                raise
+                self._note_refusal(
+                    exc, request, plan, position == len(modes) - 1, refusals
+                )
+                continue
             self._remember(refusals)
             return answer_of(output, plan)
         raise AssertionError("unreachable: the last mode raises or returns")
@@ -503,13 +517,10 @@ class Modes:
             try:
                 events = await stack.enter_async_context(open_(request, plan))
             except ProviderError as exc:
-                last = position == len(modes) - 1
-                refusal = self._refusal(request, plan, exc, last)
-                if refusal is not None:
-                    refusals.append(refusal)
-                    continue
-                self._raise_refused(exc, request, plan)
-                raise
+                self._note_refusal(
+                    exc, request, plan, position == len(modes) - 1, refusals
+                )
+                continue
             self._remember(refusals)
             async with stack:
                 yield AnswerStream(events, plan)

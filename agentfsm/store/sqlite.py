@@ -366,13 +366,18 @@ class SQLiteStore(SQLStore[sqlite3.Connection]):
                 for kind, name in db.execute("SELECT type, name FROM sqlite_master")
             )
         except sqlite3.DatabaseError as exc:
-            if "file is not a database" not in str(exc):
-                raise
-            raise StoreSchemaError(
-                f"{self.path} is not a SQLite database, so not an agentfsm store: "
-                "it is left as it was"
-            ) from None
+            raise self._not_sqlite(exc) from None
         return app, version, tables
+
+    def _not_sqlite(self, exc: sqlite3.DatabaseError) -> Exception:
+        """What to raise for `exc`, raised opening the file: a file that is no
+        SQLite database is refused as such, any other error stays itself."""
+        if "file is not a database" not in str(exc):
+            return exc
+        return StoreSchemaError(
+            f"{self.path} is not a SQLite database, so not an agentfsm store: "
+            "it is left as it was"
+        )
 
     def _judge_layout(self, app: int, version: int, tables: list[str]) -> bool:
         """Whether the file holds an agentfsm store of this layout (True) or
@@ -402,12 +407,7 @@ class SQLiteStore(SQLStore[sqlite3.Connection]):
         try:
             db.execute("BEGIN IMMEDIATE")
         except sqlite3.DatabaseError as exc:
-            if "file is not a database" not in str(exc):
-                raise
-            raise StoreSchemaError(
-                f"{self.path} is not a SQLite database, so not an agentfsm store: "
-                "it is left as it was"
-            ) from None
+            raise self._not_sqlite(exc) from None
         try:
             if not self._judge_layout(*self._layout_of(db)):
                 for statement in _SCHEMA:

@@ -36,6 +36,7 @@ from agentfsm.messages import (
     ModelMessageItem,
     UserMessage,
 )
+from agentfsm.tools import format_validation_error
 
 if TYPE_CHECKING:
     from agentfsm._loop.loop import Loop
@@ -110,7 +111,7 @@ def parse(
             loop.parsed = schema.model_validate_json(text)
     except (ValidationError, ValueError) as exc:
         error = (
-            _validation_text(exc, "arguments" if by_tool else "answer")
+            format_validation_error(exc, "arguments" if by_tool else "answer")
             if isinstance(exc, ValidationError)
             else error_text(exc)
         )
@@ -155,17 +156,6 @@ def _is_json(text: str) -> bool:
     except ValueError:
         return False
     return True
-
-
-def _validation_text(error: ValidationError, root: str) -> str:
-    """One line per problem: `field: message (got value)`, a problem with the
-    whole answer named `root`."""
-    problems = []
-    for err in error.errors(include_url=False):
-        where = ".".join(str(part) for part in err["loc"]) or root
-        got = "" if err["type"] == "missing" else f" (got {err.get('input')!r})"
-        problems.append(f"{where}: {err['msg']}{got}")
-    return "; ".join(problems)
 
 
 def _validate_json_schema(schema: dict[str, Any], text: str) -> Any:
