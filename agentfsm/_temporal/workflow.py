@@ -6,9 +6,9 @@ handlers, the wrappers, the stop conditions and the queues. Its clock is
 publishes are the events the first run published. What is not deterministic
 leaves the workflow as an activity:
 
-- each model request: a provider (`_ActivityProvider`) whose `complete` runs
+- each model request: a provider (`calls.ActivityProvider`) whose `complete` runs
   the `agentfsm.<agent>.infer` activity, the context passed by reference;
-- each tool body: the innermost tool wrapper (`_ToolActivities`) runs the
+- each tool body: the innermost tool wrapper (`calls.ToolActivities`) runs the
   `agentfsm.<agent>.tool.<name>` activity, the tool's timeout its
   start-to-close timeout (the tool's own in-workflow timer is never armed:
   the tool's function does not run in the workflow), its crash policy its
@@ -22,51 +22,27 @@ ones waiting); the `view` query answers with the loop's `LoopView`.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
-from datetime import timedelta
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from pydantic import TypeAdapter
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributeKey
-from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
+from temporalio.common import SearchAttributeKey
+from temporalio.exceptions import ApplicationError
 
-from agentfsm._keys import idempotency_key
-from agentfsm._replay.wire import request_data
 from agentfsm._runtime.runtime import Runtime
 from agentfsm.events import AgentEvent
-from agentfsm.exceptions import (
-    ConfigurationError,
-    LoopStateError,
-    ProviderError,
-    ToolTimeout,
-)
-from agentfsm.inference import InferenceInput, InferenceOutput, OutputCompleted
-from agentfsm.interception import (
-    Decision,
-    Pause,
-    PendingTransition,
-    Rewrite,
-    ToolBatch,
-)
-from agentfsm.messages import ContextItem, ModelContext, UserMessage
+from agentfsm.exceptions import ConfigurationError, LoopStateError
+from agentfsm.inference import InferenceInput
+from agentfsm.interception import Decision, Rewrite, ToolBatch
+from agentfsm.messages import ModelContext, UserMessage
 from agentfsm.providers import _OneProviderRegistry
 from agentfsm.results import LoopStatus, LoopView
 from agentfsm.states import LoopState, Trigger
-from agentfsm.tools import ToolCall, ToolNext, ToolResult, _current_call
 
-from .agent import LocalActivityHandler, TemporalAgent, agent_named
-from .wire import (
-    CONTEXT_MISSING,
-    InferArgs,
-    InferResult,
-    StartLoop,
-    ToolArgs,
-    ToolOutcome,
-    chain_digest,
-    dump,
-)
+from .agent import LocalActivityHandler, agent_named
+from .calls import ActivityProvider, ToolActivities, local_handler
+from .wire import StartLoop
 
 if TYPE_CHECKING:
     from agentfsm._loop import Loop
@@ -85,28 +61,6 @@ registered would fail the workflow task."""
 _decisions: TypeAdapter[Decision] = TypeAdapter(Decision)
 
 
-async def _run(handle: Any) -> Any:
-    """Await an activity's handle so that a cancellation ends the wait at once.
-
-    anyio cancels a task by calling `cancel()` on it again at each turn of the
-    event loop until it exits; awaiting the handle itself, the task would wait
-    for Temporal to confirm the activity's cancellation, which needs the
-    workflow to yield first, so the loop would spin until Temporal's deadlock
-    detector fails the workflow task. Shielded, the task leaves at once, and
-    the handle, cancelled, asks Temporal to cancel the activity.
-    """
-    import asyncio  # noqa: TID251 - workflow code runs on asyncio only
-
-    try:
-        return await asyncio.shield(handle)
-    except asyncio.CancelledError:
-        handle.cancel()
-        # Nobody awaits the handle any more: retrieve its outcome, so that
-        # asyncio does not report an exception that was never retrieved.
-        handle.add_done_callback(lambda f: f.cancelled() or f.exception())
-        raise
-
-
 def view_data(view: LoopView) -> dict[str, Any]:
     """A `LoopView` as JSON data (a pending request's tools are objects: its
     payload is left out; the request's metadata too)."""
@@ -116,258 +70,6 @@ def view_data(view: LoopView) -> dict[str, Any]:
     if pending is not view.pending:
         view = view.model_copy(update={"pending": pending})
     return view.model_dump(mode="json", exclude={"pending": {"metadata"}})
-
-
-class _ContextRef:
-    """Which prefix of the context the inference activities' store holds: the
-    items sent so far (by identity: items are frozen, an edit replaces one)
-    and their chain digests."""
-
-    __slots__ = ("digests", "sent")
-
-    def __init__(self) -> None:
-        self.sent: list[ContextItem] = []
-        self.digests: list[str] = []
-
-    def split(
-        self, items: Sequence[ContextItem], whole: bool
-    ) -> tuple[int, str, tuple[ContextItem, ...], tuple[str, ...]]:
-        """`(base, base_digest, new items, their digests)` of a request."""
-        base = 0
-        if not whole:
-            sent = self.sent
-            limit = min(len(sent), len(items))
-            while base < limit and items[base] is sent[base]:
-                base += 1
-        digests = self.digests[:base]
-        previous = digests[-1] if digests else ""
-        fresh = tuple(items[base:])
-        for item in fresh:
-            previous = chain_digest(previous, item)
-            digests.append(previous)
-        self.sent = list(items)
-        self.digests = digests
-        return (
-            base,
-            (self.digests[base - 1] if base else ""),
-            fresh,
-            tuple(digests[base:]),
-        )
-
-
-class _ActivityProvider:
-    """The workflow's provider: each request is an inference activity."""
-
-    def __init__(self, agent: TemporalAgent, owner: LoopWorkflow) -> None:
-        self.agent = agent
-        self.owner = owner
-        self.context = _ContextRef()
-        self.requests = 0
-        options = agent.options
-        timeout = options.get("inference_timeout")
-        self.timeout = (
-            timedelta(seconds=timeout) if timeout is not None else agent.no_timeout
-        )
-
-    async def complete(self, request: InferenceInput, /) -> InferenceOutput:
-        return await self._infer(request, streaming=False)
-
-    @asynccontextmanager
-    async def stream(
-        self, request: InferenceInput, /
-    ) -> AsyncIterator[AsyncIterator[OutputCompleted]]:
-        # The activity consumes the stream (its chunks go to the worker's
-        # `on_chunk`); the loop gets the completed output only.
-        output = await self._infer(request, streaming=True)
-
-        async def one() -> AsyncIterator[OutputCompleted]:
-            yield OutputCompleted(output=output)
-
-        yield one()
-
-    async def _infer(
-        self, request: InferenceInput, *, streaming: bool
-    ) -> InferenceOutput:
-        self.requests += 1
-        data = request_data(request)
-        schema = request.structured_output
-        if isinstance(schema, type):
-            schema = schema.model_json_schema()
-        settings = dict(data.settings)
-        settings.pop("streaming", None)
-        items = request.context.items
-        whole = False
-        while True:
-            base, digest, fresh, digests = self.context.split(items, whole)
-            args = InferArgs(
-                loop_id=self.owner.loop_id,
-                request=self.requests,
-                model=request.model,
-                settings=settings,
-                tools=data.tools,
-                structured_output=schema,
-                instructions=request.context.instructions,
-                streaming=streaming,
-                base=base,
-                base_digest=digest,
-                items=fresh,
-                digests=digests,
-            )
-            try:
-                raw = await _run(
-                    workflow.start_activity(
-                        f"agentfsm.{self.agent.name}.infer",
-                        dump(args),
-                        start_to_close_timeout=self.timeout,
-                        heartbeat_timeout=self.agent.model_heartbeat,
-                        retry_policy=self.agent.model_retry,
-                        summary=f"request {self.requests}",
-                    )
-                )
-            except ActivityError as exc:
-                cause = exc.cause
-                if (
-                    isinstance(cause, ApplicationError)
-                    and cause.type == CONTEXT_MISSING
-                    and not whole
-                ):
-                    whole = True  # that worker's store lacks the prefix: send it all
-                    continue
-                raise ProviderError(
-                    f"the inference activity for {request.model!r} failed: "
-                    f"{cause or exc}",
-                    retryable=False,
-                ) from exc
-            break
-        result = InferResult.model_validate(raw)
-        if result.error is not None:
-            error = result.error
-            raise ProviderError(
-                error.message,
-                retryable=error.retryable,
-                status_code=error.status_code,
-            )
-        assert result.output is not None
-        return result.output
-
-
-class _ToolActivities:
-    """The innermost tool wrapper: runs a call's tool body as an activity."""
-
-    def __init__(self, agent: TemporalAgent, owner: LoopWorkflow) -> None:
-        self.agent = agent
-        self.owner = owner
-        self.lost: list[tuple[str, str]] = []
-        """`(call_id, tool)` of `on_crash="pause"` calls whose one attempt was
-        lost: the loop pauses at its next transition (`pause_after_lost`)."""
-
-    async def __call__(self, call: ToolCall, next_: ToolNext) -> ToolResult:
-        tool = call.tool
-        if tool is None or self.agent.tool(tool.name) is not tool:
-            # Not one of the agent's tools (an unknown name; a tool a wrapper
-            # or handler made up): the loop's own handling, in the workflow.
-            return await next_(call)
-        item = call.call
-        # The loop's own record of the call (request number, position, key):
-        # the activity's tool sees the same `current_call()` as in a process.
-        running = _current_call.get()
-        if running is not None and running.call_id == item.call_id:
-            request, position = running.request, running.position
-            key = running.idempotency_key
-            if call.arguments != item.arguments:  # a wrapper changed them
-                key = idempotency_key(
-                    call.loop_id, request, position, item.name, call.arguments
-                )
-        else:  # a wrapper of ours called from elsewhere: the same rule
-            request, position = self.owner.provider.requests, 0
-            key = idempotency_key(
-                call.loop_id, request, position, item.name, call.arguments
-            )
-        args = ToolArgs(
-            loop_id=call.loop_id,
-            agent_id=call.agent_id,
-            call_id=item.call_id,
-            name=tool.name,
-            arguments=call.arguments,
-            request=request,
-            position=position,
-            idempotency_key=key,
-        )
-        retry = tool.on_crash == "retry"
-        timeout = (
-            timedelta(seconds=tool.timeout)
-            if tool.timeout is not None
-            else self.agent.no_timeout
-        )
-        try:
-            raw = await _run(
-                workflow.start_activity(
-                    f"agentfsm.{self.agent.name}.tool.{tool.name}",
-                    dump(args),
-                    start_to_close_timeout=timeout,
-                    heartbeat_timeout=self.agent.tool_heartbeat,
-                    retry_policy=RetryPolicy(
-                        maximum_attempts=self.agent.tool_attempts if retry else 1
-                    ),
-                    summary=f"{tool.name} {item.call_id}",
-                )
-            )
-        except ActivityError as exc:
-            cause = exc.cause
-            if not retry:
-                self.lost.append((item.call_id, tool.name))
-            if isinstance(cause, TimeoutError):
-                raise ToolTimeout(
-                    f"tool {tool.name!r}: its activity timed out "
-                    f"({cause.type.name if cause.type else 'timeout'}) "
-                    + (
-                        f"after {self.agent.tool_attempts} attempts"
-                        if retry
-                        else "and was not retried (on_crash='pause')"
-                    ),
-                    tool=tool.name,
-                ) from exc
-            return ToolResult.error(
-                f"tool {tool.name!r}: its activity failed: {cause or exc}"
-            )
-        outcome = ToolOutcome.model_validate(raw)
-        return ToolResult(
-            output=outcome.output,
-            is_error=outcome.is_error,
-            terminate=outcome.terminate,
-        )
-
-    def pause_after_lost(self, pending: PendingTransition) -> Decision | None:
-        """Pause a loop whose `on_crash="pause"` call was lost, before it goes
-        on: a person decides (resume goes on; the model sees the call's error)."""
-        if not self.lost or pending.source is not LoopState.function_call:
-            return None
-        lost, self.lost = self.lost, []
-        names = ", ".join(f"{tool} ({call_id})" for call_id, tool in lost)
-        return Pause(
-            f"tool call {names} was lost with its worker or timed out and is "
-            "not retried (on_crash='pause'): it may or may not have run"
-        )
-
-
-def _local(agent: TemporalAgent, marked: LocalActivityHandler) -> Callable[..., Any]:
-    """A `local_activity` handler as the loop calls it: a local activity."""
-
-    async def decide(pending: PendingTransition) -> Decision | None:
-        sent = pending
-        if isinstance(pending.payload, InferenceInput):
-            sent = pending.model_copy(update={"payload": None})
-        raw = await _run(
-            workflow.start_local_activity(
-                f"agentfsm.{agent.name}.handler.{marked.name}",
-                sent.model_dump(mode="json", exclude={"metadata"}),
-                start_to_close_timeout=marked.timeout,
-            )
-        )
-        return None if raw is None else _decisions.validate_python(raw)
-
-    decide.__qualname__ = decide.__name__ = marked.name
-    return decide
 
 
 class _Status:
@@ -395,7 +97,7 @@ class LoopWorkflow:
     def __init__(self) -> None:
         self.loop_id = ""
         self.runtime: Runtime | None = None
-        self.provider: _ActivityProvider
+        self.provider: ActivityProvider
         self._early: list[Callable[[Runtime], None]] = []
         self._state = ""
 
@@ -413,12 +115,12 @@ class LoopWorkflow:
                 str(exc), type="ConfigurationError", non_retryable=True
             ) from exc
         self.loop_id = start.loop_id
-        self.provider = _ActivityProvider(agent, self)
-        tools = _ToolActivities(agent, self)
+        self.provider = ActivityProvider(agent, self)
+        tools = ToolActivities(agent, self)
         handlers: list[Any] = [tools.pause_after_lost]
         for h in agent.handlers:
             handlers.append(
-                _local(agent, h) if isinstance(h, LocalActivityHandler) else h
+                local_handler(agent, h) if isinstance(h, LocalActivityHandler) else h
             )
         options = dict(agent.options)
         # The activity's start-to-close timeout, not an in-workflow timer.
