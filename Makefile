@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 LOCAL  := $(VENV)/.local-installed
 
-.PHONY: test demo bench bench-instructions bench-peers bench-durable bench-load bench-temporal lint typecheck pytest quick clean docs docs-check
+.PHONY: ui-screenshots test demo bench bench-instructions bench-peers bench-durable bench-load bench-temporal lint typecheck pytest quick clean docs docs-check
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,11 @@ docs: $(STAMP)
 docs-check: $(STAMP)
 	$(PY) -m mkdocs build --strict --site-dir .docs-check
 	rm -rf .docs-check
+
+# The screenshots in docs/ui.md, taken by the browser tests of `agentfsm ui`
+# (needs Debian's chromium: apt-get install -y chromium).
+ui-screenshots: $(STAMP)
+	AGENTFSM_UI_SCREENSHOTS=docs/images $(PY) -m pytest tests/test_ui_browser.py -q
 
 quick: $(STAMP)
 	$(PY) -m pytest -m "not e2e" -x -q

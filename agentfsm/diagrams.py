@@ -4,6 +4,8 @@
   the declaration the loop runs. `diagrams/agent_loop.md` holds it.
 - `render_dot()`: the machine as graphviz DOT text; `render_svg()` and
   `render_png()` run graphviz's `dot` program on it (`diagrams/agent_loop.svg`).
+- `path_graph(loop)`: the same drawing as data (rows of states, edges with
+  their kind and label), for a program that draws it itself (`agentfsm ui`).
 - A loop's path: `render_path_mermaid(loop)`, `render_dot(loop)`,
   `render_svg(loop)` and `render_png(loop)` draw the machine with the states the
   loop visited and the one it is in highlighted, each edge it took labelled
@@ -45,6 +47,7 @@ from .states import ERROR_TRIGGERS, LoopState, Trigger
 __all__ = (
     "LoopPath",
     "dot_digest",
+    "path_graph",
     "render_dot",
     "render_markdown",
     "render_mermaid",
@@ -331,25 +334,41 @@ _DOT_TO_JUNCTION = "arrowhead=none, style=dashed, color=gray70"
 _ERROR_LABEL = " | ".join(t for t in Trigger if t in ERROR_TRIGGERS)
 
 
-def _dot_edges(path: LoopPath | None) -> list[str]:
-    """The DOT edges: forward edges shape the rows, edges back up do not, and
-    the ending edges lead to the end node, the untaken error ones grouped."""
-    lines: list[str] = []
+def _ending_edges(path: LoopPath | None) -> tuple[list[_Edge], list[LoopState]]:
+    """The edges as the row drawings draw them: an edge to `idle` leads to
+    the end node (`_END`), and the untaken error triggers of each state are
+    left out of its label, to meet at one junction instead; with the states
+    whose error edges go there."""
+    drawn: list[_Edge] = []
     to_junction: list[LoopState] = []
     for e in _edges(path):
-        label = e.label
         if e.dest is LoopState.idle and e.kind == "plain":
-            triggers = label.split(" | ")
+            triggers = e.label.split(" | ")
             ending = [t for t in triggers if t not in ERROR_TRIGGERS]
             if len(ending) < len(triggers):
                 to_junction.append(e.source)
             if not ending:
                 continue
-            label = " | ".join(ending)
-        dest = _END if e.dest is LoopState.idle else str(e.dest)
+            e = e._replace(label=" | ".join(ending))
+        drawn.append(e)
+    return drawn, to_junction
+
+
+def _dest_node(e: _Edge) -> str:
+    return _END if e.dest is LoopState.idle else str(e.dest)
+
+
+def _dot_edges(path: LoopPath | None) -> list[str]:
+    """The DOT edges: forward edges shape the rows, edges back up do not, and
+    the ending edges lead to the end node, the untaken error ones grouped."""
+    lines: list[str] = []
+    drawn, to_junction = _ending_edges(path)
+    for e in drawn:
         back = e.dest is not LoopState.idle and _DEPTH[e.dest] <= _DEPTH[e.source]
         extra = _DOT_EDGE[e.kind] + (", constraint=false" if back else "")
-        lines.append(f"  {e.source} -> {dest} [label={_dot_str(label)}{extra}];")
+        lines.append(
+            f"  {e.source} -> {_dest_node(e)} [label={_dot_str(e.label)}{extra}];"
+        )
     lines.extend(f"  {s} -> {_ENDED} [{_DOT_TO_JUNCTION}];" for s in to_junction)
     if to_junction:
         lines.append(f"  {_ENDED} -> {_END} [label={_dot_str(_ERROR_LABEL)}];")
@@ -409,6 +428,56 @@ def render_dot(
         lines.append(f"  {{rank=same; __paused__; {path.state}}}")
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def path_graph(
+    loop: LoopPath | LoopView | LoopResult | None = None,
+) -> dict[str, object]:
+    """The drawing `render_dot` makes, as JSON data a page draws without
+    graphviz.
+
+    - `rows`: the states in rows, top to bottom (`idle` twice: `idle` at the
+      top where loops start, `idle_end` at the bottom where they end);
+    - `nodes`: each state's highlight (`visited`, `current`, `paused`, None);
+    - `edges`: the edges, each with its kind (`plain`, `taken`, `rewritten`,
+      `pending`) and label as in the other drawings (`infer (#2, #4)`);
+    - `ended`: the states whose untaken error edges (`abort | fail |
+      cancel`) meet at one point on their way to `idle_end`, and that label;
+    - `note`: why a paused loop waits; `title`.
+
+    The text is the loop's: untrusted, to be shown as text.
+
+    ```python
+    graph = path_graph(runtime.get(loop_id))
+    graph["rows"]   # [["idle"], ["context_update"], ...]
+    graph["edges"]  # [{"source": "idle", "dest": "context_update", ...}, ...]
+    ```
+    """
+    path = None if loop is None else LoopPath.of(loop)
+    start_css, end_css = _end_classes(path)
+    nodes = {
+        str(state): start_css if state is LoopState.idle else _state_class(state, path)
+        for state in LoopState
+    }
+    nodes[_END] = end_css
+    drawn, ended = _ending_edges(path)
+    edges = [
+        {
+            "source": str(e.source),
+            "dest": _dest_node(e),
+            "label": e.label,
+            "kind": e.kind,
+        }
+        for e in drawn
+    ]
+    return {
+        "title": path.title if path is not None else _MACHINE_TITLE,
+        "rows": [[str(s) for s in row] for row in _RANKS] + [[_END]],
+        "nodes": nodes,
+        "edges": edges,
+        "ended": {"sources": [str(state) for state in ended], "label": _ERROR_LABEL},
+        "note": _pause_note(path),
+    }
 
 
 def _dot_str(text: str) -> str:

@@ -560,6 +560,11 @@ class Runtime:
 
         return await keeper.recover(self._loops, make, self._take_recovered)
 
+    @property
+    def store(self) -> LoopStore | None:
+        """The durable store the runtime's loops are kept in (None: none)."""
+        return None if self._keeper is None else self._keeper.store
+
     def watch(self, loop_id: str, after_seq: int = 0) -> AsyncGenerator[AgentEvent]:
         """A loop's events with a seq above `after_seq`, until its `loop.idle`:
         those its store kept, then the live ones, without a gap or a repeat. A

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 
 from agentfsm import __version__
 
-from . import diagram, inspect, loops, run
+from . import diagram, inspect, loops, run, ui
 
-SUBCOMMANDS = (diagram, run, inspect, loops)
+SUBCOMMANDS = (diagram, run, inspect, loops, ui)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,180 @@
+"""What the UI reads of a store, as JSON data for its pages.
+
+The pages draw, the server reads: every figure, row and drawing a page shows
+is computed here, from the same functions `agentfsm loops` and `agentfsm
+inspect` use (`StoredLoopSummary`, `build_timeline`, `path_graph`), so that
+the UI and the command line never tell two stories. Everything read is the
+store's text, untrusted: it leaves here as JSON strings, which the pages put
+into the document as text, never as markup.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from agentfsm._paths import LoopPath
+from agentfsm.diagrams import path_graph
+from agentfsm.events import AgentEvent
+from agentfsm.record import LoopRecord
+from agentfsm.results import LoopStatus, PathStep
+from agentfsm.store import StoredLoopSummary, UnreadableLoop
+from agentfsm.store._sql import SQLStore
+from agentfsm.timeline import build_timeline
+
+__all__ = ("LoopPage", "StoreSource")
+
+_WIDTH: Final = 160
+"""How much of a long value (arguments, outputs) a timeline row quotes; the
+context and the ledger show them whole."""
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def summary_data(loop: StoredLoopSummary) -> dict[str, Any]:
+    return loop.model_dump(mode="json")
+
+
+@dataclass(slots=True)
+class LoopPage:
+    """What one loop's page shows, and the marks a later read compares to
+    tell whether anything changed (`seq`: the last kept event's; `version`:
+    the record's seq and status)."""
+
+    data: dict[str, Any]
+    seq: int
+    version: tuple[int, str]
+    items: int
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+
+class StoreSource:
+    """The UI's reads of one durable store (a SQLite or PostgreSQL store that
+    keeps events)."""
+
+    def __init__(self, store: SQLStore[Any]) -> None:
+        self.store = store
+
+    async def loops(
+        self, status: str | None = None, agent: str | None = None
+    ) -> dict[str, Any]:
+        """The loops list: each loop's summary (newest first), the counts per
+        status over all loops, the agents known, and the loops that cannot
+        be read (each with why)."""
+        unreadable: list[UnreadableLoop] = []
+        every = await self.store.loops(unreadable=unreadable)
+        counts = Counter(str(loop.status) for loop in every)
+        agents = sorted({loop.agent_id for loop in every})
+        shown = [
+            loop
+            for loop in reversed(every)
+            if (status is None or loop.status == status)
+            and (agent is None or loop.agent_id == agent)
+        ]
+        return {
+            "now": _now().isoformat(),
+            "counts": {s.value: counts.get(s.value, 0) for s in LoopStatus},
+            "agents": agents,
+            "loops": [summary_data(loop) for loop in shown],
+            "unreadable": [u.model_dump(mode="json") for u in unreadable],
+        }
+
+    async def loop(
+        self, loop_id: str, *, after: int = 0, items: int = 0
+    ) -> LoopPage | None:
+        """One loop's page: its summary, its path drawn as data, its ledger,
+        its decisions, the context items from `items` on and the timeline
+        rows past seq `after` (a page that has the earlier ones asks for the
+        rest only). None: the store holds no such loop."""
+        summaries = await self.store.loops(loop_id=loop_id)
+        stored = await self.store.load(loop_id)
+        if not summaries or stored is None:
+            return None
+        summary = summaries[0]
+        record = stored.record
+        if items > len(stored.items):
+            items = 0  # the context shrank (someone edited it): send it whole
+        events = await self.store.events(loop_id) if self.store.keeps_events else []
+        rows = _rows(events, loop_id, after)
+        calls = await self.store.calls(loop_id)
+        decisions = await self.store.decisions(loop_id)
+        data = {
+            "now": _now().isoformat(),
+            "summary": summary_data(summary),
+            "graph": path_graph(_path(record)),
+            "pause": None
+            if record.pause is None
+            else record.pause.model_dump(mode="json"),
+            "answer": None if record.answer is None else record.answer.content,
+            "error": None
+            if record.error is None
+            else record.error.model_dump(mode="json"),
+            "steering": [m.content for m in record.steering],
+            "follow_ups": [m.content for m in record.follow_ups],
+            "ledger": [c.model_dump(mode="json") for c in calls],
+            "decisions": [d.model_dump(mode="json") for d in decisions],
+            "items_from": items,
+            "items": [i.model_dump(mode="json") for i in stored.items[items:]],
+            "rows": rows,
+            "events_kept": self.store.keeps_events,
+        }
+        last = events[-1].seq if events else 0
+        return LoopPage(
+            data=data,
+            seq=last,
+            version=(record.seq, str(record.status)),
+            items=len(stored.items),
+            rows=rows,
+        )
+
+    async def events(self, loop_id: str, after: int = 0) -> list[AgentEvent]:
+        """The loop's kept events past seq `after`."""
+        return await self.store.events(loop_id, after)
+
+
+def _path(record: LoopRecord) -> LoopPath:
+    """The path diagrams' view of a stored record."""
+    pause = record.pause
+    return LoopPath(
+        loop_id=record.loop_id,
+        agent_id=record.agent_id,
+        steps=record.path,
+        rewritten=frozenset(
+            i for i, step in enumerate(record.path) if step.rewritten_from is not None
+        ),
+        state=record.state,
+        status=record.status,
+        outcome=record.outcome,
+        pending=None
+        if pause is None
+        else PathStep(pause.source, pause.trigger, pause.dest),
+        pause_reason=None if pause is None else pause.reason,
+    )
+
+
+def _rows(events: list[AgentEvent], loop_id: str, after: int) -> list[dict[str, Any]]:
+    """The timeline rows (as `agentfsm inspect` prints them) past seq `after`,
+    each with the event's data for the page to show in full on demand."""
+    if not events:
+        return []
+    timeline = build_timeline(events, loop_id, width=_WIDTH)
+    by_seq = {e.seq: e for e in events}
+    rows = []
+    for row in timeline.rows:
+        if row.seq <= after:
+            continue
+        event = by_seq.get(row.seq)
+        rows.append(
+            {
+                "seq": row.seq,
+                "elapsed": row.elapsed,
+                "kind": row.kind,
+                "text": row.text,
+                "event": None if event is None else event.model_dump(mode="json"),
+            }
+        )
+    return rows

@@ -1,0 +1,242 @@
+// One loop's page: its summary, its path drawn over the machine, its
+// timeline, ledger, decisions and context, kept current by the stream (each
+// `loop` event carries what the page lacks: the rows past the last seq it
+// has, the context items past the ones it has, and the rest whole).
+"use strict";
+
+(() => {
+  const { el, clear, age, tokens, live, meta, visible } = agentfsm;
+  const loopId = meta("agentfsm-loop");
+  document.getElementById("loop-id").textContent = visible(loopId);
+  document.title = `agentfsm · ${visible(loopId)}`;
+  const SVG = "http://www.w3.org/2000/svg";
+  let rowsSeen = 0;
+  let itemsSeen = 0;
+
+  function svg(tag, attrs, text) {
+    const node = document.createElementNS(SVG, tag);
+    for (const [key, value] of Object.entries(attrs)) node.setAttribute(key, String(value));
+    if (text !== undefined) node.textContent = visible(text);
+    return node;
+  }
+
+  // The machine in rows (the server's layout: `path_graph`), drawn as SVG.
+  // An edge down the rows is a straight line, its ends spread along the
+  // nodes' borders; an edge back up leaves and enters by the outer side and
+  // bends around; the untaken error edges meet at one junction above the end.
+  function drawGraph(graph) {
+    const box = document.getElementById("diagram");
+    clear(box);
+    const W = 160, H = 40, GAP_X = 90, GAP_Y = 74, PAD = 170;
+    const widest = Math.max(...graph.rows.map((row) => row.length));
+    const width = PAD * 2 + widest * W + (widest - 1) * GAP_X;
+    const where = {};
+    graph.rows.forEach((row, r) => {
+      const rowWidth = row.length * W + (row.length - 1) * GAP_X;
+      const left = (width - rowWidth) / 2;
+      row.forEach((state, i) => {
+        where[state] = { x: left + i * (W + GAP_X), y: 20 + r * (H + GAP_Y), row: r };
+      });
+    });
+    const height = 40 + graph.rows.length * H + (graph.rows.length - 1) * GAP_Y;
+    box.setAttribute("viewBox", `0 0 ${width} ${height}`);
+    const defs = svg("defs", {});
+    for (const kind of ["plain", "taken", "rewritten", "pending"]) {
+      const marker = svg("marker", { id: `arrow-${kind}`, viewBox: "0 0 10 10", refX: 9, refY: 5, markerWidth: 7, markerHeight: 7, orient: "auto-start-reverse" });
+      marker.append(svg("path", { d: "M 0 0 L 10 5 L 0 10 z", class: `arrow ${kind}` }));
+      defs.append(marker);
+    }
+    box.append(defs);
+    const edges = svg("g", { class: "edges" });
+    const line = (d, cls, marker, edge) => {
+      const attrs = { d, class: cls };
+      if (marker) attrs["marker-end"] = `url(#arrow-${marker})`;
+      if (edge) Object.assign(attrs, { "data-source": edge.source, "data-dest": edge.dest });
+      edges.append(svg("path", attrs));
+    };
+    const label = (x, y, text, kind, anchor) => edges.append(svg("text", { x, y, class: `label ${kind}`, "text-anchor": anchor || "start" }, text));
+    const down = graph.edges.filter((e) => where[e.dest].row > where[e.source].row);
+    const back = graph.edges.filter((e) => where[e.dest].row <= where[e.source].row);
+    // Each node's outgoing and incoming down edges, spread along its border.
+    const outs = {}, ins = {};
+    for (const e of down) {
+      (outs[e.source] = outs[e.source] || []).push(e);
+      (ins[e.dest] = ins[e.dest] || []).push(e);
+    }
+    for (const e of down) {
+      const a = where[e.source], b = where[e.dest];
+      const sorter = (list, other) => [...list].sort((p, q) => where[p[other]].x - where[q[other]].x);
+      const os = sorter(outs[e.source], "dest"), is = sorter(ins[e.dest], "source");
+      const x1 = a.x + ((os.indexOf(e) + 1) * W) / (os.length + 1), y1 = a.y + H;
+      const x2 = b.x + ((is.indexOf(e) + 1) * W) / (is.length + 1), y2 = b.y;
+      line(`M ${x1} ${y1} L ${x2} ${y2}`, `edge ${e.kind}`, e.kind, e);
+      const t = 0.3;
+      label(x1 + (x2 - x1) * t + 4, y1 + (y2 - y1) * t + 4, e.label, e.kind);
+    }
+    const centre = width / 2;
+    const byDepth = {};
+    for (const e of back) {
+      const a = where[e.source], b = where[e.dest];
+      const left = a.x + W / 2 < centre || (a.x + W / 2 === centre && b.x + W / 2 <= centre);
+      const side = left ? -1 : 1;
+      const key = `${e.source}:${side}`;
+      const nth = (byDepth[key] = (byDepth[key] || 0) + 1) - 1;
+      const x1 = left ? a.x : a.x + W, y1 = a.y + H / 2 + (nth - 1) * 8;
+      const x2 = left ? b.x : b.x + W, y2 = b.y + H / 2 + nth * 6;
+      const out = Math.min(Math.min(x1, x2), centre) - 40 - nth * 34;
+      const outR = Math.max(Math.max(x1, x2), centre) + 40 + nth * 34;
+      const cx = left ? out : outR;
+      line(`M ${x1} ${y1} C ${cx} ${y1} ${cx} ${y2} ${x2} ${y2}`, `edge ${e.kind}`, e.kind, e);
+      label(cx + side * 4, (y1 + y2) / 2, e.label, e.kind, left ? "end" : "start");
+    }
+    const sources = graph.ended.sources;
+    if (sources.length) {
+      const end = where.idle_end;
+      const jx = end.x + W / 2, jy = end.y - GAP_Y / 2;
+      for (const s of sources) {
+        const a = where[s];
+        line(`M ${a.x + W / 2} ${a.y + H} L ${jx} ${jy}`, "edge ended", null, null);
+      }
+      edges.append(svg("circle", { cx: jx, cy: jy, r: 3, class: "junction" }));
+      line(`M ${jx} ${jy} L ${jx} ${end.y}`, "edge plain", "plain", null);
+      label(jx + 6, jy + 16, graph.ended.label, "plain");
+    }
+    box.append(edges);
+    const nodes = svg("g", { class: "nodes" });
+    for (const [state, spot] of Object.entries(where)) {
+      const css = graph.nodes[state] || "";
+      const group = svg("g", { class: `node ${css}`, "data-state": state });
+      group.append(svg("rect", { x: spot.x, y: spot.y, width: W, height: H, rx: 10 }));
+      const name = state === "idle_end" ? "idle" : state;
+      group.append(svg("text", { x: spot.x + W / 2, y: spot.y + H / 2 + 5, "text-anchor": "middle" }, name));
+      nodes.append(group);
+    }
+    box.append(nodes);
+    document.getElementById("diagram-note").textContent = visible(graph.note || graph.title);
+  }
+
+  function drawSummary(data) {
+    const s = data.summary;
+    const box = document.getElementById("summary");
+    clear(box);
+    const fact = (name, value, cls) => el("div", { class: `fact ${cls || ""}` }, el("span", { class: "name", text: name }), el("span", { class: "value", text: value }));
+    box.append(
+      fact("agent", s.agent_id),
+      fact("status", s.status, `status ${s.status}`),
+      fact("state", s.state, "state"),
+      fact("outcome", s.outcome || "—", "outcome"),
+      fact("turns", s.model_requests),
+      fact("tool calls", s.tool_calls),
+      fact("tokens", tokens(s.usage)),
+      fact("age", age(s.started_at, data.now)),
+      fact("owner", s.owner ? `${s.owner} (${s.lease_live ? "lease live" : "no live lease"})` : "—", "owner"),
+    );
+    document.body.dataset.status = s.status;
+    document.body.dataset.state = s.state;
+    const pause = document.getElementById("pause");
+    pause.hidden = s.status !== "paused";
+    document.getElementById("pause-reason").textContent = data.pause
+      ? visible(`before ${data.pause.source} --${data.pause.trigger}--> ${data.pause.dest}: ${data.pause.reason}`)
+      : "";
+    document.getElementById("answer-box").hidden = data.answer === null;
+    document.getElementById("answer").textContent = visible(data.answer || "");
+    document.getElementById("error-box").hidden = data.error === null;
+    document.getElementById("error").textContent = data.error ? visible(`${data.error.type}: ${data.error.message}`) : "";
+  }
+
+  function addRows(data) {
+    document.getElementById("no-events").hidden = data.events_kept;
+    const body = document.querySelector("#timeline tbody");
+    for (const row of data.rows) {
+      if (row.seq <= rowsSeen) continue;
+      const details = el("details", {}, el("summary", { text: "event" }), el("pre", { text: JSON.stringify(row.event, null, 2) }));
+      body.append(
+        el("tr", { class: `row ${row.kind}`, "data-seq": row.seq },
+          el("td", { class: "num", text: row.seq }),
+          el("td", { class: "num", text: `${row.elapsed.toFixed(3)} s` }),
+          el("td", { class: "text", text: row.text }),
+          el("td", {}, details),
+        ),
+      );
+      rowsSeen = Math.max(rowsSeen, row.seq);
+    }
+  }
+
+  function drawLedger(calls) {
+    const body = document.querySelector("#ledger tbody");
+    clear(body);
+    for (const c of calls) {
+      const output = c.output ? (c.output.is_error ? "error: " : "") + c.output.output : "";
+      body.append(
+        el("tr", { class: `call ${c.status}`, "data-call": c.call_id },
+          el("td", { text: c.call_id }),
+          el("td", { text: c.tool }),
+          el("td", { class: "status", text: c.status }),
+          el("td", { class: "num", text: c.attempt }),
+          el("td", { class: "num", text: `#${c.request}.${c.position}` }),
+          el("td", { class: "key", text: c.key }),
+          el("td", { class: "output" }, el("pre", { text: output })),
+          el("td", { text: c.by || "" }),
+        ),
+      );
+    }
+    document.getElementById("no-calls").hidden = calls.length > 0;
+  }
+
+  function drawDecisions(decisions) {
+    const body = document.querySelector("#decisions tbody");
+    clear(body);
+    for (const d of decisions) {
+      const kind = d.decision && d.decision.kind ? d.decision.kind : JSON.stringify(d.decision);
+      body.append(
+        el("tr", { class: "decision" },
+          el("td", { class: "num", text: d.seq }),
+          el("td", { text: `${d.source} --${d.trigger}--> ${d.dest}` }),
+          el("td", {}, el("details", {}, el("summary", { text: kind }), el("pre", { text: JSON.stringify(d.decision, null, 2) }))),
+          el("td", { text: d.by || (d.handler ? `handler ${d.handler}` : "") }),
+          el("td", { text: d.at }),
+        ),
+      );
+    }
+    document.getElementById("no-decisions").hidden = decisions.length > 0;
+  }
+
+  function itemText(item) {
+    switch (item.type) {
+      case "function_call": return `${item.name}(${item.arguments})  [${item.call_id}]`;
+      case "function_call_output": return `${item.is_error ? "error: " : ""}${item.output}  [${item.call_id}]`;
+      default: return item.content || "";
+    }
+  }
+
+  function addItems(data) {
+    const list = document.getElementById("items");
+    if (data.items_from < itemsSeen) {
+      // The context shrank or was edited: the page redraws it whole.
+      clear(list);
+      itemsSeen = 0;
+    }
+    data.items.forEach((item, i) => {
+      const index = data.items_from + i;
+      if (index < itemsSeen) return;
+      list.append(el("li", { class: `item ${item.type}`, value: index }, el("span", { class: "kind", text: item.type }), el("pre", { text: itemText(item) })));
+      itemsSeen = index + 1;
+    });
+  }
+
+  function draw(data) {
+    drawSummary(data);
+    drawGraph(data.graph);
+    addRows(data);
+    drawLedger(data.ledger);
+    drawDecisions(data.decisions);
+    addItems(data);
+  }
+
+  live(`stream/loops/${encodeURIComponent(loopId)}`, {
+    loop: draw,
+    missing: (data) => {
+      document.getElementById("summary").textContent = visible(data.error);
+    },
+  });
+})();
