@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 LOCAL  := $(VENV)/.local-installed
 
-.PHONY: ui-screenshots test demo bench bench-instructions bench-peers bench-durable bench-load bench-temporal lint typecheck pytest quick clean docs docs-check
+.PHONY: ui-screenshots bench-ui test demo bench bench-instructions bench-peers bench-durable bench-load bench-temporal lint typecheck pytest quick clean docs docs-check
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -114,6 +114,12 @@ bench-peers: $(STAMP)
 # with the memory growth per loop (bench/bench_load.py, ~1-2 minutes).
 bench-load: $(STAMP)
 	$(PY) bench/bench_load.py
+
+# How live `agentfsm ui` is (bench/bench_ui.py, ~2 minutes): the time from a
+# transition to a page showing it, at 10 and 1,000 loops in flight, and the
+# server's CPU per 1,000 events.
+bench-ui: $(STAMP)
+	$(PY) bench/bench_ui.py
 
 bench-durable: $(STAMP) $(BENCH_VENVS)/langgraph_sqlite/.installed
 	$(PY) bench/bench_durable.py

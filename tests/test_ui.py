@@ -16,6 +16,7 @@ import os
 import re
 import subprocess
 import sys
+import uuid
 from collections.abc import (
     AsyncGenerator,
     AsyncIterator,
@@ -354,8 +355,7 @@ async def test_the_streams_follow_a_loop_another_process_moves(tmp_path: Path) -
         )
     }
     async with Runtime(providers=scripted, store=store, ids=counter_ids()) as rt:
-        loop_id = rt.run_loop("payer", "pay 7", request(pay, model="pays:m"))
-        await wait_until(lambda: rt.get(loop_id).status is LoopStatus.paused)
+        loop_id = "loop-1"  # the runtime's first id (counter_ids)
         with served(path) as base:
             async with httpx2.AsyncClient(timeout=30) as http:
                 with anyio.fail_after(30):
@@ -363,16 +363,41 @@ async def test_the_streams_follow_a_loop_another_process_moves(tmp_path: Path) -
                         sse(http, f"{base}/api/stream/loops") as listed,
                         sse(http, f"{base}/api/stream/loops/{loop_id}") as stream,
                     ):
-                        event, _, first = await listed()
+                        # A page opened before its loop exists says so once,
+                        # then shows the loop when its first commit lands.
+                        event, _, empty = await listed()
+                        assert empty["loops"] == []
+                        event, _, missing = await stream()
+                        assert event == "missing"
+                        assert loop_id in missing["error"]
+                        assert (
+                            rt.run_loop("payer", "pay 7", request(pay, model="pays:m"))
+                            == loop_id
+                        )
+                        await wait_until(
+                            lambda: rt.get(loop_id).status is LoopStatus.paused
+                        )
+                        while True:
+                            event, _, first = await listed()
+                            if first["loops"][0]["status"] == "paused":
+                                break
                         assert event == "loops"
                         assert [
                             (l["loop_id"], l["status"]) for l in first["loops"]
                         ] == [(loop_id, "paused")]
-                        event, ident, page = await stream()
-                        assert event == "loop"
-                        assert page["summary"]["status"] == "paused"
-                        seen = [row["seq"] for row in page["rows"]]
-                        assert ident == f"{seen[-1]}:{len(page['items'])}"
+                        seen: list[int] = []
+                        while True:
+                            event, ident, page = await stream()
+                            assert event == "loop"
+                            seen += [row["seq"] for row in page["rows"]]
+                            if page["summary"]["status"] == "paused":
+                                break
+                        # The id: the last kept event's seq (a row's or a
+                        # later one's) and how many context items were sent.
+                        last, items = map(int, ident.split(":"))
+                        assert last >= seen[-1]
+                        assert items == page["items_from"] + len(page["items"])
+                        assert seen == sorted(set(seen))
 
                         pending = rt.get(loop_id).pending
                         assert pending is not None
@@ -431,3 +456,53 @@ def test_path_graph_groups_the_error_edges_like_the_dot_drawing() -> None:
     to_end = {(e["source"], e["label"]) for e in edges if e["dest"] == "idle_end"}
     assert to_end == {("function_call", "stop"), ("model_message", "finish")}
     assert not any("abort" in e["label"] for e in edges)
+
+
+# ------------------------------------------------------- the store's change mark
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def event_store(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], Any]:
+    """A new store object that keeps events, on the same data each call."""
+    if request.param == "postgres":
+        from agentfsm.store.postgres import PostgresStore
+
+        server: Any = request.getfixturevalue("postgres_server")
+        schema = f"t_{uuid.uuid4().hex}"
+        return lambda: PostgresStore(server.conninfo(), schema=schema, events=True)
+    return lambda: SQLiteStore(tmp_path / "loops.db", events=True)
+
+
+async def landed(store: Any, loop_id: str, status: LoopStatus) -> None:
+    """Until `store` (another connection) holds the loop with `status`."""
+    with anyio.fail_after(30):
+        while [s.status for s in await store.loops(loop_id=loop_id)] != [status]:  # noqa: ASYNC110 - a write elsewhere
+            await anyio.sleep(0.01)
+
+
+async def test_the_change_mark_moves_with_what_a_reader_should_see(
+    event_store: Callable[[], Any],
+) -> None:
+    """What the UI polls before reading a page whole: the store's mark moves
+    with each commit of any loop, a loop's only with its own."""
+    scripted = {
+        "pays": ScriptedProvider([calls(call("pay", call_id="c1", amount=7))]),
+        "answers": ScriptedProvider([text("4")]),
+    }
+    async with (
+        event_store() as reader,
+        Runtime(providers=scripted, store=event_store(), ids=counter_ids()) as rt,
+    ):
+        assert await reader.change_mark("loop-1") == ()  # no such loop yet
+        paused = rt.run_loop("payer", "pay 7", request(pay, model="pays:m"))
+        await landed(reader, paused, LoopStatus.paused)
+        whole, mine = await reader.change_mark(), await reader.change_mark(paused)
+        assert mine != ()
+        assert await reader.change_mark() == whole  # nothing moved: the same
+        assert await reader.change_mark(paused) == mine
+        await rt.wait(rt.run_loop("adder", "2+2?", request(add, model="answers:m")))
+        assert await reader.change_mark() != whole  # another loop committed
+        assert await reader.change_mark(paused) == mine  # not this one
+        rt.cancel(paused, "enough")
+        await rt.wait(paused)
+        assert await reader.change_mark(paused) != mine

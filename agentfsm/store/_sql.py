@@ -786,6 +786,38 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
 
         return await self._read(read)
 
+    async def change_mark(self, loop_id: str | None = None) -> tuple[Any, ...]:
+        """A cheap mark of what the store holds, of all its loops or of one:
+        it differs once a commit, a new loop or a change of a loop's row
+        (status, lease taken or given up) has landed. One read of a few
+        indexed rows: what a watcher (`agentfsm ui`) asks before reading a
+        loop whole. (A lease that lapses without a write leaves it as it is.)"""
+        if loop_id is None:
+            sql = (
+                "SELECT (SELECT max(id) FROM log), (SELECT count(*) FROM loops),"
+                " (SELECT sum(updated) FROM loops)"
+            )
+            params: dict[str, Any] = {}
+        else:
+            # Without kept events, the newest row of any loop stands in for
+            # this loop's (its rows are found by id ranges, not an index).
+            newest = (
+                "(SELECT max(seq) FROM events WHERE loop_id = :loop)"
+                if self.keeps_events
+                else "(SELECT max(id) FROM log)"
+            )
+            sql = (
+                f"SELECT {newest}, updated, epoch, owner FROM loops"
+                " WHERE loop_id = :loop"
+            )
+            params = {"loop": loop_id}
+
+        def read(conn: _C) -> tuple[Any, ...]:
+            row = self._row(conn, sql, params)
+            return () if row is None else tuple(row)
+
+        return await self._read(read)
+
     def _key_of_agent(self, agent_id: str) -> str:
         """An agent id as the `agent_id` column holds it."""
         return agent_id

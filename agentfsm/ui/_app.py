@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import html
 import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Final
@@ -50,6 +51,10 @@ _PAGES: Final = {
 }
 """The two pages, with `{{root}}` (where the app is mounted) and `{{loop}}`
 (the loop's id) to fill in, escaped."""
+
+_REFRESH: Final = 5.0
+"""Seconds after which the loops list is read whole even if the store's
+change mark says nothing moved (lease lapses, ages)."""
 
 _STATUSES: Final = frozenset(s.value for s in LoopStatus)
 
@@ -99,14 +104,21 @@ def build_app(
 
         async def changes() -> AsyncIterator[ServerSentEvent]:
             last = None
+            mark: tuple[Any, ...] | None = None
+            read_at = 0.0
             while True:
-                data = await source.loops(status, agent)
-                now = data.pop("now")
-                text = json.dumps(data, sort_keys=True)
-                if text != last:
-                    last = text
-                    data["now"] = now
-                    yield ServerSentEvent(json.dumps(data), event="loops")
+                # Read whole when the store moved, and now and then anyway
+                # (leases lapse and ages grow without a write).
+                seen, now = await source.mark(), time.monotonic()
+                if seen != mark or now - read_at >= _REFRESH:
+                    mark, read_at = seen, now
+                    data = await source.loops(status, agent)
+                    stamp = data.pop("now")
+                    text = json.dumps(data, sort_keys=True)
+                    if text != last:
+                        last = text
+                        data["now"] = stamp
+                        yield ServerSentEvent(json.dumps(data), event="loops")
                 await anyio.sleep(poll)
 
         return _events(changes())
@@ -121,15 +133,27 @@ def build_app(
         async def changes() -> AsyncIterator[ServerSentEvent]:
             nonlocal after, items
             version: tuple[int, str] | None = None
+            missing = False
+            mark: tuple[Any, ...] | None = None
             while True:
+                seen = await source.mark(loop_id)
+                if seen == mark and seen:
+                    await anyio.sleep(poll)
+                    continue
+                mark = seen
                 found = await source.loop(loop_id, after=after, items=items)
                 if found is None:
-                    yield ServerSentEvent(
-                        json.dumps({"error": f"the store holds no loop {loop_id!r}"}),
-                        event="missing",
-                    )
-                    return
-                if found.version != version or found.seq > after or found.items > items:
+                    # Said once; a loop whose first commit has not landed yet
+                    # (or a loop id from elsewhere) shows when it does.
+                    if not missing:
+                        missing = True
+                        error = f"the store holds no loop {loop_id!r} (yet)"
+                        yield ServerSentEvent(
+                            json.dumps({"error": error}), event="missing"
+                        )
+                elif (
+                    found.version != version or found.seq > after or found.items > items
+                ):
                     version = found.version
                     after = max(after, found.seq)
                     items = found.items

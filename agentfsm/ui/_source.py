@@ -131,9 +131,10 @@ class StoreSource:
             rows=rows,
         )
 
-    async def events(self, loop_id: str, after: int = 0) -> list[AgentEvent]:
-        """The loop's kept events past seq `after`."""
-        return await self.store.events(loop_id, after)
+    async def mark(self, loop_id: str | None = None) -> tuple[Any, ...]:
+        """The store's cheap change mark (`SQLStore.change_mark`): a stream
+        reads a page whole only when it moved."""
+        return await self.store.change_mark(loop_id)
 
 
 def _path(record: LoopRecord) -> LoopPath:
