@@ -15,6 +15,7 @@ from ._runtime import current_runtime as current_runtime
 from ._runtime import run_loop as run_loop
 from .agent import Agent as Agent
 from .agent import Conversation as Conversation
+from .breakpoints import Break as Break
 from .exceptions import AgentFSMError as AgentFSMError
 from .exceptions import ConfigurationError as ConfigurationError
 from .exceptions import LoopAborted as LoopAborted
@@ -129,6 +130,7 @@ __all__ = (
     "Abort",
     "ToolBatch",
     "InterceptionHandler",
+    "Break",
     # items
     "ModelContext",
     "UserMessage",

@@ -267,7 +267,6 @@ async def drive(loop: Loop) -> None:
         if journal is not None:
             await journal.state_ran(loop)
     loop.pending = None
-    handlers = loop.handlers
     while True:
         if loop.cancel_requested and _cancelled(loop):  # the flag first: no call
             return
@@ -276,7 +275,9 @@ async def drive(loop: Loop) -> None:
         source = loop.state
         dest = TABLE[source, step[0]]
         rewritten_from: LoopState | None = None
-        if handlers or loop.resumed is not None:
+        # Read at each step, not once: breakpoints set while the loop runs
+        # give it a handler (`agentfsm.breakpoints`), from its next transition.
+        if loop.handlers or loop.resumed is not None:
             decided = await intercept(loop, source, step, dest)
             if decided is None:
                 return  # paused: `loop.pending` holds the step

@@ -30,6 +30,7 @@ from agentfsm._bus import EventBus, Subscription
 from agentfsm._loop import Loop
 from agentfsm._loop.driver import end_paused, expire_paused, halt
 from agentfsm._text import encodable
+from agentfsm.breakpoints import BREAKPOINT_HANDLER, Break, Breakpoints
 from agentfsm.exceptions import (
     ConfigurationError,
     EventLogError,
@@ -142,6 +143,9 @@ class Runtime:
             default a UUIDv7, which `loops()` sorts by creation time. A
             Temporal workflow passes sources built on `workflow.now()` and
             `workflow.uuid4()`; tests, a fixed clock and counter ids.
+        breakpoints: pause every loop before it enters these states
+            (`agentfsm.breakpoints.Break`); `runtime.breakpoints` adds and
+            removes them while loops run, for one loop or one agent too.
 
     Raises:
         TypeError: an argument of another type than the parameter takes (the
@@ -162,6 +166,7 @@ class Runtime:
         instrument: Instrument | None = None,
         clock: Clock = utc_now,
         ids: IdSource = uuid7,
+        breakpoints: Sequence[Break] = (),
     ) -> None:
         if not isinstance(providers, Mapping | ProviderRegistry | None):
             raise ArgumentTypeError(
@@ -238,6 +243,13 @@ class Runtime:
         """Context managers held open until the loops have ended (MCP sessions)."""
         self._clock = checked_clock(clock)
         self._ids = checked_ids(ids, self._knows)
+        self.breakpoints = Breakpoints(breakpoints, self._loops, self._live)
+        """The breakpoints (`agentfsm.breakpoints`): add and remove them while
+        loops run, for one loop, one agent's loops or all of them."""
+        if self._keeper is not None:
+            # Any runtime takes up a loop paused at a breakpoint: its record
+            # names the handler, bound here to this runtime's.
+            self._keeper.bindings.callables[BREAKPOINT_HANDLER] = self.breakpoints
 
     async def __aenter__(self) -> Self:
         if self._tg is not None or self._closed:
@@ -507,6 +519,8 @@ class Runtime:
             events = self.bus.subscribe(loop_id=loop_id, buffer=sys.maxsize)
             self._streams[loop_id] = self._streaming[loop_id] = events
         loop.emit_started(user_message, inference_input, loop_options, loop.handlers)
+        if self.breakpoints.armed:  # after `loop.started`: a replay binds none
+            self.breakpoints.chain(loop)
         self._loops[loop_id] = loop
         self._spawn(loop)
         return loop_id
@@ -666,6 +680,7 @@ class Runtime:
     def _take_recovered(self, loop: Loop) -> None:
         self._detached.pop(loop.loop_id, None)
         self._loops[loop.loop_id] = loop
+        self.breakpoints.chain(loop)  # this runtime's, not those it was stored with
         if loop.status is LoopStatus.paused:
             self._run_ended(loop)  # its deadline timer, if it has one
         else:

@@ -3,6 +3,8 @@
 At a terminal the person decides: for each call awaiting approval, approve it,
 deny it with a reason (the model reads it) or edit its arguments (JSON,
 checked against the tool's arguments); any other pause is resumed or aborted.
+A breakpoint's pause (`--break`, `--step`) is resumed or aborted, whatever its
+payload (`--approve-all` approves calls, it does not pass breakpoints).
 Without a terminal nobody can answer: the command says so and how a loop
 can be resumed, and exits with `PAUSED_EXIT`.
 """
@@ -18,9 +20,18 @@ import anyio.to_thread
 from pydantic_core import from_json
 
 from agentfsm import Tool
+from agentfsm.breakpoints import is_breakpoint_pause
 from agentfsm.exceptions import ToolArgumentsError
-from agentfsm.interception import Abort, Decision, Proceed, Rewrite, ToolBatch
-from agentfsm.messages import FunctionCallItem
+from agentfsm.inference import InferenceInput
+from agentfsm.interception import (
+    Abort,
+    Decision,
+    PendingTransition,
+    Proceed,
+    Rewrite,
+    ToolBatch,
+)
+from agentfsm.messages import FunctionCallItem, ModelMessageItem, UserMessage
 from agentfsm.results import LoopView
 
 from ._text import one_line
@@ -129,6 +140,14 @@ class PauseDecider:
 
     async def decide(self, paused: LoopView) -> Decision | None:
         """The decision to resume `paused` with; None when nobody can decide."""
+        if is_breakpoint_pause(paused.pause_reason):
+            if self._ask is None:
+                return None
+            try:
+                return await self._at_breakpoint(paused)
+            except _InputEnded:
+                self._say("")
+                return Abort(_ENDED)
         batch = awaiting_approval(paused)
         if batch is not None and self._approve_all:
             self._say("approved (--approve-all)")
@@ -237,8 +256,19 @@ class PauseDecider:
             self._say(f"  {one_line(path)} is not UTF-8 text (byte {exc.start})")
             return None
 
-    async def _resume_or_abort(self, reason: str) -> Decision:
-        self._say(f"the loop paused: {one_line(reason)}")
+    async def _at_breakpoint(self, paused: LoopView) -> Decision:
+        """Resume or abort at a breakpoint, having said what the transition
+        acts on (a batch's calls are shown with the pause already)."""
+        self._say(f"stopped at {one_line(paused.pause_reason or '')}")
+        if paused.pending is not None:
+            shown = _payload_line(paused.pending)
+            if shown is not None:
+                self._say(f"  {shown}")
+        return await self._resume_or_abort(None)
+
+    async def _resume_or_abort(self, reason: str | None) -> Decision:
+        if reason is not None:
+            self._say(f"the loop paused: {one_line(reason)}")
         while True:
             answer = (await self._answer("[r]esume or [a]bort? ")).lower()
             if answer in ("r", "resume"):
@@ -248,11 +278,35 @@ class PauseDecider:
             self._say("  answer r or a")
 
 
+_SHOWN = 200
+"""How much of a message a breakpoint's prompt shows, at most."""
+
+
+def _payload_line(pending: PendingTransition) -> str | None:
+    """One line saying what a stopped transition acts on (None for a batch,
+    which the pause's own lines show, and for nothing)."""
+    payload = pending.payload
+    if isinstance(payload, InferenceInput):
+        return (
+            f"the request to {one_line(payload.model)}: "
+            f"{len(payload.context.items)} context item(s), {len(payload.tools)} tool(s)"
+        )
+    if isinstance(payload, ModelMessageItem):
+        return f"the answer: {one_line(payload.content, _SHOWN)}"
+    if isinstance(payload, UserMessage):
+        payload = (payload,)
+    if isinstance(payload, tuple) and payload:
+        return "; ".join(f"user: {one_line(m.content, _SHOWN)}" for m in payload)
+    return None
+
+
 def unattended(paused: LoopView) -> str:
     """What to tell when `paused` cannot be answered: no terminal to ask."""
     reason = one_line(paused.pause_reason or "")
     answer = "To answer, run the command at a terminal"
-    if awaiting_approval(paused) is not None:
+    if is_breakpoint_pause(paused.pause_reason):
+        answer += ", or without --break and --step"
+    elif awaiting_approval(paused) is not None:
         answer += "; to approve every call without asking, add --approve-all"
     return (
         f"error: loop {paused.loop_id} paused ({reason}), and there is no "

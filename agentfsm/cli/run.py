@@ -4,6 +4,7 @@
 agentfsm run "What is 2 + 3?" --tool agentfsm.demo_tools:add --tool-choice add
 agentfsm run "What is 2 + 3?" --mcp "python examples/mcp_calc_server.py"
 agentfsm run "What is 2 + 3?" --tool agentfsm.demo_tools:add --needs-approval add
+agentfsm run "What is 2 + 3?" --tool agentfsm.demo_tools:add --break function_call
 ```
 
 The answer streams to the terminal as it comes; each transition and tool call
@@ -13,9 +14,12 @@ loop took and the tokens it used.
 
 A loop that pauses (a tool call needs approval, or a handler paused it) is
 answered at the terminal: approve each call, deny it with a reason, or edit
-its arguments; any other pause is resumed or aborted. Without a terminal
-(stdin or stdout not a tty) nobody can answer: the pause and how to resume a
-loop are printed, and the command exits 3.
+its arguments; any other pause is resumed or aborted. `--break STATE` pauses
+the loop before each transition into STATE (`--step`: before every
+transition), and the prompt resumes or aborts it there (see
+`agentfsm.breakpoints`). Without a terminal (stdin or stdout not a tty)
+nobody can answer: the pause and how to resume a loop are printed, and the
+command exits 3.
 
 Ctrl-C says at once that the loop is stopping, stops it and tells how far it
 got. A tool still running in a thread (interrupted, or past its timeout) is
@@ -50,6 +54,7 @@ from pydantic import ValidationError
 
 from agentfsm import (
     AgentFSMError,
+    Break,
     InferenceInput,
     LoopResult,
     ModelContext,
@@ -72,7 +77,14 @@ from ._pause import PAUSED_EXIT, PauseDecider, ask_terminal, unattended
 from ._text import one_line
 from ._view import LoadDisplay, RunView
 
-__all__ = ("PAUSED_EXIT", "add_parser", "load_tool", "run", "with_mcp_tools")
+__all__ = (
+    "PAUSED_EXIT",
+    "add_parser",
+    "breakpoints_of",
+    "load_tool",
+    "run",
+    "with_mcp_tools",
+)
 
 DEFAULT_INSTRUCTIONS = (
     "You are a helpful assistant. Answer with the results of the tools you call."
@@ -178,12 +190,28 @@ def add_parser(commands: Any) -> None:
         action="store_true",
         help="approve every call that needs approval, without asking",
     )
+    parser.add_argument(
+        "--break",
+        dest="breaks",
+        action="append",
+        default=[],
+        choices=[s.value for s in LoopState],
+        metavar="STATE",
+        help="pause before each transition into STATE (inference covers "
+        "streaming requests too), to resume or abort at the prompt; repeatable",
+    )
+    parser.add_argument(
+        "--step",
+        action="store_true",
+        help="pause before every transition of the loop (step mode)",
+    )
     parser.set_defaults(handler=run)
 
 
 _EPILOG = f"""\
-a pause (a tool call that needs approval) is answered at the terminal; with
-no terminal to ask, the command prints the pause and exits {PAUSED_EXIT}.
+a pause (a tool call that needs approval, a --break or --step stop) is
+answered at the terminal; with no terminal to ask, the command prints the
+pause and exits {PAUSED_EXIT}.
 Ctrl-C stops the loop (a second one ends the process at once).
 
 exit codes: 0 answered, 1 the loop ended otherwise, 2 a bad command line
@@ -232,6 +260,14 @@ def run(args: argparse.Namespace) -> int:
     # otherwise hold the process at exit (`threading._shutdown`).
     leave_threads(code, before)
     return code
+
+
+def breakpoints_of(args: argparse.Namespace) -> list[Break]:
+    """The breakpoints `--break` and `--step` ask for (a step stops before
+    every transition: it covers any `--break`)."""
+    if args.step:
+        return [Break.every()]
+    return [Break(state) for state in dict.fromkeys(args.breaks)]
 
 
 def load_tool(spec: str) -> Tool:
@@ -365,7 +401,11 @@ async def _session(args: argparse.Namespace, request: InferenceInput, run: _Run)
             args.base_url is not None or args.api_key is not None
         ):
             providers[prefix] = _remote(prefix, args.base_url, args.api_key)
-        async with Runtime(providers=providers, event_log=args.events) as runtime:
+        async with Runtime(
+            providers=providers,
+            event_log=args.events,
+            breakpoints=breakpoints_of(args),
+        ) as runtime:
             # The servers first: one that cannot be reached fails the command
             # before a local model takes its seconds to load.
             request = await with_mcp_tools(runtime, args, request)
