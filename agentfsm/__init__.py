@@ -54,6 +54,7 @@ from .options import tool_called as tool_called
 from .providers import Provider as Provider
 from .providers import ProviderRegistry as ProviderRegistry
 from .providers.function import FunctionProvider as FunctionProvider
+from .reconcile import Reconciled as Reconciled
 from .results import LoopResult as LoopResult
 from .results import LoopStatus as LoopStatus
 from .results import LoopView as LoopView
@@ -150,6 +151,7 @@ __all__ = (
     "ToolCall",
     "ToolCallContext",
     "ToolResult",
+    "Reconciled",
     "current_call",
     "report_progress",
     "ModelRequest",

@@ -60,6 +60,7 @@ __all__ = (
     "LoopStarted",
     "LoopTransition",
     "ModelAnswer",
+    "ReconciledCall",
     "RequestData",
     "RequestSummary",
     "ToolSpec",
@@ -251,6 +252,27 @@ class LoopResumed(_Event):
 
 
 @final
+class ReconciledCall(BaseModel):
+    """What recovery learned from a tool's `reconcile` function about a call
+    in flight at the crash (`@tool(reconcile=...)`), and did."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
+
+    call_id: str
+    tool: str
+    idempotency_key: str
+    answer: Literal["ran", "not_run", "unknown", "failed"]
+    """`ran`: its output is recorded and it is never run again; `not_run`: it
+    runs again, with the same key; `unknown` (the function returned None) and
+    `failed` (it raised, timed out or returned something else): the loop
+    paused over it."""
+    output: FunctionCallOutputItem | None = None
+    """The output recorded for a call that ran."""
+    error: str | None = None
+    """Why asking failed."""
+
+
+@final
 class LoopRecovered(_Event):
     """`Runtime.recover` took the loop from a durable store; it goes on from its
     last committed transition (`state`), or stays paused."""
@@ -260,6 +282,9 @@ class LoopRecovered(_Event):
     uncertain_calls: tuple[str, ...] = ()
     """Ids of calls that were in flight when the process died, over which the
     loop paused (their tools' `on_crash="pause"`)."""
+    reconciled: tuple[ReconciledCall, ...] = ()
+    """What each in-flight call's tool's `reconcile` function answered, in
+    batch order (stored with the ledger's entries it led to)."""
 
 
 @final

@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
 from contextvars import ContextVar
 from functools import partial
 from typing import (
+    TYPE_CHECKING,
     Any,
     Final,
     Literal,
@@ -58,6 +59,9 @@ from .exceptions import (
     ToolTimeout,
 )
 from .messages import FunctionCallItem
+
+if TYPE_CHECKING:
+    from .reconcile import ReconcileFunction
 
 __all__ = (
     "DEFAULT_TOOL_TIMEOUT",
@@ -156,6 +160,7 @@ class ToolOptions(TypedDict, total=False):
     needs_approval: bool | Callable[[dict[str, Any]], bool]
     execution_mode: Literal["parallel", "sequential"]
     on_crash: Literal["pause", "retry"]
+    reconcile: "ReconcileFunction | None"
 
 
 class Tool:
@@ -184,11 +189,19 @@ class Tool:
             `"pause"` (the default) pauses the loop, naming the call, for a
             handler or a person to decide; `"retry"` (idempotent tools) runs it
             again with the same `idempotency_key`.
+        reconcile: `fn(idempotency_key, arguments)`, sync or async, asked by a
+            durable loop's recovery about a call of this tool in flight at a
+            crash, before the loop would pause over it: it answers
+            `Reconciled.ran(output)`, `Reconciled.not_run()` or None (unknown:
+            the loop pauses). Only with `on_crash="pause"`. See
+            `agentfsm.reconcile`.
 
     Raises:
         ConfigurationError: the function cannot be a tool (a parameter without
             an annotation, `*args`, ...), or its docstring describes a
-            parameter it does not have (a typo in `Args:`, say).
+            parameter it does not have (a typo in `Args:`, say); `reconcile`
+            is not a function of two positional arguments, or is given with
+            `on_crash="retry"`.
     """
 
     __slots__ = (
@@ -202,6 +215,7 @@ class Tool:
         "name",
         "needs_approval",
         "on_crash",
+        "reconcile",
         "run_in_thread",
         "timeout",
     )
@@ -217,11 +231,14 @@ class Tool:
         needs_approval: bool | Callable[[dict[str, Any]], bool] = False,
         execution_mode: Literal["parallel", "sequential"] = "parallel",
         on_crash: Literal["pause", "retry"] = "pause",
+        reconcile: "ReconcileFunction | None" = None,
     ) -> None:
         if on_crash not in ("pause", "retry"):
             raise ConfigurationError(
                 f"on_crash must be 'pause' or 'retry', got {on_crash!r}"
             )
+        if reconcile is not None:
+            _check_reconcile(name or function.__name__, reconcile, on_crash)
         timeout_or_none("timeout", timeout)  # NaN would fail every call
         if execution_mode not in ("parallel", "sequential"):
             raise ConfigurationError(
@@ -234,6 +251,7 @@ class Tool:
         self.needs_approval = needs_approval
         self.execution_mode = execution_mode
         self.on_crash = on_crash
+        self.reconcile = reconcile
         self._is_async = inspect.iscoroutinefunction(function)
         self._awaits = self._is_async and awaits(function)
         summary, descriptions = docstring(function)
@@ -272,6 +290,7 @@ class Tool:
         self.needs_approval = needs_approval
         self.execution_mode = execution_mode
         self.on_crash = on_crash
+        self.reconcile = None
         self.run_in_thread = False
         self._is_async = True
         self._awaits = awaits
@@ -413,6 +432,35 @@ class Tool:
                 tool=self.name,
             )
         return result
+
+
+def _check_reconcile(name: str, reconcile: "ReconcileFunction", on_crash: str) -> None:
+    """Refuse a `reconcile` that recovery could not call as
+    `fn(idempotency_key, arguments)`, naming the tool."""
+    if on_crash != "pause":
+        raise ConfigurationError(
+            f"tool {name!r}: reconcile is asked only about calls that would pause "
+            f"the loop (on_crash='pause'); with on_crash={on_crash!r} a call in "
+            "flight at a crash runs again without asking"
+        )
+    if not callable(reconcile):
+        raise ConfigurationError(
+            f"tool {name!r}: reconcile must be a function "
+            f"fn(idempotency_key, arguments), got {type(reconcile).__name__}"
+        )
+    try:
+        signature = inspect.signature(reconcile)
+    except (TypeError, ValueError):
+        return  # (a builtin without a signature: called as given)
+    try:
+        signature.bind("key", {})
+    except TypeError as exc:
+        raise ConfigurationError(
+            f"tool {name!r}: reconcile must take two positional arguments "
+            f"(idempotency_key, arguments); "
+            f"{getattr(reconcile, '__qualname__', type(reconcile).__name__)}"
+            f"{signature} cannot: {exc}"
+        ) from exc
 
 
 class _Resume:

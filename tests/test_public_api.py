@@ -32,6 +32,8 @@ PUBLIC_MODULES = (
     "agentfsm.eventlog",
     "agentfsm.timeline",
     "agentfsm.replay",
+    "agentfsm.breakpoints",
+    "agentfsm.reconcile",
 )
 
 

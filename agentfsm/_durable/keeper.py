@@ -21,8 +21,10 @@ says how: `_loop.states.RECOVER`):
 - `inference`: the request's output, if recorded, is used, else it is sent;
 - `function_call`: each call the ledger holds as done gives its recorded
   output; a call in flight (started, no output) of a tool with
-  `on_crash="retry"` runs again with the same key; otherwise the loop pauses
-  before `function_call`, naming the calls whose outcome is uncertain.
+  `on_crash="retry"` runs again with the same key; one whose tool has a
+  `reconcile` function is asked about first (`reconciling`: its answer is
+  stored before the loop goes on); otherwise the loop pauses before
+  `function_call`, naming the calls whose outcome is uncertain.
 
 A loop that cannot be taken up (its data unreadable, a tool this runtime was
 not given) is reported in `Recovery.failed` with its id and the cause, and
@@ -56,12 +58,13 @@ from agentfsm.store._outline import is_large
 from agentfsm.tools import Tool
 
 from .flusher import Flusher
+from .reconciling import reconcile_calls
 from .writer import LEASE_MARGIN, Durable, clock
 
 if TYPE_CHECKING:
     from agentfsm._bus import EventBus
     from agentfsm._loop.loop import Loop
-    from agentfsm.events import AgentEvent
+    from agentfsm.events import AgentEvent, ReconciledCall
     from agentfsm.inference import InferenceInput
     from agentfsm.options import LoopOptions
 
@@ -357,24 +360,34 @@ class Keeper:
         ledger = {c.key: c for c in await store.calls(loop_id, loop.model_requests)}
         durable.ledger, durable.ledger_of = ledger, loop.model_requests
         uncertain: list[str] = []
+        reconciled: tuple[ReconciledCall, ...] = ()
         recover = RECOVER.get(loop.state)
         if loop.status is LoopStatus.running and recover is not None:
-            output = None
+            output, notes = None, None
             if loop.state in _INFERENCE:
                 output = await store.inference(loop_id, loop.model_requests + 1)
-            uncertain = recover(loop, Found(output, ledger))
+            elif loop.state is LoopState.function_call:
+                found = await reconcile_calls(loop, ledger)
+                if found is not None:
+                    reconciled, notes = tuple(found.calls), found.notes
+                    durable.reconciled(found.entries)  # (`ledger` holds them)
+            uncertain = recover(loop, Found(output, ledger, notes))
         if uncertain:
             durable.mark_uncertain(uncertain)
+        if reconciled:
+            # Published first, so that a store keeping events stores it with
+            # the answers it reports: the audit of what was reconciled, how.
+            self._recovered(loop, durable, uncertain, reconciled)
+        if uncertain or durable.ended:
             try:
-                await durable.save(loop)  # the pause, and the ledger saying why
+                if loop.status is LoopStatus.paused:
+                    await durable.save(loop)  # the pause, and the ledger saying why
+                else:
+                    await durable.write_ledger(loop)  # answers, before they act
             except Halted as exc:
                 raise exc.error from exc
-        calls = tuple(durable.ledger[key].call_id for key in uncertain)
-        loop.emit(
-            "loop.recovered",
-            status="paused" if loop.status is LoopStatus.paused else "running",
-            uncertain_calls=calls,
-        )
+        if not reconciled:
+            self._recovered(loop, durable, uncertain, reconciled)
         self.log.info(
             "loop_recovered", loop_id=loop_id, state=loop.state, status=loop.status
         )
@@ -383,6 +396,31 @@ class Keeper:
         else:
             report.running.append(loop_id)
         start(loop)
+
+    def _recovered(
+        self,
+        loop: Loop,
+        durable: Durable,
+        uncertain: list[str],
+        reconciled: tuple[ReconciledCall, ...],
+    ) -> None:
+        """Publish `loop.recovered` (and log what reconcile functions answered)."""
+        calls = tuple(durable.ledger[key].call_id for key in uncertain)
+        for call in reconciled:
+            self.log.info(
+                "call_reconciled",
+                loop_id=loop.loop_id,
+                call_id=call.call_id,
+                tool=call.tool,
+                answer=call.answer,
+                error=call.error,
+            )
+        loop.emit(
+            "loop.recovered",
+            status="paused" if loop.status is LoopStatus.paused else "running",
+            uncertain_calls=calls,
+            reconciled=reconciled,
+        )
 
     async def _fail(
         self, stored: StoredLoop, lease: Lease, error: RecoveryError

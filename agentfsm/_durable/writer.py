@@ -595,6 +595,28 @@ class Durable:
         self.ledger[key] = entry
         return entry
 
+    def reconciled(self, entries: list[CallRecord]) -> None:
+        """Recovery's ledger entries from tools' `reconcile` answers (`done`
+        with the output found, `retry` to run again): the ledger holds them,
+        and the write recovery waits for before the loop goes on stores them
+        (`save` of the pause, or `write_ledger`)."""
+        for entry in entries:
+            self.ledger[entry.key] = entry
+            self.ended.append(entry)
+            if entry.output is not None and len(entry.output.output) > LARGE:
+                self.large = True
+
+    async def write_ledger(self, loop: Loop) -> None:
+        """Write the ledger's entries not written yet (and the loop's events),
+        without a record, and return once they have landed.
+
+        Raises:
+            Halted: the write failed, or the lease is stale.
+        """
+        ledger, self.ended = self.ended, []
+        self._submit(loop, background=False, record=False, ledger=ledger)
+        await self.landed()
+
     def mark_uncertain(self, keys: list[str]) -> None:
         """A recovery parked the loop over these calls: the ledger says so with
         the park's commit."""

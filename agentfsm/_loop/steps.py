@@ -71,3 +71,6 @@ class Found(NamedTuple):
     `inference`), if any."""
     ledger: Mapping[str, CallRecord]
     """The ledger's entries of its latest request's calls, by key."""
+    notes: Mapping[str, str] | None = None
+    """Why a call's tool's `reconcile` function did not settle it, by key (for
+    the reason of a pause over it)."""

@@ -127,6 +127,9 @@ def recover(loop: Loop, found: Found) -> list[str]:
         "resume with Proceed to run them again, or a Rewrite whose ToolBatch "
         "answers them (ToolBatch.answer) or denies them (ToolBatch.deny)"
     )
+    if found.notes:
+        notes = [found.notes[key] for key, _ in doubtful if key in found.notes]
+        reason = "; ".join([reason, *notes])
     park(
         loop,
         (entered.trigger, batch, None),
