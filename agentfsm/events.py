@@ -18,6 +18,7 @@ reads any of them back from JSON.
 | `function_call.started` / `.progress` / `.completed` | a tool call began / reported / ended |
 | `model.answer` | the answer was published |
 | `loop.failed` | the loop failed (published before its `loop.idle`) |
+| `input.dropped` | an input sent from outside was not valid and was dropped (a Temporal signal's payload) |
 | `loop.idle` | the loop ended, with its outcome and totals |
 """
 
@@ -51,6 +52,7 @@ __all__ = (
     "ForkOrigin",
     "InferenceCompleted",
     "InferenceStream",
+    "InputDropped",
     "LoopDetached",
     "LoopFailed",
     "LoopIdle",
@@ -382,6 +384,19 @@ class LoopDetached(_Event):
 
 
 @final
+class InputDropped(_Event):
+    """An input sent to the loop from outside was not valid and was dropped;
+    the loop goes on as if it had not been sent. A Temporal workflow publishes
+    it for a signal it cannot use (a signal cannot be refused)."""
+
+    type: Literal["input.dropped"] = "input.dropped"
+    input: str
+    """Which input: the signal's name (`steer`, `follow_up`, `cancel`)."""
+    reason: str
+    """What was wrong with it."""
+
+
+@final
 class LoopIdle(_Event):
     """The loop ended in `idle`, with its outcome and totals."""
 
@@ -410,6 +425,7 @@ AgentEvent: TypeAlias = Annotated[
     | ModelAnswer
     | LoopFailed
     | LoopDetached
+    | InputDropped
     | LoopIdle,
     Field(discriminator="type"),
 ]

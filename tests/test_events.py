@@ -23,6 +23,7 @@ from agentfsm.events import (
     FunctionCallStarted,
     InferenceCompleted,
     InferenceStream,
+    InputDropped,
     LoopDetached,
     LoopFailed,
     LoopIdle,
@@ -291,6 +292,14 @@ EXAMPLES: list[Any] = [
         id="loop.detached",
     ),
     pytest.param(
+        InputDropped(
+            **envelope(12, S.inference),
+            input="steer",
+            reason="the message must be a string, got a number",
+        ),
+        id="input.dropped",
+    ),
+    pytest.param(
         LoopIdle(
             **envelope(13, S.idle),
             outcome=Outcome.answered,
@@ -458,11 +467,13 @@ async def test_events_of_a_real_run() -> None:
         Outcome.answered,
         Outcome.failed,
     ]
-    # (A recovered loop's and a detached one's are in tests/test_durable*.py.)
+    # (A recovered loop's and a detached one's are in tests/test_durable*.py,
+    # a dropped input's in tests/test_temporal_defense.py.)
     assert set(EVENT_TYPES) - {e.type for e in events} == {
         "function_call.progress",
         "loop.recovered",
         "loop.detached",
+        "input.dropped",
     }
     for event in events:
         assert AgentEventAdapter.validate_json(event.model_dump_json()) == event

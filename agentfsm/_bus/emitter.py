@@ -63,6 +63,7 @@ EventType: TypeAlias = Literal[
     "model.answer",
     "loop.failed",
     "loop.detached",
+    "input.dropped",
     "loop.idle",
 ]
 """The events a loop publishes, by type (`agentfsm.events` has their classes;

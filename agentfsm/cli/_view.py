@@ -25,6 +25,7 @@ from agentfsm.events import (
     FunctionCallStarted,
     InferenceCompleted,
     InferenceStream,
+    InputDropped,
     LoopDetached,
     LoopFailed,
     LoopIdle,
@@ -202,6 +203,10 @@ class RunView:
                 )
             case LoopDetached():
                 self.line(f"detached: {printable(event.reason)}")
+            case InputDropped():
+                self.line(
+                    f"[dropped {one_line(event.input)}: {printable(event.reason)}]"
+                )
             case LoopStarted() | LoopIdle():
                 pass  # the command says what it runs, and sums up at the end
             case _:
