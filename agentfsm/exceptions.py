@@ -7,6 +7,7 @@ AgentFSMError                  base for everything raised by agentfsm
 ├── NoToolCallError            agentfsm.current_call() outside a tool call
 ├── UnknownLoopError           no loop with that id (never started, or forgotten)
 ├── LoopStateError             the call does not fit the loop's status (resume a running loop)
+├── TemporalTimeout            a `LoopClient` call got no answer in time (no worker polls the queue)
 ├── TransitionError            carries loop_id, source, trigger
 │   └── TransitionRejected     an interception Rewrite named an illegal edge or payload
 ├── LoopAborted                an interception handler returned Abort(reason)
@@ -77,6 +78,7 @@ __all__ = (
     "ToolError",
     "ToolTimeout",
     "TransitionError",
+    "TemporalTimeout",
     "TransitionRejected",
     "UnknownLoopError",
     "UnknownProvider",
@@ -113,6 +115,29 @@ class UnknownLoopError(AgentFSMError, KeyError):
 
 class LoopStateError(AgentFSMError):
     """The call does not fit the loop's current status."""
+
+
+class TemporalTimeout(AgentFSMError, TimeoutError):
+    """A `LoopClient` call got no answer within the client's `timeout`.
+
+    Queries (`get`, `transcript`) and updates (`resume`, `approve`) are
+    answered by a worker of the loop's task queue: this error says none polled
+    it in time (none is up, or all are busy). Signals and starts need only the
+    server: for them, it did not answer.
+
+    Attributes:
+        loop_id: the loop the call was about.
+        call: the `LoopClient` method.
+        timeout: the seconds it waited.
+    """
+
+    def __init__(
+        self, message: str, *, loop_id: str, call: str, timeout: float
+    ) -> None:
+        super().__init__(message)
+        self.loop_id = loop_id
+        self.call = call
+        self.timeout = timeout
 
 
 class TransitionError(AgentFSMError):

@@ -23,7 +23,8 @@ search attribute, streaming, the context passed by reference).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from datetime import timedelta
+from typing import Any, Final
 
 try:
     import temporalio  # noqa: F401 - only to say which extra is missing
@@ -47,23 +48,47 @@ from agentfsm._temporal.activities import (
     Chunk,
     ContextStore,
     MemoryContextStore,
+    SharedContextStore,
     activities_for,
 )
 from agentfsm._temporal.agent import (
     LocalActivityHandler,
     TemporalAgent,
+    ToolActivityOptions,
     local_activity,
     register,
 )
 from agentfsm._temporal.client import LoopClient, workflow_id
 from agentfsm._temporal.contexts import StoreContexts
-from agentfsm._temporal.wire import ToolArgs
-from agentfsm._temporal.workflow import STATE_ATTRIBUTE, WORKFLOW_NAME, LoopWorkflow
+from agentfsm._temporal.wire import MAX_PAYLOAD, ToolArgs
+from agentfsm._temporal.workflow import (
+    AGENT_ATTRIBUTE,
+    BAD_START,
+    BAD_UPDATE,
+    FAILURE_EXCEPTION_TYPES,
+    LOOP_FAILED,
+    OUTCOME_ATTRIBUTE,
+    OUTCOME_MEMO,
+    RESULT_MEMO,
+    STATE_ATTRIBUTE,
+    WORKFLOW_NAME,
+    LoopWorkflow,
+)
 from agentfsm.exceptions import ConfigurationError
 from agentfsm.providers import Provider, ProviderRegistry
 
 __all__ = (
+    "AGENT_ATTRIBUTE",
+    "BAD_START",
+    "BAD_UPDATE",
+    "FAILURE_EXCEPTION_TYPES",
+    "LOOP_FAILED",
+    "MAX_GRACEFUL_SHUTDOWN",
+    "MAX_PAYLOAD",
+    "OUTCOME_ATTRIBUTE",
+    "OUTCOME_MEMO",
     "PASSTHROUGH_MODULES",
+    "RESULT_MEMO",
     "STATE_ATTRIBUTE",
     "WORKFLOW_NAME",
     "Chunk",
@@ -72,8 +97,10 @@ __all__ = (
     "LoopClient",
     "LoopWorkflow",
     "MemoryContextStore",
+    "SharedContextStore",
     "StoreContexts",
     "TemporalAgent",
+    "ToolActivityOptions",
     "ToolArgs",
     "drop_replayed_logs",
     "local_activity",
@@ -98,6 +125,12 @@ each workflow: agentfsm and what it imports (their module-level state is
 data, not per-workflow state)."""
 
 
+MAX_GRACEFUL_SHUTDOWN: Final = timedelta(minutes=5)
+"""The longest graceful shutdown `worker()` sets by itself: a worker being
+stopped waits at most this long for its running activities, even for a tool
+without a timeout (pass `graceful_shutdown_timeout=` for another)."""
+
+
 def workflow_runner(*, sandboxed: bool = True) -> WorkflowRunner:
     """The workflow runner loop workflows need: Temporal's sandbox with
     agentfsm and its dependencies passed through, or no sandbox (faster,
@@ -119,15 +152,26 @@ def worker(
     context_store: ContextStore | None = None,
     on_chunk: Chunk | None = None,
     sandboxed: bool = True,
+    workflows: bool = True,
     **options: Any,
 ) -> Worker:
     """A Temporal worker that runs the agents' loop workflows and activities.
 
     Use it as `async with worker(...):` (or `await w.run()`).
 
+    A worker being stopped (`shutdown()`, leaving the `async with`: every
+    deploy) stops taking tasks and waits for its running activities before it
+    cancels them: as long as the longest start-to-close timeout among the
+    activities it runs (the tools' and the model calls'), at most
+    `MAX_GRACEFUL_SHUTDOWN`. A tool call that ends within it completes, and
+    its loop goes on on another worker: no `on_crash="pause"` call is lost to
+    a deploy. Give your platform's stop grace period (Kubernetes'
+    `terminationGracePeriodSeconds`) more than that.
+
     Args:
         client: a connected Temporal client.
-        task_queue: the queue to poll (the `LoopClient`'s).
+        task_queue: the queue to poll (the `LoopClient`'s, or, with
+            `workflows=False`, the queue some tools are routed to).
         agents: the agents whose loops this worker runs (registered by name
             in this process: the workflow looks its agent up).
         providers: serve the agents' models inside the inference activity
@@ -140,11 +184,19 @@ def worker(
         on_chunk: called with each streamed delta of a streaming request, in
             the activity, with the attempt number.
         sandboxed: run workflows in Temporal's sandbox (see `workflow_runner`).
+        workflows: run the loop workflows, their model calls, their
+            `local_activity` handlers and the tools on their queue. False: a
+            worker of activities only, which runs the tools routed to
+            `task_queue` (`ToolActivityOptions(task_queue=...)`) and nothing
+            else, for tools that need a machine of their own (a GPU, a
+            network zone).
         **options: passed to `temporalio.worker.Worker` (tuning:
-            `max_concurrent_activities`, `sticky_queue_schedule_to_start_timeout`, ...).
+            `max_concurrent_activities`, `sticky_queue_schedule_to_start_timeout`,
+            `graceful_shutdown_timeout` instead of the one set here, ...).
 
     Raises:
-        ConfigurationError: no agents, or two of one name.
+        ConfigurationError: no agents, or two of one name; with
+            `workflows=False`, no tool routed to `task_queue`.
     """
     agents = tuple(agents)
     if not agents:
@@ -166,16 +218,65 @@ def worker(
         else ProviderRegistry(providers)
     )
     activities = activities_for(
-        named, registry, context_store or MemoryContextStore(), on_chunk
+        named,
+        registry,
+        context_store or MemoryContextStore(),
+        on_chunk,
+        task_queue=task_queue,
+        workflows=workflows,
     )
-    options.setdefault("workflow_runner", workflow_runner(sandboxed=sandboxed))
+    if not workflows and not activities:
+        routed = sorted(
+            {
+                queue
+                for agent in agents
+                for t in agent.tools
+                if (queue := agent.activity_options(t).task_queue) is not None
+            }
+        )
+        raise ConfigurationError(
+            f"worker(workflows=False) on task queue {task_queue!r} would run "
+            "nothing: no tool of these agents is routed to it (tools are "
+            f"routed to: {', '.join(map(repr, routed)) or 'no queue'})"
+        )
+    options.setdefault(
+        "graceful_shutdown_timeout", _graceful_shutdown(agents, task_queue, workflows)
+    )
+    if workflows:
+        options.setdefault("workflow_runner", workflow_runner(sandboxed=sandboxed))
     return Worker(
         client,
         task_queue=task_queue,
-        workflows=[LoopWorkflow],
+        workflows=[LoopWorkflow] if workflows else [],
         activities=activities,
         **options,
     )
+
+
+def _graceful_shutdown(
+    agents: Sequence[TemporalAgent], task_queue: str, workflows: bool
+) -> timedelta:
+    """The longest attempt of the activities a worker runs, at most
+    `MAX_GRACEFUL_SHUTDOWN`: what a stopping worker waits for before it
+    cancels the activities still running."""
+    longest = timedelta()
+    for agent in agents:
+        if workflows:
+            timeout = agent.options.get("inference_timeout")
+            longest = max(
+                longest,
+                agent.no_timeout if timeout is None else timedelta(seconds=timeout),
+            )
+        for t in agent.tools:
+            options = agent.activity_options(t)
+            if options.task_queue not in (None, task_queue) or (
+                options.task_queue is None and not workflows
+            ):
+                continue  # another worker runs it
+            attempt = options.start_to_close_timeout
+            assert attempt is not None  # activity_options always sets one
+            longest = max(longest, attempt)
+    return min(longest, MAX_GRACEFUL_SHUTDOWN)
 
 
 def drop_replayed_logs(logger: object, method: str, event_dict: Any) -> Any:

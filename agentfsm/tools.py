@@ -529,7 +529,9 @@ def tool(
 class _Publisher(Protocol):
     """What publishes a call's progress (the loop; `tools` does not import it)."""
 
-    def emit(self, event_type: Any, /, **fields: Any) -> None: ...
+    def emit(self, event_type: Any, /, **fields: Any) -> bool | None:
+        """Publish; False when the progress was refused."""
+        ...
 
 
 _cancel_lock: Final = threading.Lock()
@@ -717,10 +719,10 @@ class ToolCallContext:
             import anyio.from_thread  # only tools in worker threads need it
 
             return anyio.from_thread.run_sync(self._report, progress)
-        self._publisher.emit(
+        taken = self._publisher.emit(
             "function_call.progress", call_id=self.call_id, progress=progress
         )
-        return True
+        return taken is not False
 
 
 _current_call: ContextVar[ToolCallContext | None] = ContextVar(
@@ -747,7 +749,8 @@ def report_progress(progress: JsonValue) -> bool:
     """Report progress from inside a running tool (sync or async, any thread).
 
     The loop publishes it as `function_call.progress`. Returns whether it was
-    taken: outside a tool call, or after the call finished, it is dropped.
+    taken: outside a tool call, or after the call finished, it is dropped; on
+    Temporal, progress that is not JSON or is over 64 KiB is refused.
     """
     call = _current_call.get()
     return call is not None and call._report(progress)

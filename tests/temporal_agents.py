@@ -29,7 +29,7 @@ from agentfsm import (
     tool,
 )
 from agentfsm.providers.function import FunctionProvider
-from agentfsm.temporal import TemporalAgent, local_activity
+from agentfsm.temporal import TemporalAgent, ToolActivityOptions, local_activity
 from agentfsm.testing import call, calls, text
 
 
@@ -162,7 +162,8 @@ SLOW = TemporalAgent(
     name="slow",
     model="fn:slow",
     tools=[slow_step],
-    tool_heartbeat=timedelta(seconds=1),
+    # Heartbeats, so that a killed worker's call runs again within 1 s.
+    tool_defaults=ToolActivityOptions(heartbeat_timeout=timedelta(seconds=1)),
 )
 STREAMED = TemporalAgent(
     name="streamed", model="fn:seed", tools=[add], settings={"streaming": True}

@@ -39,6 +39,7 @@ from agentfsm import (
     Trigger,
 )
 from agentfsm._keys import idempotency_key
+from agentfsm._temporal import activities
 from agentfsm.events import AgentEvent
 from agentfsm.exceptions import LoopStateError
 from agentfsm.store import SQLiteStore
@@ -202,15 +203,20 @@ async def test_seed_flow_through_the_workflow(
 
 
 async def test_the_context_is_whole_when_the_store_lost_it(
-    env: WorkflowEnvironment, queue: str
+    env: WorkflowEnvironment, queue: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A worker whose context store does not hold the prefix refuses the
-    request; the workflow sends that request's whole context instead."""
+    """A worker whose context store does not hold the prefix, and that cannot
+    rebuild it from the history, refuses the request; the workflow sends that
+    request's whole context instead."""
 
     class Forgetful(MemoryContextStore):
         async def put(self, loop_id: str, items: Any, digests: Any) -> None:
             pass  # keeps nothing
 
+    async def unreadable(args: Any, held: Any) -> None:
+        return None  # as when the worker cannot read the history
+
+    monkeypatch.setattr(activities, "history_prefix", unreadable)
     store = Forgetful()
     async with worker(
         env.client,
@@ -236,7 +242,7 @@ async def test_a_store_every_worker_reads_keeps_the_context(
     """The loop pauses on one worker, which then stops; another worker takes it
     up. With `StoreContexts` on a store both read, the next request still
     carries only its new items (with a worker's own memory, the second
-    worker misses the prefix and the whole context is sent again)."""
+    worker misses the prefix and rebuilds it from the workflow's history)."""
     path = tmp_path / "contexts.db"
 
     def contexts() -> StoreContexts | MemoryContextStore:
@@ -274,8 +280,9 @@ async def test_a_store_every_worker_reads_keeps_the_context(
         assert stored is not None
         assert len(stored[0]) == infer[-1]["base"] + len(infer[-1]["items"])
     else:
-        assert second.misses == 1
-        assert infer[-1]["base"] == 0  # sent whole again, after the miss
+        # The second worker missed the prefix and rebuilt it from the history.
+        assert (second.misses, second.rebuilt) == (1, 1)
+        assert infer[-1]["base"] > 0
 
 
 async def test_unknown_agent_fails_naming_it(

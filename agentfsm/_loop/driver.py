@@ -118,6 +118,10 @@ async def run(loop: Loop) -> None:
         halt(loop, error_text(exc.error), exc.error)
         return
     except anyio.get_cancelled_exc_class():
+        if loop.detached:
+            # Handed over (`Runtime.hand_over`): it goes on in another
+            # runtime, so its task ending here is not its end.
+            raise
         if journal is not None and not loop.cancel_requested:
             # The runtime closing: not the loop's end. The store keeps its
             # last transition, and `recover` goes on from it.

@@ -75,6 +75,7 @@ if TYPE_CHECKING:
     from agentfsm._durable.keeper import Keeper, Recovery
     from agentfsm.eventlog import EventLogWriter
     from agentfsm.events import AgentEvent
+    from agentfsm.messages import ContextItem
     from agentfsm.record import LoopRecord
     from agentfsm.store import LoopStore
     from agentfsm.tools import Tool
@@ -547,32 +548,115 @@ class Runtime:
             raise LoopStateError("recover() needs a durable store: Runtime(store=...)")
         if self._tg is None or self._closing:
             raise LoopStateError(_NOT_RUNNING)
+        return await keeper.recover(self._loops, self._blank, self._take_recovered)
+
+    def _blank(
+        self,
+        inference_input: InferenceInput,
+        handlers: tuple[Any, ...],
+        options: LoopOptions,
+    ) -> Loop:
+        """A loop of this runtime for `restore` to fill in from a record."""
         primitives = self._primitives
+        loop = Loop(  # by position (see `Loop.__init__`); restore sets the rest
+            "",
+            "",
+            None,
+            inference_input,
+            handlers,
+            options,
+            self.bus,
+            self.providers,
+            primitives.cancel_scope,
+            primitives.event,
+            self._loop_done,
+            self._clock,
+            self._on_commit,
+        )
+        loop.on_halt = self._loop_halted
+        return loop
 
-        def make(
-            inference_input: InferenceInput,
-            handlers: tuple[Any, ...],
-            options: LoopOptions,
-        ) -> Loop:
-            loop = Loop(  # by position (see `Loop.__init__`); restore sets the rest
-                "",
-                "",
-                None,
-                inference_input,
-                handlers,
-                options,
-                self.bus,
-                self.providers,
-                primitives.cancel_scope,
-                primitives.event,
-                self._loop_done,
-                self._clock,
-                self._on_commit,
+    def hand_over(
+        self,
+        loop_id: str,
+        *,
+        check: Callable[[LoopRecord, list[ContextItem]], object] | None = None,
+    ) -> tuple[LoopRecord, list[ContextItem]]:
+        """Take a loop out of this runtime without ending it, for another
+        runtime to go on with (`adopt`): its record and its context's items.
+
+        The loop must be paused, or waiting inside its provider for a request
+        it has not sent (a Temporal workflow continuing as new,
+        `agentfsm._temporal.carry`): its record then says it is in
+        `inference`, and the runtime that adopts it sends the request. It
+        publishes nothing more here and never runs here again; a task it
+        still has ends with this runtime, without ending the loop. `check`
+        sees what would be handed over first, and refuses it by raising: the
+        loop then stays here as it was.
+
+        Raises:
+            UnknownLoopError: no such loop.
+            LoopStateError: the loop has finished, or holds events for a
+                subscriber with backpressure (it has more to publish here).
+        """
+        loop = self._live(loop_id)
+        if loop is None:
+            raise LoopStateError(f"loop {loop_id} has finished: nothing to hand over")
+        if loop.outbox is not None:
+            raise LoopStateError(
+                f"loop {loop_id} still holds events for a subscriber with "
+                "backpressure: hand it over once they are delivered"
             )
-            loop.on_halt = self._loop_halted
-            return loop
+        record = loop.snapshot()
+        items = list(loop.input.context.items)
+        if check is not None:
+            check(record, items)
+        loop.detached = True  # (its task, cancelled, then ends nothing: `driver.run`)
+        del self._loops[loop_id]
+        timer = self._timers.pop(loop_id, None)
+        if timer is not None:
+            timer.cancel()
+        return record, items
 
-        return await keeper.recover(self._loops, make, self._take_recovered)
+    def adopt(
+        self,
+        record: LoopRecord,
+        items: Sequence[ContextItem],
+        *,
+        tools: Sequence[Tool | Callable[..., Any]] = (),
+        handlers: Mapping[str, Any] | Sequence[Any] = (),
+    ) -> str:
+        """Go on with a loop another runtime handed over (`hand_over`),
+        rebuilt from its record and its context's items, its callables bound
+        by name to `tools` and `handlers` (as `Runtime(tools=, handlers=)`
+        bind a store's loops). It publishes nothing as it arrives (its events
+        go on from its record's `seq`): a paused loop stays paused, a running
+        one goes on from where its record says. Its deadline is kept as
+        recorded (`deadline_at`, on anyio's clock): the clock must go on where
+        the loop does (a Temporal workflow's time does).
+
+        Returns:
+            The loop's id.
+
+        Raises:
+            LoopStateError: the runtime is not running, or knows a loop of
+                that id.
+            RecoveryError: a tool or callable the record names is missing, or
+                a tool's schema changed.
+        """
+        from agentfsm._loop.snapshot import Bindings, restore
+
+        if self._tg is None or self._closing:
+            raise LoopStateError(_NOT_RUNNING)
+        if self._knows(record.loop_id):
+            raise LoopStateError(f"loop {record.loop_id} is in this runtime already")
+        bindings = Bindings(tools, handlers)
+        # A loop paused at a breakpoint names the runtime's own handler.
+        bindings.callables.setdefault(BREAKPOINT_HANDLER, self.breakpoints)
+        loop = restore(record, items, bindings, self._blank)
+        loop.deadline_at = record.deadline_at
+        self._take_recovered(loop)
+        return loop.loop_id
 
     @property
     def store(self) -> LoopStore | None:

@@ -26,9 +26,22 @@ from agentfsm.messages import ModelContext
 from agentfsm.options import LoopOptions
 from agentfsm.tools import Tool
 
-__all__ = ("LocalActivityHandler", "TemporalAgent", "agent_named", "local_activity")
+__all__ = (
+    "ROUTED_WAIT",
+    "LocalActivityHandler",
+    "TemporalAgent",
+    "ToolActivityOptions",
+    "agent_named",
+    "local_activity",
+)
 
 _NAME: Final = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+ROUTED_WAIT: Final = timedelta(minutes=5)
+"""How long a call of a tool routed to a task queue of its own waits for a
+worker of that queue to take it, by default (`ToolActivityOptions.
+schedule_to_start_timeout`): with no worker polling the queue, the call ends
+as an error output naming the queue instead of waiting for ever."""
 
 _agents: dict[str, TemporalAgent] = {}
 
@@ -73,6 +86,106 @@ def local_activity(
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ToolActivityOptions:
+    """How a tool's calls run as activities: given per tool name in
+    `TemporalAgent(tool_options={...})`, or for every tool in
+    `TemporalAgent(tool_defaults=...)`.
+
+    A field left None takes `tool_defaults`' value, and then the default
+    named below.
+
+    Args:
+        retry_policy: Temporal's retry policy of the tool's activity (it
+            covers a lost worker and a timed-out attempt; a tool that raises
+            is an error output, never retried). Default:
+            `TemporalAgent.tool_attempts` attempts for an `on_crash="retry"`
+            tool, one for an `on_crash="pause"` tool. `tool_defaults`' policy
+            applies to the `on_crash="retry"` tools only; a pause tool given a
+            policy of more than one attempt by name is refused (its calls must
+            not run twice).
+        task_queue: the task queue the activity is scheduled on, so that only
+            the workers polling it run the tool (`worker(..., task_queue=...,
+            workflows=False)` runs only such tools). Default: the loop's own
+            queue, where its model calls run.
+        heartbeat_timeout: opt in to heartbeats: the activity heartbeats
+            every third of it while the tool runs, and Temporal ends an
+            attempt not heard from within it (a lost worker is noticed this
+            soon, and a cancelled loop's call is interrupted). Only for tools
+            that leave their event loop free (sync tools run in a thread); an
+            async tool that blocks it past this timeout has its attempt ended.
+            Default: none, so an attempt is bounded by its start-to-close
+            timeout only.
+        start_to_close_timeout: one attempt's timeout. Default: the tool's
+            `timeout`, or for a tool without one `TemporalAgent.no_timeout`
+            (or `schedule_to_close_timeout`, if shorter).
+        schedule_to_close_timeout: the timeout of all attempts together.
+            Default: none.
+        schedule_to_start_timeout: how long a call waits for a worker of its
+            task queue to take it (Temporal does not retry it: the call never
+            ran). When it lapses the model sees an error output naming the
+            queue, whatever the tool's crash policy. Default: `ROUTED_WAIT`
+            (5 minutes) for a tool routed to a `task_queue`, so that a queue
+            no worker polls does not hold the loop for ever; none on the
+            loop's own queue, whose workers run the loop itself.
+    """
+
+    retry_policy: RetryPolicy | None = None
+    task_queue: str | None = None
+    heartbeat_timeout: timedelta | None = None
+    start_to_close_timeout: timedelta | None = None
+    schedule_to_close_timeout: timedelta | None = None
+    schedule_to_start_timeout: timedelta | None = None
+
+    def __post_init__(self) -> None:
+        if self.retry_policy is not None:
+            if not isinstance(self.retry_policy, RetryPolicy):
+                raise ConfigurationError(
+                    "ToolActivityOptions.retry_policy must be a "
+                    f"temporalio.common.RetryPolicy, got {self.retry_policy!r}"
+                )
+            try:
+                self.retry_policy._validate()
+            except ValueError as exc:
+                raise ConfigurationError(
+                    f"ToolActivityOptions.retry_policy is invalid: {exc}"
+                ) from exc
+        queue: object = self.task_queue  # checked as what a caller may pass
+        if queue is not None and not (isinstance(queue, str) and queue.strip()):
+            raise ConfigurationError(
+                "ToolActivityOptions.task_queue must be a non-empty str, "
+                f"got {self.task_queue!r}"
+            )
+        for name in (
+            "heartbeat_timeout",
+            "start_to_close_timeout",
+            "schedule_to_close_timeout",
+            "schedule_to_start_timeout",
+        ):
+            value = getattr(self, name)
+            if value is not None and (
+                not isinstance(value, timedelta) or value <= timedelta()
+            ):
+                raise ConfigurationError(
+                    f"ToolActivityOptions.{name} must be a positive timedelta, "
+                    f"got {value!r}"
+                )
+
+    def over(self, defaults: ToolActivityOptions) -> ToolActivityOptions:
+        """These options, each field left None taken from `defaults`."""
+        return ToolActivityOptions(
+            retry_policy=self.retry_policy or defaults.retry_policy,
+            task_queue=self.task_queue or defaults.task_queue,
+            heartbeat_timeout=self.heartbeat_timeout or defaults.heartbeat_timeout,
+            start_to_close_timeout=self.start_to_close_timeout
+            or defaults.start_to_close_timeout,
+            schedule_to_close_timeout=self.schedule_to_close_timeout
+            or defaults.schedule_to_close_timeout,
+            schedule_to_start_timeout=self.schedule_to_start_timeout
+            or defaults.schedule_to_start_timeout,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TemporalAgent:
     """What one kind of loop runs as a Temporal workflow.
 
@@ -103,10 +216,14 @@ class TemporalAgent:
             this soon).
         tool_attempts: how many times a tool whose crash policy is
             `on_crash="retry"` is attempted when its worker is lost or the
-            attempt times out; an `on_crash="pause"` tool is attempted once.
-        tool_heartbeat: the tool activities' heartbeat timeout (the activity
-            heartbeats while the tool runs; a CPU-bound tool run in the event
-            loop's thread would starve it: tools run in a thread by default).
+            attempt times out (unless its options give a retry policy); an
+            `on_crash="pause"` tool is attempted once.
+        tool_defaults: how every tool's calls run as activities (retry
+            policy, task queue, heartbeat, timeouts): `ToolActivityOptions`.
+            Default: no heartbeat, the loop's task queue, the retry policy of
+            the tool's crash policy.
+        tool_options: per tool name, `ToolActivityOptions` over
+            `tool_defaults` (a field left None takes `tool_defaults`' value).
         no_timeout: the start-to-close timeout of an activity whose tool
             (or `inference_timeout`) has none: Temporal needs one.
     """
@@ -124,7 +241,8 @@ class TemporalAgent:
     )
     model_heartbeat: timedelta | None = timedelta(seconds=30)
     tool_attempts: int = 3
-    tool_heartbeat: timedelta | None = timedelta(seconds=30)
+    tool_defaults: ToolActivityOptions = field(default_factory=ToolActivityOptions)
+    tool_options: Mapping[str, ToolActivityOptions] = field(default_factory=dict)
     no_timeout: timedelta = timedelta(hours=1)
 
     def __post_init__(self) -> None:
@@ -151,6 +269,7 @@ class TemporalAgent:
             )
         object.__setattr__(self, "tools", tools)
         object.__setattr__(self, "handlers", tuple(self.handlers))
+        self._check_tool_options()
         # Checked now, in the worker, not at a loop's start inside a workflow.
         LoopOptions.of(dict(self.options))  # type: ignore[arg-type]
         self.request(ModelContext())
@@ -175,6 +294,75 @@ class TemporalAgent:
 
     def tool(self, name: str) -> Tool | None:
         return next((t for t in self.tools if t.name == name), None)
+
+    def activity_options(self, tool: Tool) -> ToolActivityOptions:
+        """The options of `tool`'s activity, every default applied: a retry
+        policy, a start-to-close timeout, a schedule-to-start timeout when it
+        is routed; the task queue is None for the loop's own."""
+        given = self.tool_options.get(tool.name)
+        options = given.over(self.tool_defaults) if given else self.tool_defaults
+        retry = given.retry_policy if given else None
+        if retry is None and tool.on_crash == "retry":
+            retry = self.tool_defaults.retry_policy or RetryPolicy(
+                maximum_attempts=self.tool_attempts
+            )
+        if retry is None:  # on_crash="pause": the default policy is not for it
+            retry = RetryPolicy(maximum_attempts=1)
+        start_to_close = options.start_to_close_timeout
+        if start_to_close is None and tool.timeout is not None:
+            start_to_close = timedelta(seconds=tool.timeout)
+        if start_to_close is None:  # Temporal needs one: `no_timeout`, in all
+            start_to_close = min(
+                self.no_timeout, options.schedule_to_close_timeout or self.no_timeout
+            )
+        waiting = options.schedule_to_start_timeout
+        if waiting is None and options.task_queue is not None:
+            waiting = ROUTED_WAIT
+        return ToolActivityOptions(
+            retry_policy=retry,
+            task_queue=options.task_queue,
+            heartbeat_timeout=options.heartbeat_timeout,
+            start_to_close_timeout=start_to_close,
+            schedule_to_close_timeout=options.schedule_to_close_timeout,
+            schedule_to_start_timeout=waiting,
+        )
+
+    def _check_tool_options(self) -> None:
+        if not isinstance(self.tool_defaults, ToolActivityOptions):
+            raise ConfigurationError(
+                f"TemporalAgent {self.name!r}: tool_defaults must be "
+                f"ToolActivityOptions, got {self.tool_defaults!r}"
+            )
+        if not isinstance(self.tool_options, Mapping):
+            raise ConfigurationError(
+                f"TemporalAgent {self.name!r}: tool_options must map tool names "
+                f"to ToolActivityOptions, got {self.tool_options!r}"
+            )
+        names = [t.name for t in self.tools]
+        for name, options in self.tool_options.items():
+            if name not in names:
+                raise ConfigurationError(
+                    f"TemporalAgent {self.name!r}: tool_options names {name!r}, "
+                    f"which is not one of its tools ({', '.join(names) or 'none'})"
+                )
+            if not isinstance(options, ToolActivityOptions):
+                raise ConfigurationError(
+                    f"TemporalAgent {self.name!r}: tool_options[{name!r}] must be "
+                    f"ToolActivityOptions, got {options!r}"
+                )
+        object.__setattr__(self, "tool_options", dict(self.tool_options))
+        for t in self.tools:
+            policy = self.activity_options(t).retry_policy
+            assert policy is not None
+            if t.on_crash == "pause" and policy.maximum_attempts != 1:
+                # Only a policy given for this tool by name gets here.
+                attempts = policy.maximum_attempts or "unlimited"
+                raise ConfigurationError(
+                    f"TemporalAgent {self.name!r}: tool {t.name!r} has "
+                    f"on_crash='pause' (a lost call must not run again) but a "
+                    f"retry policy of {attempts} attempts: give it "
+                    "maximum_attempts=1, or make the tool on_crash='retry'"
+                )
 
 
 def register(agent: TemporalAgent) -> None:

@@ -15,8 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import TypeAdapter
 from temporalio import workflow
-from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
+from temporalio.exceptions import (
+    ActivityError,
+    ApplicationError,
+    TimeoutError,
+    TimeoutType,
+)
 
 from agentfsm._keys import idempotency_key
 from agentfsm._replay.wire import request_data
@@ -30,12 +34,17 @@ from agentfsm.tools import ToolCall, ToolNext, ToolResult, _current_call
 from .agent import LocalActivityHandler, TemporalAgent
 from .wire import (
     CONTEXT_MISSING,
+    MAX_PAYLOAD,
+    NOT_SHARED,
+    OUTPUT_MISSING,
+    ContextArgs,
     InferArgs,
     InferResult,
     ToolArgs,
     ToolOutcome,
     chain_digest,
     dump,
+    payload_size,
 )
 
 if TYPE_CHECKING:
@@ -164,10 +173,33 @@ class ActivityProvider:
                 digests=digests,
             )
             try:
+                sent = dump(args)
+                size = payload_size(sent)
+                if size > MAX_PAYLOAD and fresh:
+                    # Too large to go inline: the items go to the context
+                    # store first, and the request refers to all of them.
+                    await self._hand_over(args, size)
+                    args = args.model_copy(
+                        update={
+                            "base": base + len(fresh),
+                            "base_digest": digests[-1],
+                            "items": (),
+                            "digests": (),
+                        }
+                    )
+                    sent = dump(args)
+                    size = payload_size(sent)
+                if size > MAX_PAYLOAD:
+                    raise ProviderError(
+                        f"a request to {request.model!r} would carry {size:,} bytes "
+                        f"besides its context (tools, settings, instructions), over "
+                        f"the {MAX_PAYLOAD:,} bytes one Temporal payload may carry",
+                        retryable=False,
+                    )
                 raw = await run_activity(
                     workflow.start_activity(
                         f"agentfsm.{self.agent.name}.infer",
-                        dump(args),
+                        sent,
                         start_to_close_timeout=self.timeout,
                         heartbeat_timeout=self.agent.model_heartbeat,
                         retry_policy=self.agent.model_retry,
@@ -183,6 +215,11 @@ class ActivityProvider:
                 ):
                     whole = True  # that worker's store lacks the prefix: send it all
                     continue
+                if isinstance(cause, ApplicationError) and cause.type in (
+                    NOT_SHARED,
+                    OUTPUT_MISSING,
+                ):
+                    raise ProviderError(cause.message, retryable=False) from exc
                 raise ProviderError(
                     f"the inference activity for {request.model!r} failed: "
                     f"{cause or exc}",
@@ -199,6 +236,56 @@ class ActivityProvider:
             )
         assert result.output is not None
         return result.output
+
+    async def _hand_over(self, args: InferArgs, size: int) -> None:
+        """Hand a request's new items to the context store in parts that each
+        fit in a payload (the `context` activity), so that the request can
+        refer to them; an `ActivityError` says the store refused them."""
+        items, digests = args.items, args.digests
+
+        def part(start: int, end: int) -> dict[str, Any]:
+            return dump(
+                ContextArgs(
+                    loop_id=args.loop_id,
+                    base=args.base + start,
+                    base_digest=digests[start - 1] if start else args.base_digest,
+                    items=items[start:end],
+                    digests=digests[start:end],
+                    size=size,
+                )
+            )
+
+        # A part's own fields; a later part's base and digest are longer.
+        envelope = payload_size(part(0, 0)) + 64
+        # An item's share of a part: its JSON, its digest, two commas.
+        sizes = [
+            payload_size(dump(item)) + len(digests[n]) + 4
+            for n, item in enumerate(items)
+        ]
+        start = 0
+        while start < len(items):
+            if envelope + sizes[start] > MAX_PAYLOAD:
+                raise ProviderError(
+                    f"context item {args.base + start + 1} of loop {args.loop_id} "
+                    f"is {sizes[start]:,} bytes as JSON, over the {MAX_PAYLOAD:,} "
+                    "bytes one Temporal payload may carry",
+                    retryable=False,
+                )
+            end, total = start + 1, envelope + sizes[start]
+            while end < len(items) and total + sizes[end] <= MAX_PAYLOAD:
+                total += sizes[end]
+                end += 1
+            await run_activity(
+                workflow.start_activity(
+                    f"agentfsm.{self.agent.name}.context",
+                    part(start, end),
+                    start_to_close_timeout=self.timeout,
+                    retry_policy=self.agent.model_retry,
+                    summary=f"request {self.requests}: context items "
+                    f"{args.base + start + 1}-{args.base + end}",
+                )
+            )
+            start = end
 
 
 class ToolActivities:
@@ -244,26 +331,39 @@ class ToolActivities:
             idempotency_key=key,
         )
         retry = tool.on_crash == "retry"
-        timeout = (
-            timedelta(seconds=tool.timeout)
-            if tool.timeout is not None
-            else self.agent.no_timeout
-        )
+        options = self.agent.activity_options(tool)
+        policy = options.retry_policy
+        assert policy is not None  # activity_options always gives one
         try:
             raw = await run_activity(
                 workflow.start_activity(
                     f"agentfsm.{self.agent.name}.tool.{tool.name}",
                     dump(args),
-                    start_to_close_timeout=timeout,
-                    heartbeat_timeout=self.agent.tool_heartbeat,
-                    retry_policy=RetryPolicy(
-                        maximum_attempts=self.agent.tool_attempts if retry else 1
-                    ),
+                    task_queue=options.task_queue,
+                    start_to_close_timeout=options.start_to_close_timeout,
+                    schedule_to_close_timeout=options.schedule_to_close_timeout,
+                    schedule_to_start_timeout=options.schedule_to_start_timeout,
+                    heartbeat_timeout=options.heartbeat_timeout,
+                    retry_policy=policy,
                     summary=f"{tool.name} {item.call_id}",
                 )
             )
         except ActivityError as exc:
             cause = exc.cause
+            if (
+                isinstance(cause, TimeoutError)
+                and cause.type is TimeoutType.SCHEDULE_TO_START
+            ):
+                # No worker took the call: it never ran, nothing to pause for.
+                queue = options.task_queue or workflow.info().task_queue
+                raise ToolTimeout(
+                    f"tool {tool.name!r}: no worker of task queue {queue!r} took "
+                    f"the call within {options.schedule_to_start_timeout} (its "
+                    "schedule_to_start_timeout), so it did not run: is a worker "
+                    f"polling {queue!r} (worker(..., task_queue={queue!r}, "
+                    "workflows=False))?",
+                    tool=tool.name,
+                ) from exc
             if not retry:
                 self.lost.append((item.call_id, tool.name))
             if isinstance(cause, TimeoutError):
@@ -271,9 +371,11 @@ class ToolActivities:
                     f"tool {tool.name!r}: its activity timed out "
                     f"({cause.type.name if cause.type else 'timeout'}) "
                     + (
-                        f"after {self.agent.tool_attempts} attempts"
-                        if retry
-                        else "and was not retried (on_crash='pause')"
+                        "and was not retried (on_crash='pause')"
+                        if not retry
+                        else f"after {policy.maximum_attempts} attempts"
+                        if policy.maximum_attempts
+                        else "and its attempts ran out of time"
                     ),
                     tool=tool.name,
                 ) from exc

@@ -6,18 +6,28 @@ Append-only: a request writes only the items past the prefix the store holds
 (the digests chain, so one equal digest at the end of the prefix means the
 whole prefix is equal). The cost of a request stays linear in what it adds,
 not in the context's size, and history never carries the whole context.
+
+It also keeps tool outputs too large to go inline (by reference, under a
+digest of the loop's id and the output), beside the contexts.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from agentfsm.exceptions import ConfigurationError
-from agentfsm.messages import ContextItem
+from agentfsm.messages import ContextItem, FunctionCallOutputItem
 from agentfsm.store import LoopStore, SharedContexts
 
 __all__ = ("StoreContexts",)
 
 
 _HELD_KEPT = 4096
+_OUTPUTS_KEPT = 8
+
+BY_REFERENCE = 256 * 1024
+"""`StoreContexts`' default `by_reference`: Temporal's own external payload
+storage's default threshold, half the server's warning size (512 KiB)."""
 
 
 class StoreContexts:
@@ -29,15 +39,30 @@ class StoreContexts:
     async with worker(client, task_queue="agents", agents=..., context_store=contexts):
         ...
     ```
+
+    Since every worker reads it, large values go through it by reference
+    instead of inline in Temporal's payloads: a tool output over
+    `by_reference` bytes (default 256 KiB) is kept here by the tool's activity,
+    which returns a reference, and context items that would make a request's
+    arguments too large are handed to it ahead of the request.
     """
 
-    def __init__(self, store: LoopStore) -> None:
+    def __init__(self, store: LoopStore, *, by_reference: int = BY_REFERENCE) -> None:
         if not isinstance(store, SharedContexts):
             raise ConfigurationError(
                 f"{type(store).__name__} keeps no shared contexts: use SQLiteStore "
                 "or PostgresStore"
             )
+        if type(by_reference) is not int or by_reference < 1:
+            raise ConfigurationError(
+                f"by_reference must be an int >= 1 (bytes), got {by_reference!r}"
+            )
+        self.by_reference = by_reference
+        """Tool outputs larger than this many bytes (as JSON) go by reference."""
         self.store = store
+        self._outputs: OrderedDict[str, str] = OrderedDict()
+        """The outputs this worker read last: a key names one content, so
+        they are never stale, and each request of a loop reads them again."""
         self._contexts: SharedContexts = store
         self._opened = False
         self._held: dict[str, tuple[int, str]] = {}
@@ -46,6 +71,8 @@ class StoreContexts:
         loops it saw last (a long-lived worker sees loops without end)."""
         self.misses = 0
         """How many requests referred to a prefix the store did not hold."""
+        self.rebuilt = 0
+        """How many of those misses were rebuilt from the workflow's history."""
 
     async def _open(self) -> None:
         if not self._opened:
@@ -76,9 +103,39 @@ class StoreContexts:
         )
         self._remember(loop_id, digests)
 
+    async def put_output(self, key: str, output: str) -> None:
+        """Keep a tool output under `key` (its digest: writing it again is
+        harmless, so a retried activity may)."""
+        await self._open()
+        item = FunctionCallOutputItem(call_id=key, output=output)
+        await self._contexts.append_context(_output_id(key), 0, [item], [key])
+
+    async def output(self, key: str) -> str | None:
+        """The tool output kept under `key`, or None."""
+        kept = self._outputs
+        if key in kept:
+            kept.move_to_end(key)
+            return kept[key]
+        await self._open()
+        held = await self._contexts.context(_output_id(key))
+        if held is None or not held[0]:
+            return None
+        item = held[0][0]
+        if not isinstance(item, FunctionCallOutputItem):
+            return None
+        kept[key] = item.output
+        if len(kept) > _OUTPUTS_KEPT:
+            kept.popitem(last=False)
+        return item.output
+
     def _remember(self, loop_id: str, digests: list[str]) -> None:
         held = self._held
         held.pop(loop_id, None)  # the most recent last
         if len(held) >= _HELD_KEPT:
             del held[next(iter(held))]  # the oldest
         held[loop_id] = (len(digests), digests[-1] if digests else "")
+
+
+def _output_id(key: str) -> str:
+    # Beside the loops' contexts, which are kept under the loops' ids.
+    return f"agentfsm.output/{key}"

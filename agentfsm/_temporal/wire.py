@@ -12,16 +12,29 @@ payloads, would otherwise grow quadratically with the number of requests).
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from agentfsm.events import ToolSpec
 from agentfsm.inference import InferenceOutput
-from agentfsm.messages import ContextItem, UserMessage
+from agentfsm.messages import ContextItem, ModelContext, UserMessage
+from agentfsm.record import LoopRecord
+from agentfsm.results import LoopResult
 
 __all__ = (
     "CONTEXT_MISSING",
+    "Carried",
+    "MAX_PAYLOAD",
+    "MAX_MODEL_OUTPUT",
+    "MAX_PROGRESS",
+    "NOT_SHARED",
+    "OUTPUT_MISSING",
+    "ContextArgs",
+    "MAX_ERROR_TEXT",
+    "MAX_RESULT",
     "ErrorData",
     "InferArgs",
     "InferResult",
@@ -29,7 +42,12 @@ __all__ = (
     "ToolArgs",
     "ToolOutcome",
     "chain_digest",
+    "clipped",
     "dump",
+    "fitted_result",
+    "output_reference",
+    "payload_size",
+    "referenced",
 )
 
 CONTEXT_MISSING: Final = "agentfsm.ContextMissing"
@@ -37,7 +55,138 @@ CONTEXT_MISSING: Final = "agentfsm.ContextMissing"
 store does not hold the prefix a request refers to (another worker's store, or
 an evicted entry): the workflow then sends the whole context."""
 
+NOT_SHARED: Final = "agentfsm.ContextStoreNotShared"
+"""The `ApplicationError` type of a `context` activity whose worker's context
+store is its own (`MemoryContextStore`): items too large to go inline cannot
+go by reference either, since the next request may run on another worker."""
+OUTPUT_MISSING: Final = "agentfsm.OutputMissing"
+"""The `ApplicationError` type an inference activity raises when the context
+store does not hold a tool output its context refers to, or cannot read it (a
+store of the worker's own: the output was stored by a worker with
+`StoreContexts`); the loop fails, saying so."""
+
+MAX_PAYLOAD: Final = 2_000_000
+"""The most bytes agentfsm puts in one Temporal payload (an activity's
+arguments or result): under the server's default error limit
+(`limit.blobSize.error`, 2 MiB = 2,097,152 bytes), with room for the
+payload's metadata. Over it, the workflow task (arguments) or the activity's
+completion (result) would fail."""
+MAX_MODEL_OUTPUT: Final = MAX_PAYLOAD // 2
+"""The most bytes of one model output: the loop's result (the workflow's)
+carries an answer twice, as `answer` and as `output`."""
+
+MAX_ERROR_TEXT: Final = 64 * 1024
+"""The most bytes (as JSON) of an error's text that agentfsm carries in a
+payload (a provider's error, the loop's error, a failed workflow's message):
+some providers echo the whole request in theirs, and the loop's result carries
+its error more than once. Longer text is cut, saying how long it was
+(`clipped`)."""
+MAX_PROGRESS: Final = 64 * 1024
+"""The most bytes of one progress report of a tool on Temporal (a heartbeat's
+details, sent again with each beat of the heartbeat's timer); a larger one is
+refused (`report_progress` returns False)."""
+MAX_RESULT: Final = 2 * 1024 * 1024 - 32 * 1024
+"""The most bytes of what a loop's workflow ends with (its result, a failed
+loop's failure, a cancelled loop's memo): the server's limit (2 MiB) less
+room for the payload's metadata or the failure's stack trace. Over the limit,
+the workflow task completing it would fail on every attempt; the result is
+made to fit instead (`fitted_result`)."""
+
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+_REFERENCE = re.compile(
+    r"\A\[agentfsm: a tool output of (\d+) bytes, stored by reference "
+    r"\(([0-9a-f]{64})\); the model receives it whole\]"
+)
+_PREVIEW = 1000
+
+
+def payload_size(data: Any) -> int:
+    """The bytes `data` takes as a payload of Temporal's default converter
+    (compact JSON, non-ASCII escaped)."""
+    return len(json.dumps(data, separators=(",", ":")))
+
+
+def clipped(text: str, limit: int = MAX_ERROR_TEXT) -> str:
+    """`text` when it takes at most `limit` bytes as JSON; else its beginning
+    and how long it was, within `limit`."""
+    if payload_size(text) <= limit:
+        return text
+    note = f"...({len(text.encode()):,} bytes in all)"
+    budget = max(limit - payload_size(note), 0)
+    n = min(len(text), budget)
+    while n and (size := payload_size(text[:n])) > budget:
+        n = min(n - 1, n * budget // size)  # escaped text takes more bytes
+    return text[:n] + note
+
+
+def fitted_result(result: LoopResult, limit: int) -> tuple[LoopResult, list[str]]:
+    """`result` made to take at most `limit` bytes as JSON, and what was left
+    out to fit (nothing, for a result of any usual size). First its texts are
+    cut (`clipped`), then its answer and output go if they alone are too
+    large, then its path's earliest steps; what was left out is said at the end of its `reason` too, so that
+    whoever reads the result sees it."""
+
+    def size(r: LoopResult) -> int:
+        return payload_size(r.model_dump(mode="json"))
+
+    if size(result) <= limit:
+        return result, []
+    room = limit - 1024  # for the note `reason` ends with
+    dropped: list[str] = []
+    texts: dict[str, Any] = {}
+    for name in ("reason", "agent_id"):
+        value = getattr(result, name)
+        if value is not None and (cut := clipped(value)) != value:
+            texts[name] = cut
+            dropped.append(f"the end of its {name}")
+    error = result.error
+    if error is not None and (cut := clipped(error.message)) != error.message:
+        texts["error"] = error.model_copy(update={"message": cut})
+        dropped.append("the end of its error's message")
+    result = result.model_copy(update=texts)
+    path = result.path
+    if size(result.model_copy(update={"path": ()})) > room and (
+        result.answer is not None or result.output is not None
+    ):
+        result = result.model_copy(update={"answer": None, "output": None})
+        dropped.append("its answer and output (the loop's transcript has the answer)")
+    if size(result) > room and path:
+        bare = size(result.model_copy(update={"path": ()}))
+        each = -(-(size(result) - bare) // len(path))  # a step's bytes, rounded up
+        keep = min(len(path), max((room - bare) // each, 0))
+        while keep and size(result.model_copy(update={"path": path[-keep:]})) > room:
+            keep -= 1  # steps differ by a few bytes: a few rounds at most
+        result = result.model_copy(update={"path": path[len(path) - keep :]})
+        dropped.append(
+            f"the first {len(path) - keep:,} of its {len(path):,} path steps"
+        )
+    note = (
+        f"the result left out {', '.join(dropped)} to fit in {limit:,} bytes "
+        "(what one Temporal payload may carry)"
+    )
+    reason = f"{result.reason}; {note}" if result.reason else note
+    return result.model_copy(update={"reason": reason}), dropped
+
+
+def output_reference(key: str, output: str) -> str:
+    """The text that stands in the workflow for a tool output the context
+    store holds under `key`: its size, its key and its beginning, so that
+    handlers, the transcript and the loop's result show what it was."""
+    size = len(output.encode())
+    head = output[:_PREVIEW]
+    more = "..." if len(output) > _PREVIEW else ""
+    return (
+        f"[agentfsm: a tool output of {size} bytes, stored by reference ({key}); "
+        f"the model receives it whole]\n{head}{more}"
+    )
+
+
+def referenced(text: str) -> str | None:
+    """The store's key when `text` stands for a tool output stored by
+    reference (made by `output_reference`), else None."""
+    found = _REFERENCE.match(text)
+    return None if found is None else found.group(2)
 
 
 def dump(model: BaseModel) -> dict[str, Any]:
@@ -53,16 +202,54 @@ def chain_digest(previous: str, item: ContextItem) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-class StartLoop(BaseModel):
-    """The workflow's input: which agent, the loop's id and first message."""
+class Carried(BaseModel):
+    """A loop a run of its workflow hands to the next (continue-as-new): its
+    record, its context's items, and where the inference activities' context
+    store stood, so the next request still sends only what is new."""
 
     model_config = _FROZEN
 
-    agent: str
-    loop_id: str
+    record: LoopRecord
+    items: tuple[ContextItem, ...] = ()
+    """The loop's context (the record refers to it by position)."""
+    sent: int = 0
+    """How many of `items` the context store was sent already."""
+    requests: int = 0
+    """How many inference activities the loop ran (request numbers go on)."""
+
+
+class StartLoop(BaseModel):
+    """The workflow's input: which agent, the loop's id and first message.
+
+    Checked where it arrives (an extra field, a missing or empty `agent` or
+    `loop_id` fail the workflow `agentfsm.BadStart`, naming the field), since
+    clients that never import agentfsm start loops too.
+    """
+
+    model_config = _FROZEN
+
+    agent: str = Field(min_length=1)
+    """The `TemporalAgent`'s name."""
+    loop_id: str = Field(min_length=1)
+    """The loop's id (its workflow's id is `agentfsm/<loop_id>`)."""
     message: UserMessage | None = None
+    """The first message (`None` starts on the agent's context alone)."""
     agent_id: str | None = None
     """Who the loop runs for (default: the agent's name)."""
+    context: ModelContext | None = None
+    """A prior conversation the loop starts on (`LoopClient.start(context=)`);
+    the agent's instructions, when it has some, replace the context's."""
+    carried: Carried | None = None
+    """The loop itself, when this run goes on with it from the run before
+    (continue-as-new, `agentfsm._temporal.carry`); `message` is then None."""
+
+    def seeded(self) -> ModelContext:
+        """A new context holding `context`'s items, for the loop to append to
+        (an empty one without `context`)."""
+        seed = self.context
+        if seed is None:
+            return ModelContext()
+        return ModelContext(instructions=seed.instructions, items=list(seed.items))
 
 
 class InferArgs(BaseModel):
@@ -87,6 +274,27 @@ class InferArgs(BaseModel):
     """The context's items from `base` on."""
     digests: tuple[str, ...] = ()
     """The chain digest after each of `items`."""
+
+
+class ContextArgs(BaseModel):
+    """Context items the workflow hands to the context store ahead of a
+    request whose arguments they would make too large (the `context`
+    activity): the request then refers to them (`InferArgs.base`)."""
+
+    model_config = _FROZEN
+
+    loop_id: str
+    base: int
+    """How many of the context's first items the store holds already."""
+    base_digest: str
+    """The chain digest of those `base` items ("" when `base` is 0)."""
+    items: tuple[ContextItem, ...]
+    """The context's items from `base` on."""
+    digests: tuple[str, ...]
+    """The chain digest after each of `items`."""
+    size: int
+    """The bytes the whole request would have carried inline (for the error
+    a store of the worker's own gives)."""
 
 
 class ErrorData(BaseModel):
@@ -138,5 +346,10 @@ class ToolOutcome(BaseModel):
     model_config = _FROZEN
 
     output: str
+    """The tool's output, or, when `stored` is set, the text standing for it
+    (`output_reference`): the context store holds the output itself."""
     is_error: bool = False
     terminate: bool = False
+    stored: int | None = None
+    """The size in bytes of the output the context store holds, when it went
+    by reference (too large to carry inline)."""

@@ -18,6 +18,13 @@ leaves the workflow as an activity:
 Signals steer, follow up and cancel; updates resume and approve (their
 validators reject a loop that is not paused, and call ids that are not the
 ones waiting); the `view` query answers with the loop's `LoopView`.
+
+Nothing that arrives from outside wedges the workflow: every input is checked
+where it crosses in (a bad start fails the workflow `BAD_START`, a bad signal
+is dropped with a warning and an `input.dropped` event, a bad update is
+refused by its validator), the subscribers' calls are guarded, and the loop's
+outcome is the workflow's (a failed loop fails it `LOOP_FAILED`; Temporal's
+own cancel cancels the loop and ends the workflow canceled).
 """
 
 from __future__ import annotations
@@ -25,29 +32,52 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-from pydantic import TypeAdapter
+from pydantic import TypeAdapter, ValidationError
 from temporalio import workflow
 from temporalio.common import SearchAttributeKey
 from temporalio.exceptions import ApplicationError
 
+from agentfsm._logging import get_logger
 from agentfsm._runtime.runtime import Runtime
+from agentfsm._text import encodable
 from agentfsm.events import AgentEvent
-from agentfsm.exceptions import ConfigurationError, LoopStateError
+from agentfsm.exceptions import AgentFSMError, ConfigurationError, LoopStateError
 from agentfsm.inference import InferenceInput
 from agentfsm.interception import Decision, Rewrite, ToolBatch
-from agentfsm.messages import ModelContext, UserMessage
+from agentfsm.messages import UserMessage
 from agentfsm.providers import _OneProviderRegistry
-from agentfsm.results import LoopStatus, LoopView
-from agentfsm.states import LoopState, Trigger
+from agentfsm.results import LoopResult, LoopStatus, LoopView
+from agentfsm.states import LoopState, Outcome, Trigger
 
-from .agent import LocalActivityHandler, agent_named
+from .agent import LocalActivityHandler, TemporalAgent, agent_named
 from .calls import ActivityProvider, ToolActivities, local_handler
-from .wire import StartLoop
+from .carry import Carry
+from .wire import (
+    MAX_PAYLOAD,
+    MAX_RESULT,
+    StartLoop,
+    clipped,
+    fitted_result,
+    payload_size,
+)
 
 if TYPE_CHECKING:
     from agentfsm._loop import Loop
 
-__all__ = ("STATE_ATTRIBUTE", "WORKFLOW_NAME", "LoopWorkflow", "view_data")
+__all__ = (
+    "AGENT_ATTRIBUTE",
+    "BAD_START",
+    "BAD_UPDATE",
+    "FAILURE_EXCEPTION_TYPES",
+    "LOOP_FAILED",
+    "OUTCOME_ATTRIBUTE",
+    "OUTCOME_MEMO",
+    "RESULT_MEMO",
+    "STATE_ATTRIBUTE",
+    "WORKFLOW_NAME",
+    "LoopWorkflow",
+    "view_data",
+)
 
 WORKFLOW_NAME: Final = "agentfsm.loop"
 STATE_ATTRIBUTE: Final = SearchAttributeKey.for_keyword("AgentFsmState")
@@ -57,6 +87,41 @@ STATE_ATTRIBUTE: Final = SearchAttributeKey.for_keyword("AgentFsmState")
 loops can be listed. Set only on workflows started with it
 (`LoopClient(state_attribute=True)`): an attribute the namespace has not
 registered would fail the workflow task."""
+AGENT_ATTRIBUTE: Final = SearchAttributeKey.for_keyword("AgentFsmAgent")
+"""The loop's agent (the `TemporalAgent`'s name), set at the start, so that
+listings can tell agents apart (on workflows started with search attributes)."""
+OUTCOME_ATTRIBUTE: Final = SearchAttributeKey.for_keyword("AgentFsmOutcome")
+"""How the loop ended (an `Outcome`: `answered`, `failed`, `aborted`,
+`cancelled`, ...), set when it ends (on workflows started with search
+attributes)."""
+LOOP_FAILED: Final = "agentfsm.LoopFailed"
+"""The `ApplicationError` type a failed loop's workflow fails with; its first
+detail is the loop's `LoopResult` as JSON data."""
+RESULT_MEMO: Final = "agentfsm.result"
+"""The memo key a cancelled workflow (Temporal's own cancel) leaves the loop's
+`LoopResult` under, as JSON data: a cancelled workflow has no result."""
+OUTCOME_MEMO: Final = "agentfsm.outcome"
+"""The memo key of the loop's outcome, set when it ends: shown in Temporal's
+UI and listings with no search attribute registered."""
+BAD_START: Final = "agentfsm.BadStart"
+"""The `ApplicationError` type a workflow whose input is not a valid
+`StartLoop` fails with (non-retryable); its message names the fields."""
+BAD_UPDATE: Final = "agentfsm.BadUpdate"
+"""The `ApplicationError` type an update validator refuses bad arguments with
+(a decision that is not a `Decision`, call ids that are not strings)."""
+FAILURE_EXCEPTION_TYPES: Final[tuple[type[Exception], ...]] = (
+    AgentFSMError,
+    ValidationError,
+)
+"""What fails the workflow, not its task, when it escapes workflow code
+(besides Temporal's own `FailureError`s): agentfsm's errors and pydantic's
+validation errors say that the data or the agent's configuration is wrong, so
+a retried task would raise them again. Anything else (a bug, a
+non-determinism error) fails the task, which Temporal retries until a fixed
+worker is deployed."""
+
+_TRACE: Final = 16 * 1024
+"""Room for the stack trace a workflow failure carries beside its message."""
 
 _decisions: TypeAdapter[Decision] = TypeAdapter(Decision)
 
@@ -80,32 +145,41 @@ class _Status:
         self.owner = owner
 
     def start_run(self, loop: Loop, start: Callable[[Loop], None], /) -> None:
+        self.owner.loop = loop  # what `input.dropped` is published on
         start(loop)
         self.owner.upsert(f"running:{loop.state}")
 
     def run_ended(self, loop: Loop, /) -> None:
-        self.owner.upsert(f"{loop.status}:{loop.state}")
+        if loop.status is not LoopStatus.done:
+            self.owner.upsert(f"{loop.status}:{loop.state}")
 
     def loop_ended(self, loop: Loop, /) -> None:
-        self.owner.upsert(f"done:{LoopState.idle}")
+        # `done:idle` is upserted with the outcome, in one command (`_ended`).
+        pass
 
 
-@workflow.defn(name=WORKFLOW_NAME)
+@workflow.defn(name=WORKFLOW_NAME, failure_exception_types=FAILURE_EXCEPTION_TYPES)
 class LoopWorkflow:
     """One loop of a `TemporalAgent` (start it with `LoopClient.start`)."""
 
     def __init__(self) -> None:
         self.loop_id = ""
         self.runtime: Runtime | None = None
+        self.loop: Loop | None = None
         self.provider: ActivityProvider
         self._early: list[Callable[[Runtime], None]] = []
         self._state = ""
+        self._outcome_attribute = False
 
     # ------------------------------------------------------------------- run
 
     @workflow.run
-    async def run(self, data: dict[str, Any]) -> dict[str, Any]:
-        start = StartLoop.model_validate(data)
+    async def run(self, data: Any) -> dict[str, Any]:
+        """Run the loop; its `LoopResult` as JSON data (a failed loop fails
+        the workflow, `LOOP_FAILED`, the result its first detail)."""
+        # `data: Any`: a typed parameter that does not convert would fail the
+        # workflow task, retried forever; `_start_of` fails the workflow instead.
+        start = _start_of(data)
         try:
             agent = agent_named(start.agent)
         except ConfigurationError as exc:
@@ -116,6 +190,7 @@ class LoopWorkflow:
             ) from exc
         self.loop_id = start.loop_id
         self.provider = ActivityProvider(agent, self)
+        self.carry = Carry(start, agent, self.provider)  # continue-as-new
         tools = ToolActivities(agent, self)
         handlers: list[Any] = [tools.pause_after_lost]
         for h in agent.handlers:
@@ -127,10 +202,56 @@ class LoopWorkflow:
         options.pop("inference_timeout", None)
         options["tool_wrappers"] = (*options.get("tool_wrappers", ()), tools)
         # Kept current only on workflows started with it (the namespace has it).
-        self._state = workflow.info().typed_search_attributes.get(STATE_ATTRIBUTE) or ""
+        attributes = workflow.info().typed_search_attributes
+        self._state = attributes.get(STATE_ATTRIBUTE) or ""
+        # The outcome too, on workflows started with the agent's attribute (the
+        # client that sets it has the three registered): an attribute the
+        # namespace lacks would fail every workflow task from then on.
+        self._outcome_attribute = attributes.get(AGENT_ATTRIBUTE) is not None
+        import asyncio  # noqa: TID251 - workflow code runs on asyncio only
+
+        # The loop runs in a task of its own that Temporal's cancel does not
+        # reach: the cancel asks the loop to end (`Runtime.cancel`), and the
+        # workflow waits for it to end in idle, its result kept in the memo.
+        running = asyncio.ensure_future(self._run(start, agent, handlers, options))
+        try:
+            result = await asyncio.shield(running)
+        except asyncio.CancelledError:
+            reason = workflow.cancellation_reason() or "the workflow was cancelled"
+            self._when_running(lambda rt: rt.cancel(self.loop_id, reason))
+            result = await running
+            # A loop that ended otherwise before the cancel reached it keeps
+            # its outcome: the workflow ends as that outcome says.
+            if result.outcome is Outcome.cancelled:
+                await self._ended(result, kept=True)
+                raise
+        await self._ended(result, kept=False)
+        # What the workflow ends with fits the server's limit, whatever the
+        # loop holds: over it, completing would fail every workflow task.
+        if result.outcome is Outcome.failed:
+            error = result.error
+            message = clipped(
+                f"loop {self.loop_id} failed: "
+                + (f"{error.type}: {error.message}" if error else "no error recorded")
+            )
+            raise ApplicationError(
+                message,
+                self._fitted(result, MAX_RESULT - payload_size(message) - _TRACE),
+                type=LOOP_FAILED,
+                non_retryable=True,
+            )
+        return self._fitted(result, MAX_RESULT)
+
+    async def _run(
+        self,
+        start: StartLoop,
+        agent: TemporalAgent,
+        handlers: list[Any],
+        options: dict[str, Any],
+    ) -> LoopResult:
         ids = iter((start.loop_id,))
         runtime = Runtime(
-            providers=_OneProviderRegistry(self.provider),  # served in the activity
+            providers=_OneProviderRegistry(self.carry.provider()),  # the activities
             clock=workflow.now,
             ids=lambda: next(ids),
             instrument=_Status(self),
@@ -139,15 +260,21 @@ class LoopWorkflow:
             self.runtime = runtime
             if agent.subscribers:
                 subscription = runtime.bus.subscribe("*", loop_id=start.loop_id)
-                drain = _drain(subscription, agent.subscribers)
+                drain = _drain(subscription, agent.subscribers, start.loop_id)
             else:
                 drain = None
-            loop_id = runtime.run_loop(
-                start.agent_id or agent.name,
-                start.message,
-                agent.request(ModelContext()),
+            # A new loop, or the one the run before carried (continue-as-new).
+            loop_id = self.carry.begin(
+                runtime,
                 handlers,
-                **options,
+                options,
+                lambda: runtime.run_loop(
+                    start.agent_id or agent.name,
+                    start.message,
+                    agent.request(start.seeded()),
+                    handlers,
+                    **options,
+                ),
             )
             for early in self._early:
                 early(runtime)
@@ -156,12 +283,47 @@ class LoopWorkflow:
                 import asyncio  # noqa: TID251 - workflow code runs on asyncio only
 
                 drained = asyncio.ensure_future(drain)
-            result = await runtime.wait(loop_id)
+            # Or the loop goes on in a new run (`ContinueAsNewError`).
+            result = await self.carry.wait(
+                runtime, loop_id, subscription if drain is not None else None
+            )
         if drain is not None:
             await drained
-        # Let update handlers that resumed the loop finish before the workflow does.
+        return result
+
+    async def _ended(self, result: LoopResult, *, kept: bool) -> None:
+        """Say how the loop ended where Temporal shows it (the memo; the
+        search attributes when the workflow has them), its result too when the
+        workflow ends without one (`kept`: canceled), then let update handlers
+        that resumed the loop finish before the workflow does."""
+        outcome = result.outcome.value
+        memo: dict[str, Any] = {OUTCOME_MEMO: outcome}
+        if kept:
+            memo[RESULT_MEMO] = self._fitted(result, MAX_RESULT)
+        workflow.upsert_memo(memo)
+        updates = []
+        done = f"done:{LoopState.idle}"
+        if self._state and self._state != done:
+            self._state = done
+            updates.append(STATE_ATTRIBUTE.value_set(done))
+        if self._outcome_attribute:
+            updates.append(OUTCOME_ATTRIBUTE.value_set(outcome))
+        if updates:  # one command, one history event
+            workflow.upsert_search_attributes(updates)
         await workflow.wait_condition(workflow.all_handlers_finished)
-        return result.model_dump(mode="json")
+
+    def _fitted(self, result: LoopResult, limit: int) -> dict[str, Any]:
+        """The loop's result as JSON data in at most `limit` bytes: what was
+        left out to fit is said in its `reason` and in the workflow's log."""
+        fitted, dropped = fitted_result(result, limit)
+        if dropped:
+            workflow.logger.warning(
+                "agentfsm: loop %s's result left out %s to fit in %d bytes",
+                self.loop_id,
+                ", ".join(dropped),
+                limit,
+            )
+        return fitted.model_dump(mode="json")
 
     def upsert(self, state: str) -> None:
         if self._state and state != self._state:
@@ -181,65 +343,114 @@ class LoopWorkflow:
 
     # --------------------------------------------------------------- signals
 
-    @workflow.signal
-    def steer(self, message: dict[str, Any]) -> None:
-        """Queue a steering message (`Runtime.steer`)."""
-        msg = UserMessage.model_validate(message)
-        self._when_running(lambda rt: _ignore_ended(rt.steer, self.loop_id, msg))
+    # A signal cannot be refused, and one whose handler raised would fail the
+    # workflow task (or, with a failure type, the workflow): each takes its
+    # payload as `Any` and drops what it cannot use, saying so (`_drop`).
 
     @workflow.signal
-    def follow_up(self, message: dict[str, Any]) -> None:
-        """Queue a follow-up (`Runtime.follow_up`)."""
-        msg = UserMessage.model_validate(message)
-        self._when_running(lambda rt: _ignore_ended(rt.follow_up, self.loop_id, msg))
+    def steer(self, message: Any) -> None:
+        """Queue a steering message (`Runtime.steer`): a `UserMessage` as JSON
+        data, a plain string (its text), or `{"role": "user", "content": str}`."""
+        msg = self._message("steer", message)
+        if msg is not None:
+            self._when_running(lambda rt: _ignore_ended(rt.steer, self.loop_id, msg))
 
     @workflow.signal
-    def cancel(self, reason: str | None = None) -> None:
-        """Cancel the loop (`Runtime.cancel`): it ends `cancelled`."""
+    def follow_up(self, message: Any) -> None:
+        """Queue a follow-up (`Runtime.follow_up`); the payload as for `steer`."""
+        msg = self._message("follow_up", message)
+        if msg is not None:
+            self._when_running(
+                lambda rt: _ignore_ended(rt.follow_up, self.loop_id, msg)
+            )
+
+    @workflow.signal
+    def cancel(self, reason: Any = None) -> None:
+        """Cancel the loop (`Runtime.cancel`): it ends `cancelled`. `reason`
+        is a string or null."""
+        if reason is not None and not isinstance(reason, str):
+            self._drop(
+                "cancel", f"reason must be a string or null, got {_kind(reason)}"
+            )
+            return
         self._when_running(lambda rt: rt.cancel(self.loop_id, reason))
+
+    def _message(self, signal: str, data: object) -> UserMessage | None:
+        try:
+            return _user_message(data)
+        except (ValidationError, ValueError, TypeError) as exc:
+            problem = _problems(exc) if isinstance(exc, ValidationError) else str(exc)
+            self._drop(
+                signal,
+                "the message must be a string, a UserMessage "
+                '({"type": "user_message", "content": str}) or '
+                f'{{"role": "user", "content": str}}, got {_kind(data)}'
+                + (f": {problem}" if isinstance(data, dict) else ""),
+            )
+            return None
+
+    def _drop(self, signal: str, reason: str) -> None:
+        """Drop a signal's payload: a warning in the workflow's log (and
+        structlog's), and `input.dropped` on the loop's bus while it runs."""
+        reason = encodable(reason)  # it may quote the sender's keys
+        workflow.logger.warning(
+            "agentfsm: loop %s dropped a %s signal: %s", self.loop_id, signal, reason
+        )
+        if not workflow.unsafe.is_replaying():
+            get_logger().warning(
+                "signal_dropped", loop_id=self.loop_id, signal=signal, reason=reason
+            )
+
+        def publish(_: Runtime) -> None:
+            loop = self.loop
+            if loop is not None and loop.status is not LoopStatus.done:
+                loop.emit("input.dropped", input=signal, reason=reason)
+
+        self._when_running(publish)
 
     # --------------------------------------------------------------- updates
 
+    # The updates take `Any` and their validators check it: arguments that
+    # did not convert to a typed parameter would be refused by the SDK with a
+    # message about converters, not about the update.
+
     @workflow.update
-    async def resume(self, decision: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Resume the paused loop with `decision` (default `Proceed`)."""
+    async def resume(self, decision: Any = None) -> dict[str, Any]:
+        """Resume the paused loop with `decision` (a `Decision` as JSON data;
+        default `Proceed`)."""
         assert self.runtime is not None
-        chosen = None if decision is None else _decisions.validate_python(decision)
-        self.runtime.resume(self.loop_id, chosen)
+        self.runtime.resume(self.loop_id, _decision_of(decision, self.loop_id))
         return view_data(self._view())
 
     @resume.validator
-    def _check_resume(self, decision: dict[str, Any] | None = None) -> None:
+    def _check_resume(self, decision: Any = None) -> None:
+        _decision_of(decision, self.loop_id)
         view = self._view()
         if view.status is not LoopStatus.paused:
             raise LoopStateError(f"loop {self.loop_id} is {view.status}, not paused")
-        if decision is not None:
-            _decisions.validate_python(decision)
 
     @workflow.update
-    async def approve(
-        self, call_ids: list[str], denied: dict[str, str] | None = None
-    ) -> dict[str, Any]:
-        """Approve the calls waiting for approval (`call_ids`), deny `denied`
-        (`call_id -> reason`), and resume the loop."""
+    async def approve(self, call_ids: Any, denied: Any = None) -> dict[str, Any]:
+        """Approve the calls waiting for approval (`call_ids`, a list of call
+        ids), deny `denied` (`{call_id: reason}`), and resume the loop."""
         assert self.runtime is not None
+        approved, refused = _approval_of(call_ids, denied, self.loop_id)
         batch = self._batch()
-        for call_id, reason in (denied or {}).items():
+        for call_id, reason in refused.items():
             batch = batch.deny(call_id, reason)
-        for call_id in call_ids:
+        for call_id in approved:
             batch = batch.approve(call_id)
         self.runtime.resume(self.loop_id, Rewrite(payload=batch))
         return view_data(self._view())
 
     @approve.validator
-    def _check_approve(
-        self, call_ids: list[str], denied: dict[str, str] | None = None
-    ) -> None:
+    def _check_approve(self, call_ids: Any, denied: Any = None) -> None:
+        approved, refused = _approval_of(call_ids, denied, self.loop_id)
         view = self._view()
         if view.status is not LoopStatus.paused:
             raise LoopStateError(f"loop {self.loop_id} is {view.status}, not paused")
         waiting = set(self._batch().awaiting_approval)
-        named = set(call_ids) | set(denied or {})
+        named = set(approved) | set(refused)
         if named != waiting:
             raise LoopStateError(
                 f"loop {self.loop_id} is waiting for approval of "
@@ -266,6 +477,120 @@ class LoopWorkflow:
         """The loop's `LoopView`: state, status, pending transition, totals."""
         return view_data(self._view())
 
+    @workflow.query
+    def transcript(
+        self, first: int = 0, max_bytes: int = MAX_PAYLOAD // 2
+    ) -> dict[str, Any]:
+        """The loop's context from item `first` on, as many items as fit in
+        `max_bytes` (one at least): `{"instructions", "items", "total"}`, page
+        by page (`LoopClient.transcript`), so no answer outgrows a payload."""
+        if self.loop is None:
+            raise LoopStateError(f"loop {self.loop_id} has not started yet")
+        context = self.loop.request.context
+        items: list[Any] = []
+        size = 0
+        for item in context.items[first:]:
+            data = item.model_dump(mode="json")
+            size += payload_size(data)
+            if items and size > max_bytes:
+                break
+            items.append(data)
+        return {
+            "instructions": context.instructions,
+            "items": items,
+            "total": len(context.items),
+        }
+
+
+def _kind(data: object) -> str:
+    """What JSON value `data` is, for an error message (never the value)."""
+    if data is None:
+        return "null"
+    if isinstance(data, dict):
+        return f"an object with keys {sorted(str(k)[:40] for k in data)[:10]}"
+    kinds = {str: "a string", bool: "a boolean", int: "a number", float: "a number"}
+    return kinds.get(type(data), "an array" if isinstance(data, list) else "a value")
+
+
+def _problems(exc: ValidationError) -> str:
+    """A validation error's problems, each by the field it is in."""
+    return "; ".join(
+        f"{'.'.join(str(part)[:40] for part in e['loc']) or 'the input'}: {e['msg']}"
+        for e in exc.errors()[:10]
+    )
+
+
+def _start_of(data: object) -> StartLoop:
+    """The workflow's input as a `StartLoop`, or the workflow fails
+    (`BAD_START`, not retried) naming what is wrong with it."""
+    if isinstance(data, dict):
+        try:
+            return StartLoop.model_validate(data)
+        except ValidationError as exc:
+            problem = _problems(exc)
+    else:
+        problem = (
+            'the input must be an object {"agent": str, "loop_id": str, '
+            f'"message": ..., "agent_id": ...}}, got {_kind(data)}'
+        )
+    raise ApplicationError(
+        f"workflow {workflow.info().workflow_id} was started with a bad "
+        f"input: {problem}",
+        type=BAD_START,
+        non_retryable=True,
+    )
+
+
+def _user_message(data: object) -> UserMessage:
+    """A signal's message: a `UserMessage` as data; a plain string (what
+    `temporal workflow signal --input '"text"'` sends) is its text, and so is
+    the OpenAI shape `{"role": "user", "content": str}`."""
+    if isinstance(data, str):
+        return UserMessage(content=data)
+    if (
+        isinstance(data, dict)
+        and data.keys() == {"role", "content"}
+        and data["role"] == "user"
+        and isinstance(data["content"], str)
+    ):
+        return UserMessage(content=data["content"])
+    return UserMessage.model_validate(data)
+
+
+def _decision_of(data: object, loop_id: str) -> Decision | None:
+    if data is None:
+        return None
+    try:
+        return _decisions.validate_python(data)
+    except ValidationError as exc:
+        raise ApplicationError(
+            f"resume of loop {loop_id}: the decision must be null or a Decision "
+            '({"kind": "proceed" | "rewrite" | "pause" | "abort", ...}), got '
+            f"{_kind(data)}: {_problems(exc)}",
+            type=BAD_UPDATE,
+            non_retryable=True,
+        ) from None
+
+
+def _approval_of(
+    call_ids: object, denied: object, loop_id: str
+) -> tuple[list[str], dict[str, str]]:
+    if not isinstance(call_ids, list) or not all(isinstance(c, str) for c in call_ids):
+        problem = f"call_ids must be an array of call id strings, got {_kind(call_ids)}"
+    elif denied is not None and (
+        not isinstance(denied, dict)
+        or not all(isinstance(v, str) for v in denied.values())
+    ):
+        problem = (
+            "denied must be null or an object of call id -> reason string, "
+            f"got {_kind(denied)}"
+        )
+    else:
+        return call_ids, dict(denied or {})
+    raise ApplicationError(
+        f"approve of loop {loop_id}: {problem}", type=BAD_UPDATE, non_retryable=True
+    )
+
 
 def _ignore_ended(
     queue: Callable[[str, UserMessage], None], loop_id: str, msg: UserMessage
@@ -281,14 +606,45 @@ def _ignore_ended(
 
 
 async def _drain(
-    subscription: Any, subscribers: Sequence[Callable[[AgentEvent], object]]
+    subscription: Any,
+    subscribers: Sequence[Callable[[AgentEvent], object]],
+    loop_id: str,
 ) -> None:
     """Hand each event to the agent's subscribers, except while replaying:
     the first run already did (a subscriber's side effect happens once)."""
     async for event in subscription:
-        if workflow.unsafe.is_replaying():
-            continue
-        for subscriber in subscribers:
-            subscriber(event)
+        if not workflow.unsafe.is_replaying():
+            _deliver(event, subscribers, loop_id)
         if event.type == "loop.idle":
             break
+
+
+def _deliver(
+    event: AgentEvent,
+    subscribers: Sequence[Callable[[AgentEvent], object]],
+    loop_id: str,
+) -> None:
+    # Outside the sandbox's restrictions: subscribers are where side effects
+    # go (a file, a queue), and they never run on a replay, so what they do
+    # cannot make the workflow diverge.
+    with workflow.unsafe.sandbox_unrestricted():
+        for subscriber in subscribers:
+            try:
+                subscriber(event)
+            except Exception:  # noqa: BLE001 - a subscriber's bug loses no event
+                name = getattr(subscriber, "__qualname__", None) or repr(subscriber)
+                workflow.logger.exception(
+                    "agentfsm: subscriber %s raised on %s (seq %d) of loop %s; "
+                    "it still gets the loop's later events",
+                    name,
+                    event.type,
+                    event.seq,
+                    loop_id,
+                )
+                get_logger().exception(
+                    "subscriber_failed",
+                    loop_id=loop_id,
+                    subscriber=name,
+                    event_type=event.type,
+                    seq=event.seq,
+                )

@@ -1,0 +1,316 @@
+"""Continue-as-new: a long loop goes on in a new run of its workflow.
+
+A workflow's history has a limit (the server terminates a workflow past it,
+and its result is lost), and a loop adds ~12 events per one-call turn, while
+`max_turns` allows 10,000 and follow-ups keep a loop going. When the server
+suggests it (`workflow.info().is_continue_as_new_suggested()`), a run hands
+its loop to the next run of the same workflow id, with the loop's record (the
+`LoopRecord` a durable store keeps), its context's items and where the context
+store stood (`wire.Carried`, in the next run's `StartLoop.carried`). The loop
+goes on with the same `loop_id`, its queues, its totals and its pause; clients
+see nothing: `LoopClient`'s handles name the workflow id alone, so signals,
+updates and queries reach the latest run, and `wait` follows the chain.
+
+Where a run hands its loop over (a turn boundary, where nothing is in flight
+and nothing runs twice):
+
+- a running loop, inside its provider (`Boundary`), as a model request is
+  about to become an inference activity: the transition into `inference` is
+  committed and published, the request is not sent. The next run rebuilds
+  the loop in `inference` and sends it; no event is published twice (only the
+  model wrappers, which run around the provider, run again, as they do for a
+  retried request). The first request of a run is always sent, so each run
+  makes progress; so is a request the loop retries (its attempts are counted
+  in the run that began them).
+- a paused loop, as it is: the next run keeps it paused, and the resume or
+  approve a client sends reaches it there.
+
+Before it hands the loop over, the run lets the updates it accepted finish
+(`workflow.all_handlers_finished`) and the subscribers receive every event
+published so far. A signal that arrives meanwhile is handled by this run (the
+server refuses a continue-as-new while new events wait, and the workflow task
+runs again with them): a queued message is in the record.
+
+A run does not continue as new when what it would carry does not fit in one
+payload (`wire.MAX_PAYLOAD`), or when two of the agent's callables share a
+name (the next run binds the record's callables by name): it says so once in
+the workflow's log, and the loop goes on in this run.
+"""
+
+from __future__ import annotations
+
+import asyncio  # noqa: TID251 - workflow code runs on asyncio only
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from temporalio import workflow
+
+from agentfsm.exceptions import LoopStateError, ProviderError
+from agentfsm.options import LoopOptions
+from agentfsm.record import callable_name
+from agentfsm.results import LoopStatus
+
+from .wire import MAX_PAYLOAD, Carried, StartLoop, chain_digest, dump, payload_size
+
+if TYPE_CHECKING:
+    from agentfsm._bus import Subscription
+    from agentfsm._runtime.runtime import Runtime
+    from agentfsm.inference import InferenceInput, InferenceOutput, StreamEvent
+    from agentfsm.messages import ContextItem
+    from agentfsm.record import LoopRecord
+    from agentfsm.results import LoopResult
+
+    from .agent import TemporalAgent
+    from .calls import ActivityProvider
+
+__all__ = ("Boundary", "Carry")
+
+
+class _Refused(Exception):
+    """What this run would carry cannot go (`Carry._check`)."""
+
+
+class Carry:
+    """One run's side of continue-as-new: takes up a carried loop, and hands
+    its loop to the next run at a turn boundary when the server suggests it.
+
+    Args:
+        start: the run's input (its `carried` loop, if any).
+        agent: the loop's agent.
+        provider: the run's inference activities (their context reference
+            and request count go on from the carried ones).
+    """
+
+    def __init__(
+        self, start: StartLoop, agent: TemporalAgent, provider: ActivityProvider
+    ) -> None:
+        self.start = start
+        self.agent = agent
+        self.activities = provider
+        self.off: str | None = None
+        """Why this run keeps its loop (it does not continue as new)."""
+        self.waiting = False
+        """The loop waits at the boundary (in `Boundary`) for the hand-over."""
+        self._release: anyio.Event | None = None
+        self.sent = 0
+        """Requests this run sent (its first is always sent: progress)."""
+        self.retrying = False
+        """The last request failed: the next is the loop's retry of it."""
+        self._length = workflow.info().get_current_history_length()
+        self._callables: dict[str, Any] = {}
+
+    def provider(self) -> Boundary:
+        """The run's provider: the inference activities, behind the boundary."""
+        return Boundary(self.activities, self)
+
+    # ------------------------------------------------------------- take up
+
+    def begin(
+        self,
+        runtime: Runtime,
+        handlers: Sequence[Any],
+        options: dict[str, Any],
+        run_loop: Callable[[], str],
+    ) -> str:
+        """Start the loop (`run_loop`), or take up the one the run before
+        carried: rebuilt in `runtime`, publishing nothing as it arrives."""
+        self._bind(handlers, options)
+        carried = self.start.carried
+        if carried is None:
+            return run_loop()
+        items = list(carried.items)
+        loop_id = runtime.adopt(
+            carried.record,
+            items,
+            tools=self.agent.tools,
+            handlers=self._callables,
+        )
+        # The context store holds what the run before sent: the next request
+        # refers to it (the same item objects: `_ContextRef` compares them).
+        ref = self.activities.context
+        ref.sent = items[: carried.sent]
+        digests: list[str] = []
+        previous = ""
+        for item in ref.sent:
+            previous = chain_digest(previous, item)
+            digests.append(previous)
+        ref.digests = digests
+        self.activities.requests = carried.requests
+        return loop_id
+
+    def _bind(self, handlers: Sequence[Any], options: dict[str, Any]) -> None:
+        """The callables a record names, by name, as the next run binds them;
+        two of one name would be bound wrongly: this run then keeps its loop."""
+        given = LoopOptions.of(dict(options))  # type: ignore[arg-type]
+        found: list[Any] = [
+            *handlers,
+            *given.stop_when,
+            *given.tool_wrappers,
+            *given.model_wrappers,
+        ]
+        if given.finish_turn is not None:
+            found.append(given.finish_turn)
+        schema = self.agent.settings.get("structured_output")
+        if isinstance(schema, type):
+            found.append(schema)
+        for value in found:
+            name = callable_name(value)
+            known = self._callables.setdefault(name, value)
+            if known is not value and self.off is None:
+                self.off = (
+                    f"two of the agent's callables are named {name!r}: a new run "
+                    "binds a loop's callables by name (give them distinct names)"
+                )
+
+    # ------------------------------------------------------------ hand over
+
+    async def wait(
+        self, runtime: Runtime, loop_id: str, subscription: Subscription | None
+    ) -> LoopResult:
+        """The loop's result, as `runtime.wait` gives it; or, at a turn
+        boundary once the server suggests it, the loop goes on in a new run
+        (`workflow.continue_as_new` raises `ContinueAsNewError`)."""
+        ended = asyncio.ensure_future(runtime.wait(loop_id))
+
+        def settled() -> bool:
+            # Updates accepted meanwhile have run, and the subscribers have
+            # every event published so far (the drain is waiting for more).
+            return workflow.all_handlers_finished() and (
+                subscription is None or not subscription.statistics().buffered
+            )
+
+        while True:
+            await workflow.wait_condition(
+                lambda: ended.done() or self._due(runtime, loop_id)
+            )
+            if not ended.done():
+                await workflow.wait_condition(lambda: ended.done() or settled())
+            if ended.done():
+                return ended.result()
+            if self._due(runtime, loop_id):
+                self._hand_over(runtime, loop_id, ended)
+
+    def _due(self, runtime: Runtime, loop_id: str) -> bool:
+        """Whether the loop should go on in a new run now."""
+        if self.off is not None or not workflow.info().is_continue_as_new_suggested():
+            return False
+        if self.waiting:
+            return True
+        # Paused: once this run has seen something (a paused loop's first
+        # run after a hand-over waits for a signal, an update, a timer).
+        return (
+            runtime.get(loop_id).status is LoopStatus.paused
+            and workflow.info().get_current_history_length() > self._length
+        )
+
+    def _hand_over(
+        self, runtime: Runtime, loop_id: str, ended: asyncio.Future[Any]
+    ) -> None:
+        """Continue as new with the loop; or, if it cannot go, keep it here
+        (for the rest of this run) and let it go on."""
+        carried: list[dict[str, Any]] = []
+        try:
+            runtime.hand_over(
+                loop_id, check=lambda r, items: carried.append(self._check(r, items))
+            )
+        except (_Refused, LoopStateError) as exc:
+            self.off = str(exc)
+            workflow.logger.warning(
+                "agentfsm: loop %s does not continue as new in this run: %s",
+                loop_id,
+                self.off,
+            )
+            if self._release is not None:
+                self._release.set()  # the request goes out in this run
+            return
+        ended.cancel()  # the loop does not end here
+        workflow.continue_as_new(carried[0])
+
+    def _check(self, record: LoopRecord, items: list[ContextItem]) -> dict[str, Any]:
+        """The next run's input, if it fits in a payload.
+
+        Raises:
+            _Refused: it does not.
+        """
+        if self.off is not None:
+            raise _Refused(self.off)
+        # The deadline goes on the workflow's clock (`deadline_at`): its
+        # wall-clock copy was read from the machine's.
+        record = record.model_copy(update={"deadline_utc": None})
+        ref = self.activities.context
+        sent = 0
+        limit = min(len(ref.sent), len(items))
+        while sent < limit and items[sent] is ref.sent[sent]:
+            sent += 1
+        start = StartLoop(
+            agent=self.start.agent,
+            loop_id=self.start.loop_id,
+            agent_id=self.start.agent_id,
+            carried=Carried(
+                record=record,
+                items=tuple(items),
+                sent=sent,
+                requests=self.activities.requests,
+            ),
+        )
+        data = dump(start)
+        size = payload_size(data)
+        if size > MAX_PAYLOAD:
+            raise _Refused(
+                f"what it would carry takes {size} bytes, over the "
+                f"{MAX_PAYLOAD}-byte payload limit (its context and path)"
+            )
+        return data
+
+    async def boundary(self) -> None:
+        """Called as the loop's request is about to go out: wait here for the
+        hand-over when it is due (the run's first request, and a retry, go)."""
+        if self.sent == 0 or self.retrying or self.off is not None:
+            return
+        if not workflow.info().is_continue_as_new_suggested():
+            return
+        self.waiting = True
+        self._release = anyio.Event()
+        try:
+            await self._release.wait()  # released only when the run keeps the loop
+        finally:
+            self.waiting = False
+            self._release = None
+
+
+class Boundary:
+    """The workflow's provider: the inference activities (`ActivityProvider`),
+    behind the turn boundary where a run hands its loop to the next."""
+
+    def __init__(self, inner: ActivityProvider, carry: Carry) -> None:
+        self.inner = inner
+        self.carry = carry
+
+    async def complete(self, request: InferenceInput, /) -> InferenceOutput:
+        carry = self.carry
+        await carry.boundary()
+        carry.sent += 1
+        try:
+            output = await self.inner.complete(request)
+        except ProviderError:
+            carry.retrying = True
+            raise
+        carry.retrying = False
+        return output
+
+    @asynccontextmanager
+    async def stream(
+        self, request: InferenceInput, /
+    ) -> AsyncIterator[AsyncIterator[StreamEvent]]:
+        carry = self.carry
+        await carry.boundary()
+        carry.sent += 1
+        try:
+            async with self.inner.stream(request) as events:
+                carry.retrying = False
+                yield events
+        except ProviderError:
+            carry.retrying = True
+            raise
