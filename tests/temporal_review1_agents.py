@@ -22,11 +22,12 @@ from agentfsm import (
     PendingTransition,
     TokenUsage,
     UserMessage,
+    after_turns,
     tool,
     tool_called,
 )
 from agentfsm.events import AgentEvent
-from agentfsm.interception import Decision
+from agentfsm.interception import Abort, Decision
 from agentfsm.providers.function import FunctionProvider
 from agentfsm.temporal import TemporalAgent
 from agentfsm.testing import call, calls, text
@@ -175,6 +176,18 @@ def _watcher(label: str) -> Callable[[PendingTransition], Decision | None]:
     return watch
 
 
+def _aborter(after: int) -> Callable[[PendingTransition], Decision | None]:
+    """A handler that aborts the loop once it made `after` tool calls; two
+    made by this factory share one `__qualname__`, and differ."""
+
+    def abort(pending: PendingTransition) -> Decision | None:
+        if pending.tool_calls >= after:
+            return Abort(reason=f"{after} tool calls")
+        return None
+
+    return abort
+
+
 BIG_ERROR = 800_000
 """Characters of the message the failing handler raises with: the failed
 loop's result carries it twice (about 1.6 MB, under the payload limit), the
@@ -184,6 +197,10 @@ workflow's failure three times (its message and the result)."""
 def _explode(pending: PendingTransition) -> Decision | None:
     raise RuntimeError("x" * BIG_ERROR)
 
+
+OWN_LIMIT = 6
+"""Where the second closure of `r1_own_handlers` and of `r1_own_stops` ends the
+loop (tool calls, model requests): in a run after the first."""
 
 COUNTER = TemporalAgent(
     name="r1_counter",
@@ -219,6 +236,20 @@ TWO_STOPS = TemporalAgent(
         "stop_when": [tool_called("submit"), tool_called("give_up")],
     },
 )
+OWN_HANDLERS = TemporalAgent(
+    name="r1_own_handlers",
+    model="fn:counter",
+    tools=[step],
+    handlers=[_aborter(100), _aborter(OWN_LIMIT)],
+    options={"max_turns": 100},
+)
+OWN_STOPS = TemporalAgent(
+    name="r1_own_stops",
+    model="fn:counter",
+    tools=[step],
+    # agentfsm's own factory: two conditions, one `__qualname__`, that differ.
+    options={"max_turns": 100, "stop_when": [after_turns(100), after_turns(OWN_LIMIT)]},
+)
 BIG_FAILURE = TemporalAgent(
     name="r1_big_failure", model="fn:counter", tools=[step], handlers=[_explode]
 )
@@ -246,6 +277,8 @@ AGENTS = (
     PAYER,
     CLOSURES,
     TWO_STOPS,
+    OWN_HANDLERS,
+    OWN_STOPS,
     BIG_FAILURE,
     STRUCTURED,
     PAYER_DEADLINE,

@@ -4,8 +4,8 @@ user would, against a real dev server.
 
 The module's dev server suggests continue-as-new once a run's history holds
 `SUGGEST_AT` events, a few turns of a loop. asyncio only, as every Temporal
-test; one dev server for the module, a task queue per test. A test marked
-`xfail(strict=True)` shows a finding: it passes once the finding is fixed.
+test; one dev server for the module, a task queue per test. Each finding of
+the review has a test here, which guards its fix.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from agentfsm.temporal import (
     STATE_ATTRIBUTE,
     LoopClient,
     LoopWorkflow,
+    MemoryContextStore,
     worker,
     workflow_id,
     workflow_runner,
@@ -53,6 +54,7 @@ from tests.temporal_review1_agents import (
     AGENTS,
     DEADLINE,
     GATE,
+    OWN_LIMIT,
     PROVIDERS,
     SEEN,
     USAGE,
@@ -199,34 +201,34 @@ ALL_NOTES = ",".join(f"note {n}" for n in range(NOTES))
 # -------------------------------------------- a loop carried over, paused
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the transcript query of a loop carried over while paused fails "
-    "('has not started yet') until it is resumed: Carry.begin adopts the "
-    "loop through Runtime.adopt -> _take_recovered -> _run_ended, which never "
-    "calls the instrument's start_run, the only place LoopWorkflow.loop is set",
-)
 async def test_the_transcript_of_a_loop_carried_over_paused(
     env: WorkflowEnvironment, queue: str
 ) -> None:
+    """The transcript query answers for a loop a run took up paused (the
+    run's instrument learns the loop when the runtime adopts it, not only when
+    a run of it starts), and goes on with the loop once it is approved."""
     async with worker(env.client, task_queue=queue, agents=AGENTS, providers=PROVIDERS):
         client = LoopClient(env.client, task_queue=queue)
         loop_id = await paused_and_carried(env, client)
-        transcript = await client.transcript(loop_id)
-        await client.cancel(loop_id)
-    assert transcript.items[0] == UserMessage(content="pay the bill")
-    assert len(transcript.items) >= 2  # the call, at least
+        paused = await client.transcript(loop_id)
+        await client.approve(loop_id, ["p1"])
+        await finished(client, loop_id)
+        ended = await client.transcript(loop_id)
+    # The call waits for approval in the model's output: it enters the
+    # context with its output; the steering messages are queued until then.
+    assert paused.items == [UserMessage(content="pay the bill")]
+    assert ended.items[0] == UserMessage(content="pay the bill")
+    assert len(ended.items) == 4 + NOTES  # the call, its output, the notes, the answer
+    assert ended.items[-1] == ModelMessageItem(
+        content=f"paid 7; {NOTES} notes: {ALL_NOTES}"
+    )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a bad signal to a loop carried over while paused is dropped "
-    "silently: LoopWorkflow._drop publishes input.dropped on self.loop, None "
-    "in a run that adopted a paused loop (same root cause as the transcript)",
-)
 async def test_a_bad_signal_to_a_loop_carried_over_paused_is_published(
     env: WorkflowEnvironment, queue: str
 ) -> None:
+    """A signal a run that took up a paused loop drops is published as
+    `input.dropped` on the loop's bus, as in the loop's first run."""
     SEEN.clear()
     async with worker(env.client, task_queue=queue, agents=AGENTS, providers=PROVIDERS):
         client = LoopClient(env.client, task_queue=queue)
@@ -316,25 +318,23 @@ async def admitted(client: Client, wid: str, update_id: str) -> bool:
     return True
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an approve (or resume) that reaches a run in its first workflow "
-    "task, as one sent while a paused loop continues as new does, is refused "
-    "'the loop has not started yet': the update validators run before "
-    "LoopWorkflow._run has built the runtime and adopted the carried loop",
-)
 async def test_an_approve_in_the_first_task_of_a_carried_run_is_applied(
     env: WorkflowEnvironment, queue: str
 ) -> None:
     """The race of an approve with the continue-as-new of a paused loop, made
     deterministic: a run that takes up a paused loop is started with no worker
     polling its queue, the approve is admitted by the server, then a worker
-    starts, and the run's first task holds the start and the update."""
+    starts, and the run's first task holds the start and the update: the
+    update waits for the loop, then applies."""
     async with worker(env.client, task_queue=queue, agents=AGENTS, providers=PROVIDERS):
         client = LoopClient(env.client, task_queue=queue)
         loop_id = await paused_and_carried(env, client)
         data = start_input((await runs_of(env.client, workflow_id(loop_id)))[-1])
         await client.cancel(loop_id)
+    # The notes the run before had queued when it continued as new (the rest
+    # reached the next run, which this test does not start from).
+    notes = [m["content"] for m in data["carried"]["record"]["steering"]]
+    assert notes
     later = f"{queue}-later"
     other = f"other-{uuid.uuid4().hex[:6]}"
     wid = workflow_id(other)
@@ -364,7 +364,7 @@ async def test_an_approve_in_the_first_task_of_a_carried_run_is_applied(
                 await answered.wait()
             assert isinstance(outcome[0], dict), outcome  # the view, not a refusal
             result = await finished(LoopClient(env.client, task_queue=later), other)
-    assert answer(result) == f"paid 7; {NOTES} notes: {ALL_NOTES}"
+    assert answer(result) == f"paid 7; {len(notes)} notes: {','.join(notes)}"
 
 
 # ------------------------------------------------ a running loop, carried
@@ -404,16 +404,6 @@ async def test_steers_and_a_follow_up_racing_the_runs_reach_the_model_once(
     await replayed_cleanly(histories)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an agent with two handlers made by one factory (closures sharing "
-    "a __qualname__), or two stop conditions made by agentfsm's own "
-    "tool_called(), never continues as new: Carry._bind turns continue-as-new "
-    "off for the whole loop, so a long loop runs into the server's history "
-    "limit and is terminated, result lost (the issue's first wedge, back); the "
-    "next run builds the same handler list from the same agent and could bind "
-    "by position",
-)
 @pytest.mark.parametrize("agent", ["r1_closures", "r1_two_stops"])
 async def test_closures_sharing_a_name_still_continue_as_new(
     env: WorkflowEnvironment, queue: str, agent: str
@@ -427,6 +417,32 @@ async def test_closures_sharing_a_name_still_continue_as_new(
         histories = await runs_of(env.client, workflow_id(loop_id))
     assert answer(result) == "took 8 steps; notes: "
     assert len(histories) >= 2, [len(h.events) for h in histories]
+
+
+@pytest.mark.parametrize(
+    ("agent", "outcome", "reason"),
+    [
+        ("r1_own_handlers", Outcome.aborted, f"{OWN_LIMIT} tool calls"),
+        ("r1_own_stops", Outcome.stopped, "turn_count"),
+    ],
+)
+async def test_closures_sharing_a_name_each_stay_themselves(
+    env: WorkflowEnvironment, queue: str, agent: str, outcome: Outcome, reason: str
+) -> None:
+    """Two handlers of one factory, two `after_turns` conditions, each pair
+    sharing a `__qualname__` but not a limit: the runs after the first bind
+    each to itself (by position), so the second ends the loop at its limit,
+    in a later run (bound by name, both would be the first, which never
+    does)."""
+    async with worker(env.client, task_queue=queue, agents=AGENTS, providers=PROVIDERS):
+        client = LoopClient(env.client, task_queue=queue)
+        loop_id = await client.start(agent, "take 12 steps")
+        result = await finished(client, loop_id)
+        histories = await runs_of(env.client, workflow_id(loop_id))
+    assert len(histories) >= 2, [len(h.events) for h in histories]
+    assert (result.outcome, result.reason) == (outcome, reason), result
+    assert result.tool_calls == OWN_LIMIT
+    await replayed_cleanly(histories)
 
 
 # ----------------------------------------------------- a failed loop, large
@@ -465,25 +481,27 @@ async def carried_start(env: WorkflowEnvironment, client: LoopClient) -> dict[st
     return data
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a start input whose carried record names another loop id than "
-    "its loop_id starts a loop the workflow's signals, updates and queries "
-    "cannot reach (UnknownLoopError on each, which also fails the workflow "
-    "from a signal handler): StartLoop does not check carried.record.loop_id",
-)
 async def test_a_start_whose_carried_loop_is_another_fails_bad_start(
     env: WorkflowEnvironment, queue: str
 ) -> None:
+    """A start input whose carried record names another loop than its
+    `loop_id` (whose signals, updates and queries would reach no loop) fails
+    the workflow `agentfsm.BadStart`, naming both ids."""
     async with worker(env.client, task_queue=queue, agents=AGENTS, providers=PROVIDERS):
         client = LoopClient(env.client, task_queue=queue)
         data = await carried_start(env, client)
         data["loop_id"] = other = f"other-{uuid.uuid4().hex[:6]}"
-        await env.client.start_workflow(
+        handle = await env.client.start_workflow(
             WORKFLOW, data, id=workflow_id(other), task_queue=queue
         )
         how = await settled(env.client, workflow_id(other))
+        with pytest.raises(WorkflowFailureError) as failed:
+            await handle.result()
     assert how == "FAILED", how
+    cause = failed.value.cause
+    assert isinstance(cause, ApplicationError)
+    assert cause.type == "agentfsm.BadStart"
+    assert f"is not loop_id ('{other}')" in cause.message
 
 
 async def test_a_start_whose_carried_items_are_missing_does_not_wedge(
@@ -666,25 +684,28 @@ async def test_a_carried_loop_keeps_its_structured_output(
     await replayed_cleanly(histories)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a loop whose context outgrows one payload (~2 MB: ten 200 KB tool "
-    "outputs, each inline by design) can never continue as new again: "
-    "Carry._check carries the whole context inline in the next run's start "
-    "input and refuses past MAX_PAYLOAD, so the loop stays in its run until "
-    "the server's history limit terminates it; the context store already "
-    "holds the items sent (Carried could refer to them, as InferArgs.base does)",
-)
+@pytest.mark.parametrize("store", ["kept", "forgotten"])
 async def test_a_loop_with_a_large_context_still_continues_as_new(
-    env: WorkflowEnvironment, queue: str, caplog: pytest.LogCaptureFixture
+    env: WorkflowEnvironment, queue: str, caplog: pytest.LogCaptureFixture, store: str
 ) -> None:
+    """A loop whose context outgrows one payload (ten 200 KB tool outputs)
+    goes on continuing as new: the next run's input carries the items the
+    context store was sent by reference, and the run reads them back. With a
+    worker's store that keeps nothing (`forgotten`), the run rebuilds them
+    from the histories of the runs before, as each request its context."""
+    contexts = MemoryContextStore(max_loops=0 if store == "forgotten" else 1_000)
     with caplog.at_level(logging.WARNING, logger="temporalio.workflow"):
         async with worker(
-            env.client, task_queue=queue, agents=AGENTS, providers=PROVIDERS
+            env.client,
+            task_queue=queue,
+            agents=AGENTS,
+            providers=PROVIDERS,
+            context_store=contexts,
         ):
             client = LoopClient(env.client, task_queue=queue)
             loop_id = await client.start("r1_bulky", "take 14 steps")
             result = await finished(client, loop_id)
+            histories = await runs_of(env.client, workflow_id(loop_id))
     assert answer(result) == "took 14 steps; notes: "
     refused = [
         r.getMessage()
@@ -692,6 +713,15 @@ async def test_a_loop_with_a_large_context_still_continues_as_new(
         if "does not continue as new" in r.getMessage()
     ]
     assert refused == []
+    carried = [start_input(h)["carried"] for h in histories[1:]]
+    by_reference = [c for c in carried if c["base"] > 0]
+    assert by_reference, [c["base"] for c in carried]
+    assert all(len(json.dumps(c)) < 2_000_000 for c in carried)
+    if store == "forgotten":
+        assert contexts.misses == contexts.rebuilt > 0
+    else:
+        assert contexts.misses == 0
+    await replayed_cleanly(histories)
 
 
 async def test_odd_updates_end_or_refuse_never_wedge(
@@ -780,18 +810,13 @@ async def test_a_cancel_with_no_input_and_an_approve_with_none(
         ("cancel", ["why", "and more"]),
     ],
 )
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-@pytest.mark.xfail(
-    strict=True,
-    reason="a signal with no input (`temporal workflow signal --name steer` "
-    "without --input) or with two (`--input a --input b`) wedges the loop: "
-    "LoopWorkflow.steer/.follow_up take exactly one argument and .cancel one "
-    "at most, the SDK calls a signal handler with the args it received, and "
-    "the TypeError fails every workflow task",
-)
 async def test_a_signal_with_the_wrong_number_of_inputs_does_not_wedge(
     env: WorkflowEnvironment, queue: str, signal: str, args: list[Any]
 ) -> None:
+    """`temporal workflow signal --name steer` without `--input`, or with two:
+    the signal is dropped with an `input.dropped` event naming the count, and
+    the loop goes on (a cancel after it ends it)."""
+    SEEN.clear()
     async with worker(env.client, task_queue=queue, agents=AGENTS, providers=PROVIDERS):
         client = LoopClient(env.client, task_queue=queue)
         loop_id = await client.start("r1_payer", "pay the bill")
@@ -803,7 +828,14 @@ async def test_a_signal_with_the_wrong_number_of_inputs_does_not_wedge(
         await client.handle(loop_id).signal(signal, args=args)
         await client.cancel(loop_id, "done")
         how = await settled(env.client, workflow_id(loop_id))
+        result = await finished(client, loop_id)
     assert how == "COMPLETED", how
+    assert result.outcome is Outcome.cancelled
+    assert result.reason == "done"
+    dropped = [e for e in SEEN if e.loop_id == loop_id and e.type == "input.dropped"]
+    assert [(e.input, f"got {len(args)}" in e.reason) for e in dropped] == [
+        (signal, True)
+    ]
 
 
 @pytest.mark.parametrize("loop_id", ["nul\x00id", "émoji🙂"])

@@ -625,6 +625,7 @@ class Runtime:
         *,
         tools: Sequence[Tool | Callable[..., Any]] = (),
         handlers: Mapping[str, Any] | Sequence[Any] = (),
+        started_with: tuple[Sequence[Any], LoopOptions] | None = None,
     ) -> str:
         """Go on with a loop another runtime handed over (`hand_over`),
         rebuilt from its record and its context's items, its callables bound
@@ -635,6 +636,13 @@ class Runtime:
         recorded (`deadline_at`, on anyio's clock): the clock must go on where
         the loop does (a Temporal workflow's time does).
 
+        `started_with` is the loop's handlers and options as it was started
+        with them, built again (from the same agent, as a Temporal workflow's
+        next run does): where the record names its handlers (its stop
+        conditions, its wrappers) in the same order, each is bound to the one
+        at its position, so two that share a name (closures of one factory,
+        two `tool_called()` conditions) each stay themselves; else by name.
+
         Returns:
             The loop's id.
 
@@ -644,7 +652,10 @@ class Runtime:
             RecoveryError: a tool or callable the record names is missing, or
                 a tool's schema changed.
         """
+        from dataclasses import replace
+
         from agentfsm._loop.snapshot import Bindings, restore
+        from agentfsm.record import callable_name
 
         if self._tg is None or self._closing:
             raise LoopStateError(_NOT_RUNNING)
@@ -653,7 +664,38 @@ class Runtime:
         bindings = Bindings(tools, handlers)
         # A loop paused at a breakpoint names the runtime's own handler.
         bindings.callables.setdefault(BREAKPOINT_HANDLER, self.breakpoints)
-        loop = restore(record, items, bindings, self._blank)
+        make: Callable[[InferenceInput, tuple[Any, ...], LoopOptions], Loop]
+        make = self._blank
+        if started_with is not None:
+            own_handlers, own = started_with
+
+            def mine(bound: Sequence[Any], given: Sequence[Any]) -> tuple[Any, ...]:
+                # Bound by name, two callables of one name are both one of
+                # them: the loop's own, named in the same order, are each itself.
+                n = len(given)
+                names = [callable_name(value) for value in given]
+                if [callable_name(value) for value in bound[:n]] == names:
+                    return (*given, *bound[n:])
+                return tuple(bound)
+
+            def make(
+                inference_input: InferenceInput,
+                bound: tuple[Any, ...],
+                options: LoopOptions,
+            ) -> Loop:
+                finish = options.finish_turn
+                if finish is not None and own.finish_turn is not None:
+                    (finish,) = mine((finish,), (own.finish_turn,))
+                options = replace(
+                    options,
+                    stop_when=mine(options.stop_when, own.stop_when),
+                    tool_wrappers=mine(options.tool_wrappers, own.tool_wrappers),
+                    model_wrappers=mine(options.model_wrappers, own.model_wrappers),
+                    finish_turn=finish,
+                )
+                return self._blank(inference_input, mine(bound, own_handlers), options)
+
+        loop = restore(record, items, bindings, make)
         loop.deadline_at = record.deadline_at
         self._take_recovered(loop)
         return loop.loop_id

@@ -49,7 +49,7 @@ from agentfsm.tools import (
 
 from .agent import LocalActivityHandler, TemporalAgent
 from .contexts import StoreContexts
-from .rebuild import history_prefix
+from .rebuild import carried_prefix, history_prefix
 from .wire import (
     CONTEXT_MISSING,
     MAX_ERROR_TEXT,
@@ -58,6 +58,8 @@ from .wire import (
     MAX_PROGRESS,
     NOT_SHARED,
     OUTPUT_MISSING,
+    CarriedArgs,
+    CarriedPage,
     ContextArgs,
     ErrorData,
     InferArgs,
@@ -234,11 +236,7 @@ def _continues(
     held: tuple[list[ContextItem], list[str]] | None, args: InferArgs
 ) -> bool:
     """Whether `held` is (or starts with) the prefix the request refers to."""
-    return (
-        held is not None
-        and len(held[1]) >= args.base
-        and held[1][args.base - 1] == args.base_digest
-    )
+    return _holds(held, args.base, args.base_digest)
 
 
 async def _heartbeating(
@@ -351,6 +349,7 @@ def activities_for(
         if workflows:
             found.append(_infer(agent, providers, store, on_chunk))
             found.append(_hand_over(agent, store))
+            found.append(_carried(agent, store))
         for t in agent.tools:
             routed = agent.activity_options(t).task_queue
             if (
@@ -637,6 +636,62 @@ def _hand_over(agent: TemporalAgent, store: ContextStore) -> Callable[..., Any]:
         return len(items)
 
     return activity.defn(name=f"agentfsm.{agent.name}.context")(context)
+
+
+def _carried(agent: TemporalAgent, store: ContextStore) -> Callable[..., Any]:
+    """The `carried` activity: a page of the context items a run's input
+    carried by reference (`CarriedArgs`), read back from the store (or, on a
+    miss, rebuilt from the histories of the runs before)."""
+
+    async def carried(data: dict[str, Any]) -> dict[str, Any]:
+        args = CarriedArgs.model_validate(data)
+        held = await store.get(args.loop_id)
+        if not _holds(held, args.base, args.base_digest):
+            counted = (
+                store if isinstance(store, MemoryContextStore | StoreContexts) else None
+            )
+            if counted is not None:
+                counted.misses += 1
+            held = await carried_prefix(args, held)
+            if not _holds(held, args.base, args.base_digest):
+                raise ApplicationError(
+                    f"loop {args.loop_id}: the context store does not hold the "
+                    f"first {args.base} items of the context the run before "
+                    "carried by reference, and they could not be rebuilt from "
+                    "the workflow's history",
+                    type=CONTEXT_MISSING,
+                    non_retryable=True,
+                )
+            if counted is not None:
+                counted.rebuilt += 1
+            assert held is not None
+            # Kept, so that the run's next request finds its prefix.
+            await store.put(args.loop_id, held[0][: args.base], held[1][: args.base])
+        assert held is not None
+        return dump(CarriedPage(items=tuple(_page(held[0], args))))
+
+    return activity.defn(name=f"agentfsm.{agent.name}.carried")(carried)
+
+
+def _holds(
+    held: tuple[list[ContextItem], list[str]] | None, base: int, digest: str
+) -> bool:
+    """Whether `held` is (or starts with) the prefix of `base` items whose
+    chain digest is `digest`."""
+    return held is not None and len(held[1]) >= base and held[1][base - 1] == digest
+
+
+def _page(items: list[ContextItem], args: CarriedArgs) -> list[ContextItem]:
+    """Items `first` on of the prefix, as many as fit in a payload (one at
+    least: each went through a payload already)."""
+    room = MAX_PAYLOAD - payload_size(dump(CarriedPage(items=()))) - 64
+    page: list[ContextItem] = []
+    for item in items[args.first : args.base]:
+        room -= payload_size(dump(item)) + 1  # and a comma
+        if page and room < 0:
+            break
+        page.append(item)
+    return page
 
 
 _decisions: TypeAdapter[Decision] = TypeAdapter(Decision)

@@ -31,10 +31,17 @@ published so far. A signal that arrives meanwhile is handled by this run (the
 server refuses a continue-as-new while new events wait, and the workflow task
 runs again with them): a queued message is in the record.
 
-A run does not continue as new when what it would carry does not fit in one
-payload (`wire.MAX_PAYLOAD`), or when two of the agent's callables share a
-name (the next run binds the record's callables by name): it says so once in
-the workflow's log, and the loop goes on in this run.
+What goes: the loop's record and its context's items, inline when they fit
+in one payload (`wire.MAX_PAYLOAD`); else the items the context store was
+sent go by reference (`Carried.base`, as a request's do), and the next run
+reads them back (the `carried` activity) before it takes the loop up. The
+next run builds the loop's handlers and options again from the same agent,
+and `Runtime.adopt` binds the record's callables to them by position, so two
+that share a name (closures of one factory) each stay themselves.
+
+When even that does not fit (the items added since the loop's last request
+are over a payload), the loop goes on in this run: the run says so once in
+the workflow's log, and tries again after the loop's next model request.
 """
 
 from __future__ import annotations
@@ -46,13 +53,25 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 from temporalio import workflow
+from temporalio.exceptions import ActivityError, ApplicationError
 
 from agentfsm.exceptions import LoopStateError, ProviderError
 from agentfsm.options import LoopOptions
 from agentfsm.record import callable_name
 from agentfsm.results import LoopStatus
 
-from .wire import MAX_PAYLOAD, Carried, StartLoop, chain_digest, dump, payload_size
+from .calls import run_activity
+from .wire import (
+    CONTEXT_MISSING,
+    MAX_PAYLOAD,
+    Carried,
+    CarriedArgs,
+    CarriedPage,
+    StartLoop,
+    chain_digest,
+    dump,
+    payload_size,
+)
 
 if TYPE_CHECKING:
     from agentfsm._bus import Subscription
@@ -89,8 +108,10 @@ class Carry:
         self.start = start
         self.agent = agent
         self.activities = provider
-        self.off: str | None = None
-        """Why this run keeps its loop (it does not continue as new)."""
+        self.refused: int | None = None
+        """`sent` when this run last could not hand its loop over: it tries
+        again once the loop sent another request."""
+        self._warned = False
         self.waiting = False
         """The loop waits at the boundary (in `Boundary`) for the hand-over."""
         self._release: anyio.Event | None = None
@@ -98,8 +119,8 @@ class Carry:
         """Requests this run sent (its first is always sent: progress)."""
         self.retrying = False
         """The last request failed: the next is the loop's retry of it."""
-        self._length = workflow.info().get_current_history_length()
-        self._callables: dict[str, Any] = {}
+        self._length = 0
+        """The run's history length once it had its loop (`begin`)."""
 
     def provider(self) -> Boundary:
         """The run's provider: the inference activities, behind the boundary."""
@@ -107,7 +128,7 @@ class Carry:
 
     # ------------------------------------------------------------- take up
 
-    def begin(
+    async def begin(
         self,
         runtime: Runtime,
         handlers: Sequence[Any],
@@ -115,35 +136,94 @@ class Carry:
         run_loop: Callable[[], str],
     ) -> str:
         """Start the loop (`run_loop`), or take up the one the run before
-        carried: rebuilt in `runtime`, publishing nothing as it arrives."""
-        self._bind(handlers, options)
+        carried: rebuilt in `runtime`, publishing nothing as it arrives.
+
+        Raises:
+            ApplicationError: the items the run before carried by reference
+                could not be read back (`CONTEXT_MISSING`).
+        """
         carried = self.start.carried
         if carried is None:
+            self._length = workflow.info().get_current_history_length()
             return run_loop()
-        items = list(carried.items)
+        items = [*await self._fetch(carried), *carried.items]
+        # What reading the items back added is not news to a paused loop (a
+        # hand-over right after it would ping-pong): `_due` counts from here.
+        self._length = workflow.info().get_current_history_length()
+        # The context store holds what the run before sent: the next request
+        # refers to it (the same item objects: `_ContextRef` compares them).
+        sent = items[: carried.sent]
+        digests: list[str] = []
+        previous = ""
+        for item in sent:
+            previous = chain_digest(previous, item)
+            digests.append(previous)
+        if carried.base and digests[carried.base - 1] != carried.base_digest:
+            raise ApplicationError(
+                f"loop {carried.record.loop_id}: the context items read back "
+                "from the context store are not those the run before carried",
+                type=CONTEXT_MISSING,
+                non_retryable=True,
+            )
+        given = LoopOptions.of(dict(options))  # type: ignore[arg-type]
         loop_id = runtime.adopt(
             carried.record,
             items,
             tools=self.agent.tools,
-            handlers=self._callables,
+            handlers=self._by_name(handlers, given),
+            # Built again from the same agent: bound by position.
+            started_with=(tuple(handlers), given),
         )
-        # The context store holds what the run before sent: the next request
-        # refers to it (the same item objects: `_ContextRef` compares them).
         ref = self.activities.context
-        ref.sent = items[: carried.sent]
-        digests: list[str] = []
-        previous = ""
-        for item in ref.sent:
-            previous = chain_digest(previous, item)
-            digests.append(previous)
+        ref.sent = sent
         ref.digests = digests
         self.activities.requests = carried.requests
         return loop_id
 
-    def _bind(self, handlers: Sequence[Any], options: dict[str, Any]) -> None:
-        """The callables a record names, by name, as the next run binds them;
-        two of one name would be bound wrongly: this run then keeps its loop."""
-        given = LoopOptions.of(dict(options))  # type: ignore[arg-type]
+    async def _fetch(self, carried: Carried) -> list[ContextItem]:
+        """The items the run before carried by reference (the context's first
+        `base`), read back from the context store, a payload at a time."""
+        items: list[ContextItem] = []
+        loop_id = carried.record.loop_id
+        while len(items) < carried.base:
+            args = CarriedArgs(
+                loop_id=loop_id,
+                base=carried.base,
+                base_digest=carried.base_digest,
+                first=len(items),
+            )
+            try:
+                raw = await run_activity(
+                    workflow.start_activity(
+                        f"agentfsm.{self.agent.name}.carried",
+                        dump(args),
+                        start_to_close_timeout=self.activities.timeout,
+                        retry_policy=self.agent.model_retry,
+                        summary=f"carried context, from item {len(items) + 1}",
+                    )
+                )
+            except ActivityError as exc:
+                raise ApplicationError(
+                    f"loop {loop_id}: the context items the run before carried "
+                    f"by reference could not be read back: {exc.cause or exc}",
+                    type=CONTEXT_MISSING,
+                    non_retryable=True,
+                ) from exc
+            page = CarriedPage.model_validate(raw).items
+            if not page:
+                raise ApplicationError(
+                    f"loop {loop_id}: the context store gave no items from item "
+                    f"{len(items) + 1} of the {carried.base} carried by reference",
+                    type=CONTEXT_MISSING,
+                    non_retryable=True,
+                )
+            items.extend(page)
+        return items
+
+    def _by_name(self, handlers: Sequence[Any], given: LoopOptions) -> dict[str, Any]:
+        """The callables a record may name, by name: what `adopt` binds
+        where the record does not name them in the run's order (and the
+        structured output's schema, which is bound by name alone)."""
         found: list[Any] = [
             *handlers,
             *given.stop_when,
@@ -152,17 +232,13 @@ class Carry:
         ]
         if given.finish_turn is not None:
             found.append(given.finish_turn)
+        callables: dict[str, Any] = {}
+        for value in found:
+            callables.setdefault(callable_name(value), value)
         schema = self.agent.settings.get("structured_output")
         if isinstance(schema, type):
-            found.append(schema)
-        for value in found:
-            name = callable_name(value)
-            known = self._callables.setdefault(name, value)
-            if known is not value and self.off is None:
-                self.off = (
-                    f"two of the agent's callables are named {name!r}: a new run "
-                    "binds a loop's callables by name (give them distinct names)"
-                )
+            callables[callable_name(schema)] = schema
+        return callables
 
     # ------------------------------------------------------------ hand over
 
@@ -194,7 +270,10 @@ class Carry:
 
     def _due(self, runtime: Runtime, loop_id: str) -> bool:
         """Whether the loop should go on in a new run now."""
-        if self.off is not None or not workflow.info().is_continue_as_new_suggested():
+        if (
+            self.refused == self.sent
+            or not workflow.info().is_continue_as_new_suggested()
+        ):
             return False
         if self.waiting:
             return True
@@ -209,19 +288,22 @@ class Carry:
         self, runtime: Runtime, loop_id: str, ended: asyncio.Future[Any]
     ) -> None:
         """Continue as new with the loop; or, if it cannot go, keep it here
-        (for the rest of this run) and let it go on."""
+        (until it sent another request) and let it go on."""
         carried: list[dict[str, Any]] = []
         try:
             runtime.hand_over(
                 loop_id, check=lambda r, items: carried.append(self._check(r, items))
             )
         except (_Refused, LoopStateError) as exc:
-            self.off = str(exc)
-            workflow.logger.warning(
-                "agentfsm: loop %s does not continue as new in this run: %s",
-                loop_id,
-                self.off,
-            )
+            self.refused = self.sent
+            if not self._warned:  # once a run: it may be refused at each turn
+                self._warned = True
+                workflow.logger.warning(
+                    "agentfsm: loop %s does not continue as new for now (it "
+                    "tries again after its next model request): %s",
+                    loop_id,
+                    exc,
+                )
             if self._release is not None:
                 self._release.set()  # the request goes out in this run
             return
@@ -229,13 +311,12 @@ class Carry:
         workflow.continue_as_new(carried[0])
 
     def _check(self, record: LoopRecord, items: list[ContextItem]) -> dict[str, Any]:
-        """The next run's input, if it fits in a payload.
+        """The next run's input, if it fits in a payload: the context inline,
+        or else what the context store was sent by reference.
 
         Raises:
-            _Refused: it does not.
+            _Refused: it does not fit either way.
         """
-        if self.off is not None:
-            raise _Refused(self.off)
         # The deadline goes on the workflow's clock (`deadline_at`): its
         # wall-clock copy was read from the machine's.
         record = record.model_copy(update={"deadline_utc": None})
@@ -244,30 +325,45 @@ class Carry:
         limit = min(len(ref.sent), len(items))
         while sent < limit and items[sent] is ref.sent[sent]:
             sent += 1
+        carried = Carried(
+            record=record,
+            items=tuple(items),
+            sent=sent,
+            requests=self.activities.requests,
+        )
+        data, size = self._input(carried)
+        if size > MAX_PAYLOAD and sent:
+            carried = carried.model_copy(
+                update={
+                    "base": sent,
+                    "base_digest": ref.digests[sent - 1],
+                    "items": tuple(items[sent:]),
+                }
+            )
+            data, size = self._input(carried)
+        if size > MAX_PAYLOAD:
+            raise _Refused(
+                f"what it would carry takes {size} bytes, over the "
+                f"{MAX_PAYLOAD}-byte payload limit (its record, and the "
+                f"{len(items) - sent} context items not sent to the model yet)"
+            )
+        return data
+
+    def _input(self, carried: Carried) -> tuple[dict[str, Any], int]:
+        """The next run's input carrying `carried`, and its size in bytes."""
         start = StartLoop(
             agent=self.start.agent,
             loop_id=self.start.loop_id,
             agent_id=self.start.agent_id,
-            carried=Carried(
-                record=record,
-                items=tuple(items),
-                sent=sent,
-                requests=self.activities.requests,
-            ),
+            carried=carried,
         )
         data = dump(start)
-        size = payload_size(data)
-        if size > MAX_PAYLOAD:
-            raise _Refused(
-                f"what it would carry takes {size} bytes, over the "
-                f"{MAX_PAYLOAD}-byte payload limit (its context and path)"
-            )
-        return data
+        return data, payload_size(data)
 
     async def boundary(self) -> None:
         """Called as the loop's request is about to go out: wait here for the
         hand-over when it is due (the run's first request, and a retry, go)."""
-        if self.sent == 0 or self.retrying or self.off is not None:
+        if self.sent == 0 or self.retrying or self.refused == self.sent:
             return
         if not workflow.info().is_continue_as_new_suggested():
             return

@@ -1,5 +1,6 @@
 """The context an inference activity's store missed, rebuilt from the
-workflow's history (`history_prefix`).
+workflow's history (`history_prefix`); and the context a run carried by
+reference when it continued as new (`carried_prefix`).
 
 Each inference activity's arguments (and each `context` activity's) continue
 the context before them from their `base`, so the context a request refers to
@@ -10,12 +11,14 @@ served the requests since), a request that sent the whole context, or the
 run's start (a run that continued as new starts on the items its input
 carried). A miss on a worker's own store (`MemoryContextStore`) then reads
 about the events since that worker's last request of the loop, not the whole
-history each time.
+history each time. A run whose input carried its context's first items by
+reference (too large to go inline, `Carried.base`) starts on the run before's
+context: that run's history is read too, from its end.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from temporalio import activity
 from temporalio.api.common.v1 import WorkflowExecution
@@ -27,9 +30,16 @@ from temporalio.client import Client
 from agentfsm._errors import error_text
 from agentfsm.messages import ContextItem
 
-from .wire import ContextArgs, InferArgs, StartLoop, chain_digest
+from .wire import (
+    Carried,
+    CarriedArgs,
+    ContextArgs,
+    InferArgs,
+    StartLoop,
+    chain_digest,
+)
 
-__all__ = ("history_prefix",)
+__all__ = ("carried_prefix", "history_prefix")
 
 _SCHEDULED = EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
 _STARTED = EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED
@@ -46,59 +56,157 @@ async def history_prefix(args: InferArgs, held: Context | None) -> Context | Non
     (what the store holds of the loop, if anything); None when the history
     cannot be read (no client: a `def` activity, a test environment; an RPC
     error) or does not hold it."""
+    return await _rebuilt(args.loop_id, ".infer", held)
+
+
+async def carried_prefix(args: CarriedArgs, held: Context | None) -> Context | None:
+    """The context a run's start carried by reference (`Carried.base`), as
+    the run before left it, rebuilt from that run's history (and, when it too
+    began on a prefix carried by reference, from the runs before); None as
+    for `history_prefix`."""
+    return await _rebuilt(args.loop_id, ".carried", held)
+
+
+async def _rebuilt(loop_id: str, suffix: str, held: Context | None) -> Context | None:
+    """The context up to the running activity of type `<agent>` + `suffix`,
+    read from the history, its run's and, where a run began on a prefix
+    carried by reference, the run before's (read from its end)."""
     info = activity.info()
     if info.workflow_id is None or info.workflow_run_id is None:
         return None
-    agent = info.activity_type.removesuffix(".infer")
+    agent = info.activity_type.removesuffix(suffix)
     kinds: dict[str, type[InferArgs | ContextArgs]] = {
-        info.activity_type: InferArgs,
+        f"{agent}.infer": InferArgs,
         f"{agent}.context": ContextArgs,
     }
-    sent: list[InferArgs | ContextArgs] = []  # the latest first
-    start: Context | None = None
+    runs: list[_Run] = []  # the running activity's run first
+    run_id: str = info.workflow_run_id
+    after: str | None = info.activity_id
     try:
         client = activity.client()
-        mine = False
-        async for event in _backwards(client, info.workflow_id, info.workflow_run_id):
-            if event.event_type == _STARTED:
-                start = await _carried(client, event)
+        while True:  # a loop, not recursion: a loop may go on for many runs
+            run = await _read(client, info.workflow_id, run_id, kinds, held, after)
+            runs.append(run)
+            carried = run.carried
+            if run.start is not None or carried is None:
                 break
-            if event.event_type != _SCHEDULED:
-                continue
-            scheduled = event.activity_task_scheduled_event_attributes
-            if not mine:  # what comes after this request is not its context
-                mine = scheduled.activity_id == info.activity_id
-                continue
-            kind = kinds.get(scheduled.activity_type.name)
-            if kind is None:
-                continue
-            (data,) = await client.data_converter.decode(scheduled.input.payloads)
-            earlier = kind.model_validate(data)
-            sent.append(earlier)
-            if earlier.base == 0:
-                start = [], []
+            if _holds(held, carried.base, carried.base_digest):
+                assert held is not None
+                run.start = _went_on(held, carried)
                 break
-            if _holds(held, earlier.base, earlier.base_digest):
-                start = held
-                break
+            run_id, after = run.before, None  # the run before, from its end
     except Exception as exc:  # noqa: BLE001 - any failure: the workflow sends it whole
         activity.logger.warning(
             "loop %s: the context could not be rebuilt from the history: %s",
-            args.loop_id,
+            loop_id,
             error_text(exc),
         )
         return None
-    if start is None:
-        return None
-    items, digests = start
-    for earlier in reversed(sent):
-        if earlier.base and not _holds(
-            (items, digests), earlier.base, earlier.base_digest
-        ):
-            return None  # not the context the run holds: a gap
-        items = items[: earlier.base] + list(earlier.items)
-        digests = digests[: earlier.base] + list(earlier.digests)
-    return items, digests
+    context: Context | None = None
+    for run in reversed(runs):  # the earliest run read first
+        if run.start is None:
+            # It began on the run before's context, carried by reference.
+            carried = run.carried
+            if carried is None or not _holds(
+                context, carried.base, carried.base_digest
+            ):
+                return None
+            assert context is not None
+            run.start = _went_on(context, carried)
+        context = run.replayed(run.start)
+        if context is None:
+            return None
+    return context
+
+
+class _Run:
+    """What one run's history holds of the context, read backwards: the
+    arguments that sent items (the latest first) and the context they start
+    from (`start`); or, when that is the run's start and it carried a prefix
+    by reference (`carried`), the run to read it from (`before`)."""
+
+    def __init__(self) -> None:
+        self.sent: list[InferArgs | ContextArgs] = []
+        self.start: Context | None = None
+        self.carried: Carried | None = None
+        self.before = ""
+
+    def replayed(self, start: Context) -> Context | None:
+        """The context after this run's arguments, on top of `start`; None
+        where they do not chain."""
+        items, digests = start
+        for earlier in reversed(self.sent):
+            if earlier.base and not _holds(
+                (items, digests), earlier.base, earlier.base_digest
+            ):
+                return None  # not the context the run holds: a gap
+            items = items[: earlier.base] + list(earlier.items)
+            digests = digests[: earlier.base] + list(earlier.digests)
+        return items, digests
+
+
+async def _read(
+    client: Client,
+    workflow_id: str,
+    run_id: str,
+    kinds: dict[str, type[InferArgs | ContextArgs]],
+    held: Context | None,
+    after: str | None,
+) -> _Run:
+    """One run's history read backwards, from the activity `after` (None:
+    from its end), only as far as a point the context can start from."""
+    run = _Run()
+    mine = after is None
+    async for event in _backwards(client, workflow_id, run_id):
+        if event.event_type == _STARTED:
+            started = event.workflow_execution_started_event_attributes
+            (data,) = await client.data_converter.decode(started.input.payloads)
+            carried = StartLoop.model_validate(data).carried
+            if carried is not None and carried.base:
+                run.carried = carried
+                run.before = started.continued_execution_run_id
+            else:
+                run.start = _extended(
+                    ([], []), () if carried is None else carried.items[: carried.sent]
+                )
+            return run
+        if event.event_type != _SCHEDULED:
+            continue
+        scheduled = event.activity_task_scheduled_event_attributes
+        if not mine:  # what comes after this request is not its context
+            mine = scheduled.activity_id == after
+            continue
+        kind = kinds.get(scheduled.activity_type.name)
+        if kind is None:
+            continue
+        (data,) = await client.data_converter.decode(scheduled.input.payloads)
+        earlier = kind.model_validate(data)
+        run.sent.append(earlier)
+        if earlier.base == 0:
+            run.start = [], []
+            return run
+        if _holds(held, earlier.base, earlier.base_digest):
+            run.start = held
+            return run
+    return run
+
+
+def _went_on(before: Context, carried: Carried) -> Context:
+    """The context a run began on: the prefix of `before` it carried by
+    reference, then the items it carried inline that the store was sent."""
+    prefix = before[0][: carried.base], before[1][: carried.base]
+    return _extended(prefix, carried.items[: carried.sent - carried.base])
+
+
+def _extended(context: Context, items: Sequence[ContextItem]) -> Context:
+    """`context` with `items` appended, their chain digests too."""
+    found, digests = list(context[0]), list(context[1])
+    previous = digests[-1] if digests else ""
+    for item in items:
+        previous = chain_digest(previous, item)
+        found.append(item)
+        digests.append(previous)
+    return found, digests
 
 
 def _holds(held: Context | None, base: int, digest: str) -> bool:
@@ -127,20 +235,3 @@ async def _backwards(
         token = page.next_page_token
         if not token:
             return
-
-
-async def _carried(client: Client, event: HistoryEvent) -> Context:
-    """What the context store held when the run began: the items its input
-    carried that the run before had sent (none for a loop's first run)."""
-    started = event.workflow_execution_started_event_attributes
-    (data,) = await client.data_converter.decode(started.input.payloads)
-    carried = StartLoop.model_validate(data).carried
-    items: list[ContextItem] = []
-    digests: list[str] = []
-    if carried is not None:
-        previous = ""
-        for item in carried.items[: carried.sent]:
-            previous = chain_digest(previous, item)
-            items.append(item)
-            digests.append(previous)
-    return items, digests

@@ -14,9 +14,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from typing import Any, Final
+from typing import Any, Final, Self
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
 from agentfsm.events import ToolSpec
 from agentfsm.inference import InferenceOutput
@@ -27,6 +27,8 @@ from agentfsm.results import LoopResult
 __all__ = (
     "CONTEXT_MISSING",
     "Carried",
+    "CarriedArgs",
+    "CarriedPage",
     "MAX_PAYLOAD",
     "MAX_MODEL_OUTPUT",
     "MAX_PROGRESS",
@@ -205,17 +207,42 @@ def chain_digest(previous: str, item: ContextItem) -> str:
 class Carried(BaseModel):
     """A loop a run of its workflow hands to the next (continue-as-new): its
     record, its context's items, and where the inference activities' context
-    store stood, so the next request still sends only what is new."""
+    store stood, so the next request still sends only what is new.
+
+    The items go inline when they fit in the next run's input; else the
+    first `base` of them (those the store was sent) go by reference, as a
+    request's do (`InferArgs.base`), and the next run reads them back from
+    the store (the `carried` activity, `CarriedArgs`) before it takes the
+    loop up.
+    """
 
     model_config = _FROZEN
 
     record: LoopRecord
+    base: int = Field(default=0, ge=0)
+    """How many of the context's first items are not in `items`: the context
+    store holds them (the run before sent them), under the loop's id."""
+    base_digest: str = ""
+    """The chain digest of those `base` items ("" when `base` is 0)."""
     items: tuple[ContextItem, ...] = ()
-    """The loop's context (the record refers to it by position)."""
-    sent: int = 0
-    """How many of `items` the context store was sent already."""
-    requests: int = 0
+    """The loop's context from item `base` on (the record refers to the
+    whole context by position)."""
+    sent: int = Field(default=0, ge=0)
+    """How many of the context's items, from its first, the context store was
+    sent already (`base` at least)."""
+    requests: int = Field(default=0, ge=0)
     """How many inference activities the loop ran (request numbers go on)."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if (self.base == 0) != (self.base_digest == ""):
+            raise ValueError("base_digest is given if and only if base is above 0")
+        if not self.base <= self.sent <= self.base + len(self.items):
+            raise ValueError(
+                f"sent ({self.sent}) must be between base ({self.base}) and "
+                f"base plus the carried items ({self.base + len(self.items)})"
+            )
+        return self
 
 
 class StartLoop(BaseModel):
@@ -241,7 +268,19 @@ class StartLoop(BaseModel):
     the agent's instructions, when it has some, replace the context's."""
     carried: Carried | None = None
     """The loop itself, when this run goes on with it from the run before
-    (continue-as-new, `agentfsm._temporal.carry`); `message` is then None."""
+    (continue-as-new, `agentfsm._temporal.carry`); `message` is then None.
+    Its record's `loop_id` is `loop_id` (the workflow's signals, updates and
+    queries name the loop by it)."""
+
+    @model_validator(mode="after")
+    def _carried_is_this_loop(self) -> Self:
+        carried = self.carried
+        if carried is not None and carried.record.loop_id != self.loop_id:
+            raise ValueError(
+                f"carried.record.loop_id ({carried.record.loop_id!r}) is not "
+                f"loop_id ({self.loop_id!r}): a run goes on with its own loop only"
+            )
+        return self
 
     def seeded(self) -> ModelContext:
         """A new context holding `context`'s items, for the loop to append to
@@ -250,6 +289,30 @@ class StartLoop(BaseModel):
         if seed is None:
             return ModelContext()
         return ModelContext(instructions=seed.instructions, items=list(seed.items))
+
+
+class CarriedArgs(BaseModel):
+    """A page of the context items a run carried by reference (`Carried.base`),
+    read back from the context store by the `carried` activity."""
+
+    model_config = _FROZEN
+
+    loop_id: str
+    base: int = Field(ge=1)
+    """How many of the context's first items went by reference."""
+    base_digest: str
+    """Their chain digest."""
+    first: int = Field(ge=0)
+    """The page's first item (0-based); the page holds as many items from it
+    as fit in a payload, one at least."""
+
+
+class CarriedPage(BaseModel):
+    """The `carried` activity's result: items `first` on of the prefix."""
+
+    model_config = _FROZEN
+
+    items: tuple[ContextItem, ...]
 
 
 class InferArgs(BaseModel):

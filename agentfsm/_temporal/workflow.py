@@ -17,14 +17,18 @@ leaves the workflow as an activity:
 
 Signals steer, follow up and cancel; updates resume and approve (their
 validators reject a loop that is not paused, and call ids that are not the
-ones waiting); the `view` query answers with the loop's `LoopView`.
+ones waiting; one that arrives before the run has its loop, with the start or
+while a continued run reads its carried context back, waits for the loop and
+is checked then); the `view` and `transcript` queries answer with the loop's
+`LoopView` and its context.
 
 Nothing that arrives from outside wedges the workflow: every input is checked
-where it crosses in (a bad start fails the workflow `BAD_START`, a bad signal
-is dropped with a warning and an `input.dropped` event, a bad update is
-refused by its validator), the subscribers' calls are guarded, and the loop's
-outcome is the workflow's (a failed loop fails it `LOOP_FAILED`; Temporal's
-own cancel cancels the loop and ends the workflow canceled).
+where it crosses in (a bad start fails the workflow `BAD_START`, a bad signal,
+or one with no input or too many, is dropped with a warning and an
+`input.dropped` event, a bad update is refused), the subscribers' calls are
+guarded, and the loop's outcome is the workflow's (a failed loop fails it
+`LOOP_FAILED`; Temporal's own cancel cancels the loop and ends the workflow
+canceled).
 """
 
 from __future__ import annotations
@@ -150,6 +154,9 @@ class _Status:
         self.owner.upsert(f"running:{loop.state}")
 
     def run_ended(self, loop: Loop, /) -> None:
+        # A paused loop a run took up (continue-as-new) reaches the instrument
+        # here first, not through `start_run`: the transcript reads it.
+        self.owner.loop = loop
         if loop.status is not LoopStatus.done:
             self.owner.upsert(f"{loop.status}:{loop.state}")
 
@@ -257,14 +264,13 @@ class LoopWorkflow:
             instrument=_Status(self),
         )
         async with runtime:
-            self.runtime = runtime
             if agent.subscribers:
                 subscription = runtime.bus.subscribe("*", loop_id=start.loop_id)
                 drain = _drain(subscription, agent.subscribers, start.loop_id)
             else:
                 drain = None
             # A new loop, or the one the run before carried (continue-as-new).
-            loop_id = self.carry.begin(
+            loop_id = await self.carry.begin(
                 runtime,
                 handlers,
                 options,
@@ -276,6 +282,9 @@ class LoopWorkflow:
                     **options,
                 ),
             )
+            # Signals and updates act from here on; those that came before
+            # (with the start, or while a carried context was read back) waited.
+            self.runtime = runtime
             for early in self._early:
                 early(runtime)
             self._early.clear()
@@ -345,29 +354,36 @@ class LoopWorkflow:
 
     # A signal cannot be refused, and one whose handler raised would fail the
     # workflow task (or, with a failure type, the workflow): each takes its
-    # payload as `Any` and drops what it cannot use, saying so (`_drop`).
+    # inputs as `*args: Any` (the SDK calls a handler with as many as were
+    # sent, none or several) and drops what it cannot use, saying so (`_drop`).
 
     @workflow.signal
-    def steer(self, message: Any) -> None:
+    def steer(self, *args: Any) -> None:
         """Queue a steering message (`Runtime.steer`): a `UserMessage` as JSON
         data, a plain string (its text), or `{"role": "user", "content": str}`."""
-        msg = self._message("steer", message)
+        msg = self._message("steer", args)
         if msg is not None:
             self._when_running(lambda rt: _ignore_ended(rt.steer, self.loop_id, msg))
 
     @workflow.signal
-    def follow_up(self, message: Any) -> None:
-        """Queue a follow-up (`Runtime.follow_up`); the payload as for `steer`."""
-        msg = self._message("follow_up", message)
+    def follow_up(self, *args: Any) -> None:
+        """Queue a follow-up (`Runtime.follow_up`); the input as for `steer`."""
+        msg = self._message("follow_up", args)
         if msg is not None:
             self._when_running(
                 lambda rt: _ignore_ended(rt.follow_up, self.loop_id, msg)
             )
 
     @workflow.signal
-    def cancel(self, reason: Any = None) -> None:
-        """Cancel the loop (`Runtime.cancel`): it ends `cancelled`. `reason`
-        is a string or null."""
+    def cancel(self, *args: Any) -> None:
+        """Cancel the loop (`Runtime.cancel`): it ends `cancelled`. Its input,
+        the reason, is a string or null, or left out."""
+        if len(args) > 1:
+            self._drop(
+                "cancel", f"it takes one input at most (a reason), got {len(args)}"
+            )
+            return
+        reason = args[0] if args else None
         if reason is not None and not isinstance(reason, str):
             self._drop(
                 "cancel", f"reason must be a string or null, got {_kind(reason)}"
@@ -375,7 +391,11 @@ class LoopWorkflow:
             return
         self._when_running(lambda rt: rt.cancel(self.loop_id, reason))
 
-    def _message(self, signal: str, data: object) -> UserMessage | None:
+    def _message(self, signal: str, args: tuple[Any, ...]) -> UserMessage | None:
+        if len(args) != 1:
+            self._drop(signal, f"it takes one input (the message), got {len(args)}")
+            return None
+        data = args[0]
         try:
             return _user_message(data)
         except (ValidationError, ValueError, TypeError) as exc:
@@ -412,43 +432,66 @@ class LoopWorkflow:
 
     # The updates take `Any` and their validators check it: arguments that
     # did not convert to a typed parameter would be refused by the SDK with a
-    # message about converters, not about the update.
+    # message about converters, not about the update. An update may arrive
+    # before the loop is there (with the run's start, or while a carried
+    # context is read back): its validator then checks its arguments alone,
+    # and the handler waits for the loop and checks the rest.
 
     @workflow.update
     async def resume(self, decision: Any = None) -> dict[str, Any]:
         """Resume the paused loop with `decision` (a `Decision` as JSON data;
         default `Proceed`)."""
-        assert self.runtime is not None
-        self.runtime.resume(self.loop_id, _decision_of(decision, self.loop_id))
+        runtime = await self._started()
+        runtime.resume(self.loop_id, _decision_of(decision, self.loop_id))
         return view_data(self._view())
 
     @resume.validator
     def _check_resume(self, decision: Any = None) -> None:
         _decision_of(decision, self.loop_id)
-        view = self._view()
-        if view.status is not LoopStatus.paused:
-            raise LoopStateError(f"loop {self.loop_id} is {view.status}, not paused")
+        if self.runtime is not None:
+            self._paused_view()
 
     @workflow.update
     async def approve(self, call_ids: Any, denied: Any = None) -> dict[str, Any]:
         """Approve the calls waiting for approval (`call_ids`, a list of call
         ids), deny `denied` (`{call_id: reason}`), and resume the loop."""
-        assert self.runtime is not None
-        approved, refused = _approval_of(call_ids, denied, self.loop_id)
+        runtime = await self._started()
+        approved, refused = self._approval(call_ids, denied)
         batch = self._batch()
         for call_id, reason in refused.items():
             batch = batch.deny(call_id, reason)
         for call_id in approved:
             batch = batch.approve(call_id)
-        self.runtime.resume(self.loop_id, Rewrite(payload=batch))
+        runtime.resume(self.loop_id, Rewrite(payload=batch))
         return view_data(self._view())
 
     @approve.validator
     def _check_approve(self, call_ids: Any, denied: Any = None) -> None:
-        approved, refused = _approval_of(call_ids, denied, self.loop_id)
+        if self.runtime is None:
+            _approval_of(call_ids, denied, self.loop_id)
+        else:
+            self._approval(call_ids, denied)
+
+    async def _started(self) -> Runtime:
+        """The runtime, once the loop is in it (an update that came first
+        waits here)."""
+        await workflow.wait_condition(lambda: self.runtime is not None)
+        assert self.runtime is not None
+        return self.runtime
+
+    def _paused_view(self) -> LoopView:
         view = self._view()
         if view.status is not LoopStatus.paused:
             raise LoopStateError(f"loop {self.loop_id} is {view.status}, not paused")
+        return view
+
+    def _approval(
+        self, call_ids: object, denied: object
+    ) -> tuple[list[str], dict[str, str]]:
+        """An approve's calls to approve and to deny, checked against the
+        batch the paused loop waits on."""
+        approved, refused = _approval_of(call_ids, denied, self.loop_id)
+        self._paused_view()
         waiting = set(self._batch().awaiting_approval)
         named = set(approved) | set(refused)
         if named != waiting:
@@ -457,6 +500,7 @@ class LoopWorkflow:
                 f"{sorted(waiting) or 'no calls'}; the update named {sorted(named)} "
                 "(stale call ids, or calls left out: approve or deny each)"
             )
+        return approved, refused
 
     def _batch(self) -> ToolBatch:
         pending = self._view().pending
