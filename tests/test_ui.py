@@ -116,11 +116,17 @@ async def test_the_token_in_the_url_becomes_a_cookie_and_leaves_the_url(
         cookie = entered.headers["set-cookie"]
         assert "HttpOnly" in cookie
         assert "SameSite=Strict" in cookie
-        name = cookie.split("=", 1)[0]
-        page = await http.get("/loop/loop-1", headers={"cookie": f"{name}={TOKEN}"})
+        assert "Path=/;" in cookie
+        name, _, rest = cookie.partition("=")
+        key = rest.split(";", 1)[0]
+        assert name.startswith("agentfsm_ui")  # the port's, where a server says it
+        assert TOKEN not in key  # a key of its own: cookies reach every port
+        page = await http.get("/loop/loop-1", headers={"cookie": f"{name}={key}"})
         assert page.status_code == 200
-        forged = await http.get("/loop/loop-1", headers={"cookie": f"{name}=x{TOKEN}"})
+        forged = await http.get("/loop/loop-1", headers={"cookie": f"{name}=x{key}"})
         assert forged.status_code == 401
+        token = await http.get("/loop/loop-1", headers={"cookie": f"{name}={TOKEN}"})
+        assert token.status_code == 401
         assert (await http.get(f"/?token=wrong{TOKEN}")).status_code == 401
 
 
@@ -140,6 +146,8 @@ async def test_every_answer_forbids_inline_scripts_and_framing(db: Path) -> None
 def test_a_token_too_short_or_a_store_without_loops_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="16"):
         app(SQLiteStore(tmp_path / "x.db"), token="short")
+    with pytest.raises(ValueError, match="space"):  # a header could not carry it
+        app(SQLiteStore(tmp_path / "x.db"), token="sixteen chars and a space")
     with pytest.raises(ConfigurationError, match="MemoryStore"):
         app(MemoryStore())
     with pytest.raises(ConfigurationError, match="without a durable store"):
@@ -241,14 +249,16 @@ async def test_a_paused_loop_shows_its_pending_edge_and_the_decision(db: Path) -
 
 async def test_page_text_is_the_stores_escaped_where_it_enters_markup(db: Path) -> None:
     """The pages put the store's text in as text (loop.js); the one place the
-    server writes it into HTML, the loop id in a meta tag, is escaped."""
+    server writes it into HTML, the loop id in a meta tag, is percent-encoded
+    (which an HTML parser keeps as it is, where it would turn a NUL or a CR
+    of an escaped attribute into another character)."""
     async with client(db) as http:
         data = (await http.get("/api/loops/loop-3", headers=AUTH)).json()
         assert data["answer"] == HOSTILE  # the JSON carries the text as it is
         hostile_id = 'x"><script>alert(3)</script>'
         page = await http.get(f"/loop/{hostile_id}", headers=AUTH)
         assert "<script>alert(3)" not in page.text
-        assert 'content="x&quot;&gt;&lt;script&gt;alert(3)&lt;/script&gt;"' in page.text
+        assert 'content="x%22%3E%3Cscript%3Ealert%283%29%3C%2Fscript%3E"' in page.text
         assert not re.search(
             r"<script>(?!\s*</script>)", page.text.replace("defer></script>", "")
         )
@@ -270,6 +280,10 @@ async def test_mounted_under_a_prefix_the_pages_point_under_it(db: Path) -> None
             script = await http.get("/debug/static/loop.js", headers=AUTH)
             assert script.status_code == 200
             assert "drawGraph" in script.text
+            # The entry stays under the prefix, and so does its cookie.
+            entered = await http.get(f"/debug/loop/loop-1?token={TOKEN}")
+            assert entered.headers["location"] == "/debug/loop/loop-1"
+            assert "; Path=/debug;" in entered.headers["set-cookie"]
 
 
 # ------------------------------------------------------------ the live streams

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import re
 import socket
 import sys
 from typing import Any
@@ -28,6 +29,10 @@ from .loops import add_store_arguments, open_store, with_store
 __all__ = ("add_parser", "run")
 
 _DEFAULT_PORT = 8765
+
+_TOKEN = re.compile(r"[A-Za-z0-9._~-]{16,}")
+"""A token the printed URL carries as it is (RFC 3986's unreserved
+characters): a `+`, `&`, `#` or `%` would read back as another token."""
 
 
 def add_parser(commands: Any) -> None:
@@ -58,7 +63,8 @@ def add_parser(commands: Any) -> None:
     )
     parser.add_argument(
         "--token",
-        help="the access token (default: a new random one each start)",
+        help="the access token: 16 or more letters, digits, '-', '.', '_' or "
+        "'~' (default: a new random one each start)",
     )
     parser.add_argument(
         "--allow-remote",
@@ -103,9 +109,12 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    if args.token is not None and len(args.token) < 16:
+    if args.token is not None and not _TOKEN.fullmatch(args.token):
         print(
-            "agentfsm ui: error: --token needs 16 characters or more", file=sys.stderr
+            "agentfsm ui: error: --token needs 16 characters or more, each an "
+            "ASCII letter, a digit, '-', '.', '_' or '~' (it goes in a URL as "
+            "it is)",
+            file=sys.stderr,
         )
         return 2
     try:

@@ -749,16 +749,31 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
             + " ORDER BY number"
         )
 
+        def answers(conn: _C) -> bool:
+            # A driver's error is one loop's (sqlite3 cannot decode text that
+            # is not UTF-8) only while the connection still answers.
+            try:
+                self._row(conn, "SELECT 1", {})
+            except self._driver_error:
+                return False
+            return True
+
         def read(conn: _C) -> list[StoredLoopSummary]:
             found = []
             for key, owner, until, live, updated in self._rows(conn, sql, params):
                 loop_id = self._key_of(key)
                 try:
                     record = self._latest(conn, loop_id)
-                except StoreError as exc:
-                    if unreadable is None:
+                except (StoreError, self._driver_error) as exc:
+                    stored = isinstance(exc, StoreError)
+                    if unreadable is None or not (stored or answers(conn)):
                         raise
-                    why = str(exc).removeprefix(f"{self.where}: ")
+                    why = (
+                        str(exc).removeprefix(f"{self.where}: ")
+                        if stored
+                        else f"the stored data of loop {loop_id} cannot be read "
+                        f"({type(exc).__name__}: {str(exc)[:300]})"
+                    )
                     unreadable.append(UnreadableLoop(loop_id=loop_id, reason=why))
                     continue
                 if record is None:

@@ -62,14 +62,17 @@ def app(
         source: a `Runtime` made with a `SQLiteStore` or `PostgresStore` (the
             runtime opens and closes it), or such a store (the app opens it
             at its startup and closes it at its shutdown).
-        token: the access token every request must carry (default: a new
-            random one: read it back as `app.state.token`).
+        token: the access token every request must carry: 16 or more
+            printable ASCII characters, no space (default: a new random one:
+            read it back as `app.state.token`).
         poll: how often, in seconds, each open page's stream reads the store.
 
     Raises:
         ConfigurationError: the source keeps no loops the UI can list (a
             runtime without a store, the memory store), or `poll` is not a
             positive number.
+        ValueError: the token is too short or holds a character other than
+            printable ASCII.
     """
     owns = not isinstance(source, Runtime)
     store: Any = source.store if isinstance(source, Runtime) else source

@@ -12,9 +12,15 @@ GET /api/stream/loops/{id}     server-sent events: what the loop's page lacks,
                                (Last-Event-ID) resumes with no gap
 ```
 
+A loop id is one percent-encoded segment (it may hold any character, a `/`
+or a newline among them), or, for `.` and `..`, which URLs resolve away as
+dot segments, `?id=` after the route's `/` (`/loop/?id=..`).
+
 The store is polled (every `poll` seconds, per open stream): a SQLite store
 written by another process says nothing when it changes, and polling one
-indexed read is cheap.
+indexed read is cheap. A store that cannot be read is answered 503 with
+JSON naming why; a stream says it as a `store-error` event and goes on
+polling, so that a page shows the cause and recovers with the store.
 """
 
 from __future__ import annotations
@@ -22,10 +28,13 @@ from __future__ import annotations
 import contextlib
 import html
 import json
+import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterable
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
+from urllib.parse import quote
 
 import anyio
 from sse_starlette import EventSourceResponse, ServerSentEvent
@@ -34,7 +43,9 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp
 
+from agentfsm.exceptions import StoreError
 from agentfsm.results import LoopStatus
 from agentfsm.store._sql import SQLStore
 
@@ -49,14 +60,30 @@ _PAGES: Final = {
     name: (STATIC / f"{name}.html").read_text(encoding="utf-8")
     for name in ("index", "loop")
 }
-"""The two pages, with `{{root}}` (where the app is mounted) and `{{loop}}`
-(the loop's id) to fill in, escaped."""
+"""The two pages, with `{{root}}` (where the app is mounted, escaped) and
+`{{loop}}` (the loop's id, percent-encoded: an HTML parser would turn a NUL
+or a CR in an attribute into another character) to fill in."""
 
 _REFRESH: Final = 5.0
 """Seconds after which the loops list is read whole even if the store's
 change mark says nothing moved (lease lapses, ages)."""
 
 _STATUSES: Final = frozenset(s.value for s in LoopStatus)
+
+_COUNT: Final = re.compile(r"[0-9]{1,18}")
+"""A count as a query or an event id gives it: ASCII digits only (`str.isdigit`
+takes `²`, which `int` refuses), few enough to be an int64."""
+
+
+class _App(Starlette):
+    """Starlette with the guard outside everything, its error answers too."""
+
+    def __init__(self, guard: Guard, **options: Any) -> None:
+        self._guard = guard
+        super().__init__(**options)
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return self._guard.middleware(super().build_middleware_stack())
 
 
 def build_app(
@@ -79,11 +106,12 @@ def build_app(
             yield
 
     async def page(request: Request) -> Response:
-        loop_id = request.path_params.get("loop_id")
-        template = _PAGES["index" if loop_id is None else "loop"]
+        one = "loop_id" in request.path_params
+        template = _PAGES["loop" if one else "index"]
         root = html.escape(request.scope.get("root_path", ""), quote=True)
+        loop_id = _loop_id(request) if one else ""
         text = template.replace("{{root}}", root).replace(
-            "{{loop}}", html.escape(loop_id or "", quote=True)
+            "{{loop}}", quote(loop_id, safe="", errors="replace")
         )
         return HTMLResponse(text, headers={"cache-control": "no-store"})
 
@@ -92,7 +120,7 @@ def build_app(
         return _json(await source.loops(status, agent))
 
     async def loop(request: Request) -> Response:
-        loop_id = request.path_params["loop_id"]
+        loop_id = _loop_id(request)
         after, items = _marks(request)
         found = await source.loop(loop_id, after=after, items=items)
         if found is None:
@@ -106,25 +134,35 @@ def build_app(
             last = None
             mark: tuple[Any, ...] | None = None
             read_at = 0.0
+            due: float | None = None
+            failed = _Failed()
             while True:
-                # Read whole when the store moved, and now and then anyway
-                # (leases lapse and ages grow without a write).
-                seen, now = await source.mark(), time.monotonic()
-                if seen != mark or now - read_at >= _REFRESH:
-                    mark, read_at = seen, now
-                    data = await source.loops(status, agent)
-                    stamp = data.pop("now")
-                    text = json.dumps(data, sort_keys=True)
-                    if text != last:
-                        last = text
-                        data["now"] = stamp
-                        yield ServerSentEvent(json.dumps(data), event="loops")
+                try:
+                    # Read whole when the store moved, when a lease shown live
+                    # has lapsed, and now and then anyway (ages grow without
+                    # a write).
+                    seen, now = await source.mark(), time.monotonic()
+                    if seen != mark or now - read_at >= _REFRESH or _past(due):
+                        mark, read_at = seen, now
+                        data = await source.loops(status, agent)
+                        due = _lease_due(data["loops"])
+                        stamp = data.pop("now")
+                        text = json.dumps(data, sort_keys=True)
+                        if text != last:
+                            last = text
+                            data["now"] = stamp
+                            yield ServerSentEvent(json.dumps(data), event="loops")
+                    failed.clear()
+                except StoreError as exc:
+                    last = mark = None  # sent whole once the store answers
+                    if said := failed.news(exc):
+                        yield said
                 await anyio.sleep(poll)
 
         return _events(changes())
 
     async def stream_loop(request: Request) -> Response:
-        loop_id = request.path_params["loop_id"]
+        loop_id = _loop_id(request)
         after, items = _marks(request)
         resumed = request.headers.get("last-event-id")
         if resumed:
@@ -132,54 +170,123 @@ def build_app(
 
         async def changes() -> AsyncIterator[ServerSentEvent]:
             nonlocal after, items
-            version: tuple[int, str] | None = None
+            version: tuple[Any, ...] | None = None
             missing = False
             mark: tuple[Any, ...] | None = None
+            due: float | None = None
+            failed = _Failed()
             while True:
-                seen = await source.mark(loop_id)
-                if seen == mark and seen:
-                    await anyio.sleep(poll)
-                    continue
-                mark = seen
-                found = await source.loop(loop_id, after=after, items=items)
-                if found is None:
-                    # Said once; a loop whose first commit has not landed yet
-                    # (or a loop id from elsewhere) shows when it does.
-                    if not missing:
-                        missing = True
-                        error = f"the store holds no loop {loop_id!r} (yet)"
-                        yield ServerSentEvent(
-                            json.dumps({"error": error}), event="missing"
-                        )
-                elif (
-                    found.version != version or found.seq > after or found.items > items
-                ):
-                    version = found.version
-                    after = max(after, found.seq)
-                    items = found.items
-                    yield ServerSentEvent(
-                        json.dumps(found.data), event="loop", id=f"{after}:{items}"
-                    )
+                try:
+                    # Read whole when the loop's mark moved (a commit, its
+                    # owner), when the lease it showed live has lapsed (which
+                    # writes nothing), and while the store holds no such loop.
+                    seen = await source.mark(loop_id)
+                    if seen != mark or not seen or _past(due):
+                        mark = seen
+                        found = await source.loop(loop_id, after=after, items=items)
+                        if found is None:
+                            # Said once; a loop whose first commit has not
+                            # landed yet (or an id from elsewhere) shows when
+                            # it does.
+                            if not missing:
+                                missing = True
+                                error = f"the store holds no loop {loop_id!r} (yet)"
+                                yield ServerSentEvent(
+                                    json.dumps({"error": error}), event="missing"
+                                )
+                        else:
+                            due = found.lease_due
+                            if (
+                                found.version != version
+                                or found.seq > after
+                                or found.items > items
+                            ):
+                                version = found.version
+                                after = max(after, found.seq)
+                                items = found.items
+                                yield ServerSentEvent(
+                                    json.dumps(found.data),
+                                    event="loop",
+                                    id=f"{after}:{items}",
+                                )
+                    failed.clear()
+                except StoreError as exc:
+                    # Everything is said again once the store answers.
+                    version = mark = None
+                    missing = False
+                    if said := failed.news(exc):
+                        yield said
                 await anyio.sleep(poll)
 
         return _events(changes())
 
-    guard = Guard(token)
-    app = Starlette(
+    app = _App(
+        Guard(token),
         routes=[
             Route("/", page),
-            Route("/loop/{loop_id:path}", page),
+            _any_id("/loop/{loop_id:path}", page),
             Route("/api/loops", loops),
-            Route("/api/loops/{loop_id:path}", loop),
+            _any_id("/api/loops/{loop_id:path}", loop),
             Route("/api/stream/loops", stream_loops),
-            Route("/api/stream/loops/{loop_id:path}", stream_loop),
+            _any_id("/api/stream/loops/{loop_id:path}", stream_loop),
             Mount("/static", StaticFiles(directory=STATIC), name="static"),
         ],
         lifespan=lifespan,
-        exception_handlers={_BadRequest: _bad_request},
+        exception_handlers={
+            _BadRequest: _bad_request,
+            StoreError: _store_error,
+            Exception: _unexpected,
+        },
     )
-    app.add_middleware(guard.middleware)
     return app
+
+
+def _any_id(path: str, endpoint: Callable[[Request], Any]) -> Route:
+    """A route whose `{loop_id:path}` matches any loop id: Starlette's `.*`
+    stops at a newline, which a loop id may hold."""
+    route = Route(path, endpoint)
+    route.path_regex = re.compile(route.path_regex.pattern, re.DOTALL)
+    return route
+
+
+def _loop_id(request: Request) -> str:
+    """The loop a route names: its path's last part, or `?id=` after the
+    route's `/` (for `.` and `..`, which no URL keeps as a segment)."""
+    loop_id: str = request.path_params["loop_id"]
+    return loop_id or request.query_params.get("id", "")
+
+
+def _past(due: float | None) -> bool:
+    return due is not None and time.time() >= due
+
+
+def _lease_due(loops: Iterable[dict[str, Any]]) -> float | None:
+    """When the first lease shown live lapses (seconds since the epoch, as
+    the store keeps leases), or None: none is live."""
+    times = [
+        datetime.fromisoformat(loop["lease_until"]).timestamp()
+        for loop in loops
+        if loop.get("lease_live") and loop.get("lease_until")
+    ]
+    return min(times, default=None)
+
+
+class _Failed:
+    """What a stream last said of a store that failed: an error is said once,
+    and again only once it has changed or the store answered in between."""
+
+    def __init__(self) -> None:
+        self.said: str | None = None
+
+    def news(self, exc: StoreError) -> ServerSentEvent | None:
+        text = str(exc)
+        if text == self.said:
+            return None
+        self.said = text
+        return ServerSentEvent(json.dumps({"error": text}), event="store-error")
+
+    def clear(self) -> None:
+        self.said = None
 
 
 def _json(data: Any, status: int = 200) -> Response:
@@ -204,7 +311,7 @@ def _marks(request: Request) -> tuple[int, int]:
 
 def _count(request: Request, name: str) -> int:
     text = request.query_params.get(name, "0")
-    if not text.isdigit() or len(text) > 18:
+    if not _COUNT.fullmatch(text):
         raise _BadRequest(f"{name} must be a count (0 or more), got {text!r}")
     return int(text)
 
@@ -214,7 +321,7 @@ def _resume_marks(text: str, after: int, items: int) -> tuple[int, int]:
     EventSource sends it when it reconnects; an id that is not one is ignored
     (the stream starts from the query's marks)."""
     seq, _, count = text.partition(":")
-    if seq.isdigit() and count.isdigit() and len(text) < 40:
+    if _COUNT.fullmatch(seq) and _COUNT.fullmatch(count):
         return int(seq), int(count)
     return after, items
 
@@ -225,3 +332,15 @@ class _BadRequest(Exception):
 
 async def _bad_request(request: Request, exc: Exception) -> Response:
     return _json({"error": str(exc)}, 400)
+
+
+async def _store_error(request: Request, exc: Exception) -> Response:
+    """A store that cannot be read (a loop's data unreadable, its file
+    deleted, its connection lost): 503, saying why (the store's message)."""
+    return _json({"error": str(exc)}, 503)
+
+
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    """A bug: 500, as JSON (the server's log has the traceback)."""
+    error = f"the UI failed ({type(exc).__name__}); its server's log says where"
+    return _json({"error": error}, 500)

@@ -1,21 +1,26 @@
 """Who may use the UI, and what its pages may do.
 
 - A token on every request: the URL `agentfsm ui` prints carries it once
-  (`?token=`), the answer puts it in an HttpOnly, SameSite=Strict cookie and
-  sends the browser on without it (so it stays out of the address bar and
-  of the history); a program may send `Authorization: Bearer <token>`.
-- Headers on every answer: a content security policy that allows scripts,
-  styles, images and connections from the UI's own origin only (no inline
-  script, so text from a model that slips into the page as markup runs
-  nothing), no framing, no referrer, no MIME sniffing.
+  (`?token=`), the answer trades it for an HttpOnly, SameSite=Strict cookie
+  and sends the browser on, to an address of this server, without it (so it
+  stays out of the address bar and of the history); a program may send
+  `Authorization: Bearer <token>`. The cookie holds a key derived from the
+  token, not the token: cookies do not keep the ports of a host apart, so
+  every other server of the host the browser visits is sent it.
+- Headers on every answer, errors included (the guard wraps the whole app):
+  a content security policy that allows scripts, styles, images and
+  connections from the UI's own origin only (no inline script, so text from
+  a model that slips into the page as markup runs nothing), no framing, no
+  referrer, no MIME sniffing.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 from typing import Final
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import parse_qsl, quote, urlencode
 
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -43,17 +48,38 @@ _REFUSED: Final = (
 )
 
 
+_PATH_SAFE: Final = "/!$&'()*+,;=:@"
+"""What a path of the redirect keeps as it is (RFC 3986 pchar and `/`): the
+rest, `%` and `\\` among them, is percent-encoded."""
+
+_COOKIE_PATH: Final = re.compile(r"/[A-Za-z0-9._~!$&'()*+,=:@/%-]*")
+"""A mount prefix the cookie's `Path` may name (no `;`, space or control)."""
+
+
 class Guard:
     """The token check and the headers, as ASGI middleware (`middleware`)."""
 
     def __init__(self, token: str) -> None:
-        if not token or not token.isascii() or len(token) < 16:
-            raise ValueError("the UI's token must be at least 16 ASCII characters")
+        if len(token) < 16 or not all("!" <= c <= "~" for c in token):
+            raise ValueError(
+                "the UI's token must be at least 16 ASCII characters, "
+                "none a space or a control"
+            )
         self.token = token
-        # One cookie per token: two UIs on one host (different ports share
-        # cookies) keep theirs apart.
-        digest = hashlib.sha256(token.encode()).hexdigest()[:12]
-        self.cookie = f"agentfsm_ui_{digest}"
+        # The cookie's value: a key of its own, so that the token (which
+        # also opens the UI by URL or bearer header) never leaves in a cookie.
+        self.key = hmac.new(
+            token.encode(), b"agentfsm ui cookie", hashlib.sha256
+        ).hexdigest()
+
+    def cookie(self, scope: Scope) -> str:
+        """The cookie's name: one per port (two UIs on one host share their
+        cookies, whatever their ports), so a UI started again on its port
+        replaces its old cookie and one on another port keeps its own."""
+        server = scope.get("server")
+        if not server or server[1] is None:
+            return "agentfsm_ui"  # a Unix socket: no port to tell apart
+        return f"agentfsm_ui_{int(server[1])}"
 
     def middleware(self, app: ASGIApp) -> ASGIApp:
         guard = self
@@ -77,6 +103,7 @@ class Guard:
         return guarded
 
     def _allowed(self, scope: Scope) -> bool:
+        cookie = self.cookie(scope)
         for name, value in scope.get("headers", ()):
             if name == b"authorization":
                 scheme, _, given = value.decode("latin-1").partition(" ")
@@ -85,12 +112,12 @@ class Guard:
             elif name == b"cookie":
                 for part in value.decode("latin-1").split(";"):
                     key, _, given = part.strip().partition("=")
-                    if key == self.cookie and self._is_token(given):
+                    if key == cookie and _same(given, self.key):
                         return True
         return False
 
     def _is_token(self, given: str) -> bool:
-        return hmac.compare_digest(given.encode(), self.token.encode())
+        return _same(given, self.token)
 
     async def _enter(
         self, scope: Scope, pairs: list[tuple[str, str]], given: str, send: Send
@@ -101,22 +128,41 @@ class Guard:
             await _answer(send, 401, _REFUSED)
             return
         rest = urlencode([(k, v) for k, v in pairs if k != "token"])
-        raw = scope.get("raw_path") or scope["path"].encode("utf-8")
-        path = scope.get("root_path", "") + raw.decode("latin-1")
-        location = path + (f"?{rest}" if rest else "")
-        cookie = f"{self.cookie}={self.token}; Path=/; HttpOnly; SameSite=Strict"
+        location = _same_path(scope) + (f"?{rest}" if rest else "")
+        root = scope.get("root_path", "")
+        where = root if _COOKIE_PATH.fullmatch(root) else "/"
+        cookie = (
+            f"{self.cookie(scope)}={self.key}; Path={where}; HttpOnly; SameSite=Strict"
+        )
         await send(
             {
                 "type": "http.response.start",
                 "status": 303,
                 "headers": [
-                    (b"location", location.encode("latin-1", "replace")),
+                    (b"location", location.encode("ascii")),
                     (b"set-cookie", cookie.encode()),
                     (b"cache-control", b"no-store"),
                 ],
             }
         )
         await send({"type": "http.response.body", "body": b""})
+
+
+def _same(given: str, expected: str) -> bool:
+    return hmac.compare_digest(given.encode("utf-8", "replace"), expected.encode())
+
+
+def _same_path(scope: Scope) -> str:
+    """The address the request named, as a path of this server: the whole
+    path (a mount's prefix once; Starlette and uvicorn keep it in `path`),
+    percent-encoded, with one leading `/` (`//evil.com/` or `/\\evil.com/`
+    would be another host to a browser)."""
+    path: str = scope["path"]
+    root: str = scope.get("root_path", "")
+    if not path.startswith(root):
+        path = root + path  # a server that leaves the prefix out of `path`
+    encoded = quote(path, safe=_PATH_SAFE, errors="replace")
+    return "/" + encoded.lstrip("/")
 
 
 def _with_headers(send: Send) -> Send:

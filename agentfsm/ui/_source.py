@@ -43,13 +43,17 @@ def summary_data(loop: StoredLoopSummary) -> dict[str, Any]:
 class LoopPage:
     """What one loop's page shows, and the marks a later read compares to
     tell whether anything changed (`seq`: the last kept event's; `version`:
-    the record's seq and status)."""
+    the record's seq and status, its owner, its lease's expiry and whether
+    that lease was live: a lease taken, given up or lapsed writes no record)."""
 
     data: dict[str, Any]
     seq: int
-    version: tuple[int, str]
+    version: tuple[Any, ...]
     items: int
     rows: list[dict[str, Any]] = field(default_factory=list)
+    lease_due: float | None = None
+    """When the lease shown live lapses (seconds since the epoch), which
+    nothing written says: a stream reads the loop again then."""
 
 
 class StoreSource:
@@ -123,12 +127,20 @@ class StoreSource:
             "events_kept": self.store.keeps_events,
         }
         last = events[-1].seq if events else 0
+        until = summary.lease_until
         return LoopPage(
             data=data,
             seq=last,
-            version=(record.seq, str(record.status)),
+            version=(
+                record.seq,
+                str(record.status),
+                summary.owner,
+                until,
+                summary.lease_live,
+            ),
             items=len(stored.items),
             rows=rows,
+            lease_due=until.timestamp() if until and summary.lease_live else None,
         )
 
     async def mark(self, loop_id: str | None = None) -> tuple[Any, ...]:

@@ -5,8 +5,9 @@
 "use strict";
 
 (() => {
-  const { el, clear, age, tokens, live, meta, visible } = agentfsm;
-  const loopId = meta("agentfsm-loop");
+  const { el, clear, age, tokens, live, meta, visible, loopPath } = agentfsm;
+  // Percent-encoded by the server: an attribute would not keep a NUL or a CR.
+  const loopId = decodeURIComponent(meta("agentfsm-loop"));
   document.getElementById("loop-id").textContent = visible(loopId);
   document.title = `agentfsm · ${visible(loopId)}`;
   const SVG = "http://www.w3.org/2000/svg";
@@ -233,7 +234,7 @@
     addItems(data);
   }
 
-  live(`stream/loops/${encodeURIComponent(loopId)}`, {
+  live(`stream/loops/${loopPath(loopId)}`, {
     loop: draw,
     missing: (data) => {
       document.getElementById("summary").textContent = visible(data.error);

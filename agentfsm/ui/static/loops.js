@@ -3,7 +3,7 @@
 "use strict";
 
 (() => {
-  const { el, clear, age, tokens, live, root } = agentfsm;
+  const { el, clear, age, tokens, live, root, loopPath } = agentfsm;
   const status = document.getElementById("status");
   const agent = document.getElementById("agent");
   const params = new URLSearchParams(location.search);
@@ -40,7 +40,7 @@
     const body = document.querySelector("#loops tbody");
     clear(body);
     for (const loop of data.loops) {
-      const link = el("a", { href: `${root}/loop/${encodeURIComponent(loop.loop_id)}`, text: loop.loop_id });
+      const link = el("a", { href: `${root}/loop/${loopPath(loop.loop_id)}`, text: loop.loop_id });
       body.append(
         el("tr", { class: `loop ${loop.status}`, "data-loop": loop.loop_id },
           el("td", { class: "id" }, link),

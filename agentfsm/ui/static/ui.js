@@ -47,6 +47,13 @@ const agentfsm = (() => {
     return `${root}/api/${path}`;
   }
 
+  // A loop id as the end of an address: one percent-encoded segment, or
+  // `?id=` for "." and "..", which every URL parser resolves away as dot
+  // segments (even written %2E).
+  function loopPath(id) {
+    return id === "." || id === ".." ? `?id=${encodeURIComponent(id)}` : encodeURIComponent(id);
+  }
+
   function age(fromIso, nowIso) {
     if (!fromIso) return "";
     const seconds = Math.max(0, (Date.parse(nowIso) - Date.parse(fromIso)) / 1000);
@@ -63,9 +70,21 @@ const agentfsm = (() => {
     return `${total}${unreported}`;
   }
 
+  // What went wrong, in #problem (none: hidden).
+  function problem(text) {
+    const box = document.getElementById("problem");
+    if (!box) return;
+    box.hidden = !text;
+    box.textContent = text ? visible(text) : "";
+  }
+
   // An EventSource that shows its state in #live; `on` maps event names to
   // handlers of the parsed data. The browser reconnects by itself, sending
-  // the last event id, so the server resumes where the page left off.
+  // the last event id, so the server resumes where the page left off. A
+  // store that cannot be read is a `store-error` event (the stream goes on
+  // and the page recovers with the store); an answer that is not a stream
+  // (a 401 once the server has a new token, a 400) ends it, and the page
+  // asks the same address as JSON for why.
   function live(path, on) {
     const badge = document.getElementById("live");
     const source = new EventSource(api(path));
@@ -75,9 +94,29 @@ const agentfsm = (() => {
       badge.className = `live ${cls}`;
     };
     source.onopen = () => show("live", "on");
-    source.onerror = () => show("reconnecting", "off");
+    source.onerror = () => {
+      if (source.readyState !== EventSource.CLOSED) {
+        show("reconnecting", "off");
+        return;
+      }
+      show("stopped", "off");
+      fetch(api(path.replace(/^stream\//, "")), { cache: "no-store" })
+        .then(async (answer) => {
+          if (answer.status === 401) return "the access token is no longer valid: open the URL `agentfsm ui` printed";
+          const data = await answer.json().catch(() => ({}));
+          return `${data.error || "the stream was refused"} (${answer.status}): reload the page to try again`;
+        })
+        .catch(() => "the server cannot be reached: reload the page to try again")
+        .then(problem);
+    };
+    source.addEventListener("store-error", (message) => {
+      show("store error", "off");
+      problem(`the store cannot be read: ${JSON.parse(message.data).error}`);
+    });
     for (const [name, handle] of Object.entries(on)) {
       source.addEventListener(name, (message) => {
+        show("live", "on");
+        problem("");
         handle(JSON.parse(message.data));
         document.body.dataset.updates = String(Number(document.body.dataset.updates || 0) + 1);
       });
@@ -85,5 +124,5 @@ const agentfsm = (() => {
     return source;
   }
 
-  return { el, clear, api, age, tokens, live, root, meta, visible };
+  return { el, clear, api, age, tokens, live, root, meta, visible, loopPath, problem };
 })();
