@@ -57,9 +57,9 @@ from agentfsm.temporal import (
 from agentfsm.testing import assert_path
 from tests import temporal_agents
 from tests.temporal_agents import AGENTS, CRASH_LOG, PROVIDERS, add
+from tests.temporal_server import TEMPORAL, dev_server
 
 _BIN = Path(sys.executable).parent
-TEMPORAL = shutil.which("temporal", path=str(_BIN)) or shutil.which("temporal")
 TEST_SERVER = shutil.which("temporal-test-server", path=str(_BIN)) or shutil.which(
     "temporal-test-server"
 )
@@ -75,11 +75,6 @@ pytestmark = [
 
 # The dev server's history processors poll at 1000/s instead of the default
 # (research note §2.2: 251 -> 84 ms for four sequential activities).
-TUNING = [
-    arg
-    for name in ("transfer", "timer", "visibility")
-    for arg in ("--dynamic-config-value", f"history.{name}ProcessorMaxPollRPS=1000")
-]
 
 
 @pytest.fixture(scope="module")
@@ -90,13 +85,7 @@ def anyio_backend() -> str:
 
 @pytest.fixture(scope="module")
 async def env() -> AsyncIterator[WorkflowEnvironment]:
-    environment = await WorkflowEnvironment.start_local(
-        ip="127.0.0.1",
-        dev_server_existing_path=TEMPORAL,
-        dev_server_extra_args=TUNING,
-        search_attributes=[STATE_ATTRIBUTE],
-    )
-    async with environment:
+    async with dev_server(search_attributes=[STATE_ATTRIBUTE]) as environment:
         yield environment
 
 

