@@ -12,6 +12,7 @@ from typing import final
 from . import events as ev
 from ._text import clip
 from .exceptions import EventLogError
+from .record import LoopRecord
 from .results import LoopResult, LoopStatus, LoopView, PathStep
 from .states import ERROR_TRIGGERS, LoopState, Outcome
 
@@ -42,13 +43,31 @@ class LoopPath:
     pause_reason: str | None = None
 
     @classmethod
-    def of(cls, loop: LoopPath | LoopView | LoopResult) -> LoopPath:
-        """The path of a live loop (`runtime.get`) or of a finished one (`runtime.wait`)."""
+    def of(cls, loop: LoopPath | LoopView | LoopResult | LoopRecord) -> LoopPath:
+        """The path of a live loop (`runtime.get`), of a finished one
+        (`runtime.wait`) or of a stored record (`store.load(loop_id).record`)."""
         if isinstance(loop, LoopPath):
             return loop
         rewritten = frozenset(
             i for i, step in enumerate(loop.path) if step.rewritten_from is not None
         )
+        if isinstance(loop, LoopRecord):
+            pause = loop.pause
+            return cls(
+                loop_id=loop.loop_id,
+                agent_id=loop.agent_id,
+                steps=loop.path,
+                rewritten=rewritten,
+                state=loop.state,
+                status=loop.status,
+                outcome=loop.outcome,
+                pending=(
+                    None
+                    if pause is None
+                    else PathStep(pause.source, pause.trigger, pause.dest)
+                ),
+                pause_reason=None if pause is None else pause.reason,
+            )
         if isinstance(loop, LoopResult):
             return cls(
                 loop_id=loop.loop_id,

@@ -14,11 +14,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
-from agentfsm._paths import LoopPath
 from agentfsm._text import printable, xml_text
 from agentfsm.inference import InferenceOutput
 from agentfsm.record import DecisionEntry, LoopRecord
-from agentfsm.results import LoopStatus, PathStep
+from agentfsm.results import LoopStatus
 from agentfsm.states import LoopState
 from agentfsm.store import CallRecord, StoredLoopSummary
 from agentfsm.store._sql import SQLStore
@@ -26,7 +25,7 @@ from agentfsm.store._sql import SQLStore
 from ._text import one_line
 from .loops import age, detail, lease, tokens
 
-__all__ = ("StoredReport", "format_stored", "path_of", "read_report", "stored_html")
+__all__ = ("StoredReport", "format_stored", "read_report", "stored_html")
 
 NO_EVENTS: Final = (
     "no timeline: the store kept no events of this loop (a store made with "
@@ -66,26 +65,6 @@ async def read_report(
         outputs=tuple(outputs),
         calls=tuple(await store.calls(loop_id)),
         decisions=tuple(await store.decisions(loop_id)),
-    )
-
-
-def path_of(record: LoopRecord) -> LoopPath:
-    """The path a record says the loop took, as the diagrams draw it."""
-    pause = record.pause
-    return LoopPath(
-        loop_id=record.loop_id,
-        agent_id=record.agent_id,
-        steps=record.path,
-        rewritten=frozenset(
-            i for i, step in enumerate(record.path) if step.rewritten_from is not None
-        ),
-        state=record.state,
-        status=record.status,
-        outcome=record.outcome,
-        pending=None
-        if pause is None
-        else PathStep(pause.source, pause.trigger, pause.dest),
-        pause_reason=None if pause is None else pause.reason,
     )
 
 
@@ -274,7 +253,7 @@ pre { white-space: pre-wrap; background: #f6f6f6; padding: .8em; }
 
 def stored_html(report: StoredReport, svg: str, now: datetime, width: int = 400) -> str:
     """One self-contained page: the loop's summary, its path diagram (`svg`,
-    `agentfsm.diagrams.render_svg(path_of(record))`, inlined without its XML
+    `agentfsm.diagrams.render_svg(LoopPath.of(record))`, inlined without its XML
     prolog), and the sections of `format_stored`."""
     e = xml_text  # the page is XML-valid too: no character XML forbids
     loop_id = report.summary.loop_id

@@ -29,7 +29,6 @@ from agentfsm.eventlog import _private_opener
 from agentfsm.exceptions import AgentFSMError, StoreError
 from agentfsm.store._sql import SQLStore
 
-from ._stored import path_of
 from .inspect import loop_of, read_log, read_loop, readable, report_skipped
 from .loops import add_schema_argument, with_store
 
@@ -144,7 +143,7 @@ async def _stored(given: str | None, store: SQLStore[Any]) -> LoopPath:
     stored = await store.load(summary.loop_id)
     if stored is None:
         raise StoreError(f"loop {summary.loop_id} left the store while it was read")
-    return path_of(stored.record)
+    return LoopPath.of(stored.record)
 
 
 def _write(target: Path, drawing: str | bytes) -> None:

@@ -34,7 +34,7 @@ from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
 from agentfsm._text import printable
-from agentfsm.diagrams import render_svg
+from agentfsm.diagrams import LoopPath, render_svg
 from agentfsm.eventlog import _private_opener, read_events
 from agentfsm.events import AgentEvent
 from agentfsm.exceptions import AgentFSMError, EventLogError, StoreError
@@ -50,7 +50,7 @@ from agentfsm.timeline import (
     summarize,
 )
 
-from ._stored import StoredReport, format_stored, path_of, read_report, stored_html
+from ._stored import StoredReport, format_stored, read_report, stored_html
 from .loops import (
     add_schema_argument,
     detail,
@@ -310,7 +310,9 @@ def inspect_store(args: argparse.Namespace) -> None:
     width = _HTML_WIDTH if args.html is not None else max(args.width, 10)
     if args.html is not None:
         if report is not None:
-            page = stored_html(report, render_svg(path_of(report.record)), now, width)
+            page = stored_html(
+                report, render_svg(LoopPath.of(report.record)), now, width
+            )
         else:
             timeline = build_timeline(events, loop_id, width=width)
             page = render_html(timeline, render_svg(timeline.path))

@@ -18,8 +18,7 @@ from typing import Any, Final
 from agentfsm._paths import LoopPath
 from agentfsm.diagrams import path_graph
 from agentfsm.events import AgentEvent
-from agentfsm.record import LoopRecord
-from agentfsm.results import LoopStatus, PathStep
+from agentfsm.results import LoopStatus
 from agentfsm.store import StoredLoopSummary, UnreadableLoop
 from agentfsm.store._sql import SQLStore
 from agentfsm.timeline import build_timeline
@@ -109,7 +108,7 @@ class StoreSource:
         data = {
             "now": _now().isoformat(),
             "summary": summary_data(summary),
-            "graph": path_graph(_path(record)),
+            "graph": path_graph(LoopPath.of(record)),
             "pause": None
             if record.pause is None
             else record.pause.model_dump(mode="json"),
@@ -147,26 +146,6 @@ class StoreSource:
         """The store's cheap change mark (`SQLStore.change_mark`): a stream
         reads a page whole only when it moved."""
         return await self.store.change_mark(loop_id)
-
-
-def _path(record: LoopRecord) -> LoopPath:
-    """The path diagrams' view of a stored record."""
-    pause = record.pause
-    return LoopPath(
-        loop_id=record.loop_id,
-        agent_id=record.agent_id,
-        steps=record.path,
-        rewritten=frozenset(
-            i for i, step in enumerate(record.path) if step.rewritten_from is not None
-        ),
-        state=record.state,
-        status=record.status,
-        outcome=record.outcome,
-        pending=None
-        if pause is None
-        else PathStep(pause.source, pause.trigger, pause.dest),
-        pause_reason=None if pause is None else pause.reason,
-    )
 
 
 def _rows(events: list[AgentEvent], loop_id: str, after: int) -> list[dict[str, Any]]:
