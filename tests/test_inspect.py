@@ -24,8 +24,8 @@ from agentfsm import (
     tool,
 )
 from agentfsm.cli import main
-from agentfsm.cli._stored import path_of, read_report, stored_html
-from agentfsm.diagrams import render_path_mermaid
+from agentfsm.cli._stored import read_report, stored_html
+from agentfsm.diagrams import LoopPath, render_path_mermaid
 from agentfsm.eventlog import EventLogWriter, read_events
 from agentfsm.events import FunctionCallCompleted, LoopStarted
 from agentfsm.exceptions import EventLogError
@@ -558,7 +558,14 @@ async def test_the_page_of_a_stored_loop_without_events(tmp_path: Path) -> None:
         assert f"<h2>{title}</h2>" in page
     assert "<pre>2 + 3 = &lt;5&gt;</pre>" in page
     assert "add({&quot;a&quot;:2,&quot;b&quot;:3}) [c1]: done -&gt; 5" in page
-    assert path_of(report.record).steps == report.record.path
+    drawn = LoopPath.of(report.record)
+    assert drawn.steps == report.record.path
+    assert (drawn.loop_id, drawn.state, drawn.status, drawn.outcome) == (
+        report.record.loop_id,
+        report.record.state,
+        report.record.status,
+        report.record.outcome,
+    )
 
 
 # --------------------------------------------------- neither a log nor a store
