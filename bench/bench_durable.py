@@ -41,6 +41,12 @@ it starts with, and every later commit only the items added since). A last row
 starts from 10,000 items that end on a function call with no output, which the
 loop repairs before its first request.
 
+`--requests` measures the decision inbox's watcher alone: the `sqlite`
+subject against the same with `Runtime(requests=True)` (a poll a second) and
+`requests=0.05` (20 a second), in rounds of REQUESTS_ROUND_SECONDS (so that
+every round holds polls: a runtime's first is an interval after it starts);
+the workload's table has the `requests=True` subject too, beside `sqlite`.
+
 `--breakdown` shows where the time goes: the store with its SQL taken out, its
 thread hop taken out, or both, beside the floor without its hop (subclasses of
 SQLiteStore that override its private `_run` and `_write_commit`: a measuring
@@ -122,6 +128,10 @@ TOOL_ROUNDS: Final = (10, 100, 1_000, 10_000)
 """Tool calls per loop of the long-loop table: one a model turn, then the answer."""
 COUNT_RUNS: Final = 50
 """Runs counted for commits and bytes per run."""
+REQUESTS_ROUND_SECONDS: Final = 2.5
+"""Target wall seconds of a round of `--requests` (two polls a second's)."""
+MAX_REQUESTS_VS_SQLITE: Final = 1.05
+"""Target of issue 29: watching the requests costs at most 5% (reported)."""
 
 # Targets of issue 24 (reported, not asserted).
 MAX_DURABLE_VS_FLOOR: Final = 1.25
@@ -190,9 +200,11 @@ async def agentfsm_round(
     db: Path | None = None,
     base: list[Any] | None = None,
     store_class: Callable[[Path], Any] | None = None,
+    watch: bool | float = False,
 ) -> Writes | None:
     """`runs` sequential loops in memory (`db` None) or with a SQLite store at `db`
-    (`store_class`, SQLiteStore by default).
+    (`store_class`, SQLiteStore by default; `watch`: the runtime watches its
+    requests, `Runtime(requests=watch)`).
 
     Returns the store's commits and bytes per run over the timed runs.
     """
@@ -201,7 +213,9 @@ async def agentfsm_round(
     runtime = (
         agentfsm.Runtime(providers={"scripted": scripted_provider()})
         if store is None
-        else agentfsm.Runtime(store=store, providers={"scripted": scripted_provider()})
+        else agentfsm.Runtime(
+            store=store, providers={"scripted": scripted_provider()}, requests=watch
+        )
     )
 
     async def one() -> None:
@@ -454,6 +468,9 @@ async def workload(dbs: Databases, rounds: int, seconds: float) -> None:
             assert got is not None
             assert round(got.commits) == round(writes.commits), (got, writes)
 
+        async def watching(runs: int, out: list[Sample]) -> None:
+            await agentfsm_round(runs, out, db=dbs.next(), watch=True)
+
         async def floor(runs: int, out: list[Sample]) -> None:
             await floor_round(runs, out, dbs.next(), writes)
 
@@ -463,6 +480,7 @@ async def workload(dbs: Databases, rounds: int, seconds: float) -> None:
         subjects = [
             Subject("memory", "agentfsm, in memory", memory),
             Subject("sqlite", "agentfsm, SQLiteStore (NORMAL)", durable),
+            Subject("requests", "agentfsm, SQLiteStore, requests=True", watching),
             Subject("floor", "floor: bare loop + sqlite3 commits", floor),
             Subject("bare", "bare asyncio loop", bare),
         ]
@@ -485,7 +503,12 @@ async def workload(dbs: Databases, rounds: int, seconds: float) -> None:
             worker.close()
 
     by = {s.name: s for s in subjects}
-    per_run = {"sqlite": writes, "floor": writes, "langgraph": lg_writes}
+    per_run = {
+        "sqlite": writes,
+        "requests": writes,
+        "floor": writes,
+        "langgraph": lg_writes,
+    }
     rows = []
     for s in subjects:
         w = per_run.get(s.name)
@@ -518,6 +541,11 @@ async def workload(dbs: Databases, rounds: int, seconds: float) -> None:
     print(
         f"target: durable <= {MAX_DURABLE_VS_FLOOR}x the floor: {durable_wall:.2f}x "
         f"wall, {durable_cpu:.2f}x cpu"
+    )
+    print(
+        f"target: requests=True <= {MAX_REQUESTS_VS_SQLITE}x SQLiteStore alone: "
+        f"{set_ratio(by['requests'], by['sqlite'], 'wall_us'):.3f}x wall, "
+        f"{set_ratio(by['requests'], by['sqlite'], 'cpu_us'):.3f}x cpu"
     )
     if "langgraph" in by:
         lg_wall = set_ratio(by["langgraph"], by["sqlite"], "wall_us")
@@ -851,6 +879,50 @@ async def breakdown(dbs: Databases, rounds: int, seconds: float) -> None:
     )
 
 
+async def requests_table(dbs: Databases, rounds: int, seconds: float) -> None:
+    """The decision inbox's watcher (`Runtime(requests=)`) against the store
+    alone, interleaved: what its polls (one indexed read of the pending
+    requests, none pending) and its service cost the workload."""
+    print("\nthe requests' watcher: SQLiteStore alone, and watching its requests")
+
+    def run(watch: bool | float) -> Callable[[int, list[Sample]], Awaitable[None]]:
+        async def one_round(runs: int, out: list[Sample]) -> None:
+            await agentfsm_round(runs, out, db=dbs.next(), watch=watch)
+
+        return one_round
+
+    subjects = [
+        Subject("sqlite", "SQLiteStore", run(False)),
+        Subject("requests", "requests=True (a poll a second)", run(True)),
+        Subject("requests_fast", "requests=0.05 (20 polls a second)", run(0.05)),
+    ]
+    for s in subjects:
+        await calibrate(s, seconds)
+    await interleaved(subjects, rounds)
+    base = subjects[0]
+    table(
+        ["subject", "wall µs/run", "cpu µs/run", "x sqlite wall", "x sqlite cpu"],
+        [
+            [
+                s.label,
+                f"{s.median('wall_us'):,.1f}",
+                f"{s.median('cpu_us'):,.1f}",
+                f"{set_ratio(s, base, 'wall_us'):.3f}",
+                f"{set_ratio(s, base, 'cpu_us'):.3f}",
+            ]
+            for s in subjects
+        ],
+    )
+    print(
+        f"median of {rounds} interleaved rounds of ~{seconds} s each; target: "
+        f"requests=True <= {MAX_REQUESTS_VS_SQLITE}x"
+    )
+    print(
+        f"requests_vs_sqlite={set_ratio(subjects[1], base, 'wall_us'):.3f} "
+        f"cpu_requests_vs_sqlite={set_ratio(subjects[1], base, 'cpu_us'):.3f}"
+    )
+
+
 async def profile_target(dbs: Databases, seconds: float = 20.0) -> None:
     """Only the `sqlite` subject, under cProfile (the main thread only: the
     SQLite work in the worker thread shows as the wait for it)."""
@@ -880,6 +952,9 @@ async def main() -> None:
         "--long-loops", action="store_true", help="the long-loop table alone"
     )
     parser.add_argument(
+        "--requests", action="store_true", help="the requests' watcher alone"
+    )
+    parser.add_argument(
         "--memory", action="store_true", help="the peak-memory table alone"
     )
     parser.add_argument("--memory-child", help=argparse.SUPPRESS)
@@ -897,6 +972,13 @@ async def main() -> None:
             return
         if args.breakdown:
             await breakdown(dbs, 1 if args.quick else ROUNDS, ROUND_SECONDS)
+            return
+        if args.requests:
+            await requests_table(
+                dbs,
+                1 if args.quick else ROUNDS,
+                0.1 if args.quick else REQUESTS_ROUND_SECONDS,
+            )
             return
         if args.long_loops:
             await long_loops_table(

@@ -103,14 +103,14 @@ class GatedStore(MemoryStore):
 
 class FailingStore(MemoryStore):
     """A store that cannot take the commits into `fail_in` (those made after
-    `requests` model requests only, if given), and says so after `delay`."""
+    `after_requests` model requests only, if given), and says so after `delay`."""
 
     def __init__(
-        self, fail_in: LoopState, *, requests: int | None = None, delay: float = 0
+        self, fail_in: LoopState, *, after_requests: int | None = None, delay: float = 0
     ) -> None:
         super().__init__()
         self.fail_in = fail_in
-        self.requests = requests
+        self.after_requests = after_requests
         self.delay = delay
 
     async def _write(self, commit: Commit) -> None:
@@ -118,7 +118,7 @@ class FailingStore(MemoryStore):
         if (
             record is not None
             and record.state is self.fail_in
-            and self.requests in (None, record.model_requests)
+            and self.after_requests in (None, record.model_requests)
         ):
             if self.delay:
                 await anyio.sleep(self.delay)
@@ -449,7 +449,7 @@ async def test_a_commit_still_queued_as_the_loop_ends_goes_with_its_end(
     one trip. When it fails, the end is not written either: the loop is
     detached (no outcome is told that the store does not hold), both
     failures are logged, and the store keeps the loop's last commit."""
-    store = STORE["store"] = FailingStore(LoopState.inference, requests=1)
+    store = STORE["store"] = FailingStore(LoopState.inference, after_requests=1)
     trips = counted_trips(store)
     asked = 0
 
@@ -479,7 +479,9 @@ async def test_a_loop_ends_once_the_write_in_flight_lands() -> None:
     model awaited), a later one is queued, and the model answers at once as
     the loop ends: the end waits for the write in flight, which fails, and
     the loop fails (the queued one would have gone with the end)."""
-    store = STORE["store"] = FailingStore(LoopState.inference, requests=1, delay=0.05)
+    store = STORE["store"] = FailingStore(
+        LoopState.inference, after_requests=1, delay=0.05
+    )
     asked = 0
 
     async def model(request: InferenceInput) -> InferenceOutput:

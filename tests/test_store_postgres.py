@@ -459,6 +459,7 @@ class TestLayout:
             "events",
             "log",
             "loops",
+            "requests",
             "schema_version",
         ]
 

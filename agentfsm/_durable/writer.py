@@ -23,6 +23,11 @@ before it ends, and before a ledger write of its own; not after a commit into
 waits for, unless the flusher's task wrote it meanwhile, or it carries a
 handler's decision (which lands before the request it shaped goes out).
 
+A request of the store's decision inbox applied to the loop (a resume, a
+cancel: `_durable.requests`) is carried by the loop's next commit with a
+record (`carry`), which marks it applied in its transaction: the commit that
+stores the resume's decision, or whose record holds the cancel asked.
+
 The loop stops in this process (`Halted`) when a write fails or its lease is
 stale (another runtime took the loop): at the next check, before anything
 else happens. Before each side effect (a model request, a tool call that
@@ -137,6 +142,7 @@ class Durable:
         "path_written",
         "presence",
         "requested",
+        "requests",
         "stored",
         "tickets",
         "unfinished",
@@ -193,6 +199,10 @@ class Durable:
         """Decisions not written yet."""
         self.by: str | None = None
         """Who made the last decision (settles the calls it answered or denied)."""
+        self.requests: list[int] = []
+        """Ids of the store's requests (`LoopRequest`) applied to the loop here
+        and not written yet: the next commit with a record marks them applied
+        (its record holds what they did: a resume's decision, a cancel asked)."""
         self.ledger: dict[str, CallRecord] = {}
         """The ledger of the loop's latest request, by key, as written (this
         runtime is its only writer while it holds the lease)."""
@@ -299,6 +309,11 @@ class Durable:
         self.by = entry.by or entry.handler
         if not self.large and entry.decision.payload is not None:
             self.large = is_large(entry.decision.payload)  # (an answer, say)
+
+    def carry(self, request_id: int) -> None:
+        """A request of the store was applied to the loop (resumed, cancelled):
+        its next commit with a record marks it applied, in its transaction."""
+        self.requests.append(request_id)
 
     def queued(self, loop: Loop) -> None:
         """A steering or follow-up message was queued for the paused loop: its
@@ -480,6 +495,9 @@ class Durable:
                 idle = loop.idle_event()
                 if idle is not None:
                     events.append(idle)
+        carried: list[int] | tuple[()] = ()
+        if record and self.requests:
+            carried, self.requests = self.requests, []
         commit = Commit(
             loop.loop_id,
             self.lease,
@@ -498,6 +516,7 @@ class Durable:
             self.decisions,
             self.new,
             self.large,
+            carried,
         )
         self.new = False
         self.inference = None

@@ -474,6 +474,14 @@ class Bindings:
         return value
 
 
+def stored_decision(
+    record: LoopRecord, context: ModelContext, bindings: Bindings, data: DecisionRecord
+) -> Decision:
+    """A decision as the store keeps it (`DecisionRecord`), back as the loop of
+    `record` takes it: a request's from the store's inbox, say."""
+    return _Rebuild(record, context, bindings).decision(data)
+
+
 class _Rebuild:
     """The conversion of one record's data back into live objects."""
 

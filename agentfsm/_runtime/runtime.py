@@ -25,7 +25,13 @@ from typing import TYPE_CHECKING, Any, Final, Self, TypeVar, Unpack
 import anyio
 from anyio.abc import TaskGroup
 
-from agentfsm._arguments import ArgumentTypeError, ArgumentValueError, check, given
+from agentfsm._arguments import (
+    ArgumentTypeError,
+    ArgumentValueError,
+    check,
+    given,
+    seconds,
+)
 from agentfsm._bus import EventBus, Subscription
 from agentfsm._loop import Loop
 from agentfsm._loop.driver import end_paused, expire_paused, halt
@@ -73,6 +79,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncGenerator
 
     from agentfsm._durable.keeper import Keeper, Recovery
+    from agentfsm._durable.requests import Watcher
     from agentfsm.eventlog import EventLogWriter
     from agentfsm.events import AgentEvent
     from agentfsm.messages import ContextItem
@@ -147,6 +154,13 @@ class Runtime:
         breakpoints: pause every loop before it enters these states
             (`agentfsm.breakpoints.Break`); `runtime.breakpoints` adds and
             removes them while loops run, for one loop or one agent too.
+        requests: apply the requests stored in the durable store's decision
+            inbox (`agentfsm.store.Requests`: a person's resume or cancel,
+            submitted from `agentfsm ui` or another process) to the loops this
+            runtime holds, each once: `True` reads them every second, a number
+            every that many seconds, at once when `poke_requests` is called
+            (and, on PostgreSQL, when one is submitted). Needs `store=` (see
+            [the decision inbox][the-decision-inbox]).
 
     Raises:
         TypeError: an argument of another type than the parameter takes (the
@@ -168,6 +182,7 @@ class Runtime:
         clock: Clock = utc_now,
         ids: IdSource = uuid7,
         breakpoints: Sequence[Break] = (),
+        requests: bool | float = False,
     ) -> None:
         if not isinstance(providers, Mapping | ProviderRegistry | None):
             raise ArgumentTypeError(
@@ -251,6 +266,11 @@ class Runtime:
             # Any runtime takes up a loop paused at a breakpoint: its record
             # names the handler, bound here to this runtime's.
             self._keeper.bindings.callables[BREAKPOINT_HANDLER] = self.breakpoints
+        self._watcher: Watcher | None = None
+        """Applies the store's requests (`Runtime(requests=)`), if asked to."""
+        interval = _requests_interval(requests)
+        if interval is not None:
+            self._watcher = self._watching(store, interval)
 
     async def __aenter__(self) -> Self:
         if self._tg is not None or self._closed:
@@ -273,6 +293,8 @@ class Runtime:
             await self._services.enter(
                 self._keeper.running(), "store writer and leases"
             )
+            if self._watcher is not None:  # (closed before the store's writer)
+                await self._services.enter(self._watcher.running(), "request watcher")
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
@@ -548,7 +570,46 @@ class Runtime:
             raise LoopStateError("recover() needs a durable store: Runtime(store=...)")
         if self._tg is None or self._closing:
             raise LoopStateError(_NOT_RUNNING)
-        return await keeper.recover(self._loops, self._blank, self._take_recovered)
+        report = await keeper.recover(self._loops, self._blank, self._take_recovered)
+        if self._watcher is not None:
+            self._watcher.poke()  # the loops taken up may have requests waiting
+        return report
+
+    def poke_requests(self) -> None:
+        """Read the store's pending requests now (`Runtime(requests=)`), not at
+        the next interval: what a process that submitted one calls (`agentfsm
+        ui` mounted in this process, say). Nothing without `requests=`."""
+        if self._watcher is not None:
+            self._watcher.poke()
+
+    def _watching(self, store: LoopStore | None, interval: float) -> Watcher:
+        """The watcher of the store's requests (`Runtime(requests=)`).
+
+        Raises:
+            ConfigurationError: no store, or one that keeps no requests.
+        """
+        from agentfsm._durable.requests import Hooks, Watcher
+        from agentfsm.store import Requests
+
+        keeper = self._keeper
+        if keeper is None or store is None:
+            raise ConfigurationError(
+                "requests= applies the requests a durable store holds: give "
+                "store= too (e.g. Runtime(store=SQLiteStore(path), requests=True))"
+            )
+        if not isinstance(store, Requests):
+            raise ConfigurationError(
+                f"requests= needs a store that keeps requests "
+                f"(agentfsm.store.Requests): {type(store).__name__} does not"
+            )
+        hooks = Hooks(
+            live=self._loops.get,
+            ended=self._results.__contains__,
+            resume=lambda loop_id, decision, by: self.resume(loop_id, decision, by=by),
+            cancel=self.cancel,
+            closing=lambda: self._closing or self._tg is None,
+        )
+        return Watcher(keeper, store, interval, hooks)
 
     def _blank(
         self,
@@ -1045,6 +1106,24 @@ class Runtime:
                 del results[forgotten]
                 if self._ended_streams:
                     self._ended_streams.pop(forgotten, None)
+
+
+def _requests_interval(requests: object) -> float | None:
+    """`Runtime(requests=)` as seconds between reads (None: no watcher).
+
+    Raises:
+        ArgumentTypeError, ArgumentValueError: neither a bool nor a duration.
+    """
+    if requests is False:
+        return None
+    if requests is True:
+        return 1.0
+    return seconds(
+        "requests",
+        requests,
+        positive=True,
+        rule="True, False or a number of seconds > 0",
+    )
 
 
 def _keeper_of(

@@ -26,22 +26,32 @@ taken again.
 
 The interfaces, by concern: `CommitLog` (the writes and the records),
 `Ledger` (the calls and the decisions), `Leases`, `EventArchive` (a store that
-keeps events), `SharedContexts` (contexts kept for Temporal's workers).
-`LoopStore` is what `Runtime(store=...)` needs: the first three.
+keeps events), `SharedContexts` (contexts kept for Temporal's workers),
+`Requests` (the decision inbox: what people asked of loops, from another
+process, for the runtime holding each loop to apply). `LoopStore` is what
+`Runtime(store=...)` needs: the first three.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Literal, Self
+from typing import Final, Literal, Self, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from agentfsm._arguments import ArgumentTypeError, ArgumentValueError, check, given
+from agentfsm._arguments import (
+    ArgumentTypeError,
+    ArgumentValueError,
+    check,
+    given,
+    one_of,
+)
+from agentfsm._text import encodable, encodable_data
 from agentfsm.events import AgentEvent
 from agentfsm.exceptions import (
     ConfigurationError,
@@ -49,18 +59,27 @@ from agentfsm.exceptions import (
     LoopDetachedError,
     LoopIdTakenError,
     LoopLockedError,
+    LoopStateError,
     StoreError,
     StoreSchemaError,
+    UnknownLoopError,
 )
-from agentfsm.inference import InferenceOutput
-from agentfsm.interception import ToolBatch
+from agentfsm.inference import InferenceInput, InferenceOutput
+from agentfsm.interception import Abort, Proceed, Rewrite, ToolBatch
 from agentfsm.messages import (
     ContextItem,
     ContextItemAdapter,
     FunctionCallOutputItem,
     TokenUsage,
 )
-from agentfsm.record import DecisionEntry, LoopRecord
+from agentfsm.record import (
+    DecisionEntry,
+    DecisionRecord,
+    LoopRecord,
+    MessagesRecord,
+    PayloadRecord,
+    RequestRecord,
+)
 from agentfsm.results import LoopStatus, PathStep
 from agentfsm.states import LoopState, Outcome
 
@@ -76,7 +95,10 @@ __all__ = (
     "LoopDetachedError",
     "LoopIdTakenError",
     "LoopLockedError",
+    "LoopRequest",
     "LoopStore",
+    "RequestNotices",
+    "Requests",
     "SharedContexts",
     "StoreError",
     "StoreSchemaError",
@@ -130,12 +152,58 @@ class CallRecord(BaseModel):
     the tool: the decision's `by`, or the handler's name."""
 
 
+class LoopRequest(BaseModel):
+    """What a person asked of a loop, from any process (`agentfsm ui`, a
+    script): stored by `Requests.submit_request`, applied once by the runtime
+    that holds the loop (`Runtime(requests=True)`), in the transaction of the
+    commit the action produced.
+
+    Its text (`by`, `reason`, `note`, ids) is the store's as written:
+    untrusted, to be made `printable` before it reaches a terminal."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: int
+    """Given by the store: a later request has a greater id."""
+    loop_id: str
+    kind: Literal["resume", "cancel"]
+    """`resume`: answer the loop's pause (`Runtime.resume`); `cancel`: end the
+    loop `cancelled` (`Runtime.cancel`)."""
+    decision: DecisionRecord | None
+    """A resume's decision (`proceed`, `rewrite` or `abort`, as data); None
+    for a cancel, or a resume that proceeds."""
+    seq: int | None
+    """The seq of the pause a resume answers (`PendingTransition.seq`, a
+    stored record's `pause.seq`): refused when the loop is not paused there
+    (it moved on, or paused again); None for a cancel."""
+    by: str
+    """Who asked: the `DecisionEntry.by` of the decision it makes."""
+    reason: str | None = None
+    """A cancel's reason (the loop's result carries it); with a resume, the
+    asker's words, kept with the request only."""
+    created_at: datetime
+    """When it was stored, on the store's clock."""
+    status: Literal["pending", "applied", "refused"] = "pending"
+    """`pending`: no runtime has applied it (none holds the loop, or none
+    watches the store); `applied`: a commit of the loop took it, in the same
+    transaction; `refused`: it cannot be applied (`note` says why)."""
+    resolved_at: datetime | None = None
+    """When it was applied or refused."""
+    note: str | None = None
+    """Why it was refused (`loop ... is paused at seq 9, not at seq 7`)."""
+
+
+RequestNotices: TypeAlias = AbstractAsyncContextManager[Callable[[], Awaitable[None]]]
+"""What `Requests.request_notices` gives: entered, a function that returns once
+a request may have been submitted (from any process)."""
+
+
 @dataclass(slots=True)
 class Commit:
     """One write of one loop, in one transaction: a committed transition (its
     record, with what the loop gained since the last write), or news of the
     ledger, a model output or events alone (`record` None). Not changed once
-    made. (Not a frozen dataclass: setting its 17 fields through
+    made. (Not a frozen dataclass: setting its 18 fields through
     `object.__setattr__` cost ~20,000 instructions a commit.)"""
 
     loop_id: str
@@ -181,6 +249,10 @@ class Commit:
     large: bool = False
     """It may carry a string over 64 KiB: a SQL store writes each such string
     once, out of line (`store._outline`)."""
+    requests: Sequence[int] = ()
+    """Ids of the loop's requests (`LoopRequest`) this commit applies: marked
+    `applied` in its transaction, those still pending (a commit refused marks
+    none)."""
 
     @property
     def builds_on(self) -> bool:
@@ -614,6 +686,260 @@ def context_appended(
                 f"items holds an item that is not valid: {exc}"
             ) from None
     return checked
+
+
+class Requests(ABC):
+    """The decision inbox: requests to act on a loop, from any process.
+
+    A person acts on a paused or running loop from a process that does not
+    hold it (`agentfsm ui`, a script): the action is stored as a
+    `LoopRequest`, pending; a runtime that holds the loop and watches the store
+    (`Runtime(requests=True)`) applies it, and the commit the action produced
+    marks it applied in its own transaction (`Commit.requests`), so it is
+    applied once whatever crashes, and by the loop's lease holder only.
+
+    ```python
+    async with SQLiteStore("loops.db") as store:
+        stored = await store.load(loop_id)
+        batch = stored.record.pause.payload  # the calls awaiting approval
+        await store.submit_request(
+            loop_id,
+            "resume",
+            decision=Rewrite(payload=batch.deny("c2", "not this one")),
+            seq=stored.record.pause.seq,
+            by="alice",
+        )
+    ```
+    """
+
+    @abstractmethod
+    async def submit_request(
+        self,
+        loop_id: str,
+        kind: Literal["resume", "cancel"],
+        *,
+        decision: DecisionRecord | Proceed | Rewrite | Abort | None = None,
+        seq: int | None = None,
+        by: str,
+        reason: str | None = None,
+    ) -> LoopRequest:
+        """Store a request, pending, for the runtime holding the loop to apply.
+
+        Args:
+            loop_id: the loop.
+            kind: `"resume"` (answer its pause) or `"cancel"`.
+            decision: a resume's decision: `Proceed`, `Rewrite` (its payload
+                a `ToolBatch` with calls denied, answered or approved, a user
+                message, a model message) or `Abort`, or the same as a
+                `DecisionRecord`; None proceeds. A cancel takes none.
+            seq: the seq of the pause a resume answers (a stored record's
+                `pause.seq`); required for a resume, none for a cancel.
+            by: who asks (a non-empty str): the decision's `by` in the audit.
+            reason: a cancel's reason; with a resume, kept with the request.
+
+        Returns:
+            The request as stored (its id, `created_at`).
+
+        Raises:
+            UnknownLoopError: the store holds no such loop.
+            LoopStateError: the loop has ended.
+            ArgumentTypeError, ArgumentValueError: an argument that does not
+                fit (the message names it).
+            StoreError: the store could not take it (read-only, say).
+        """
+
+    @abstractmethod
+    async def requests(
+        self,
+        loop_id: str | None = None,
+        *,
+        status: Literal["pending", "applied", "refused"] | None = None,
+    ) -> list[LoopRequest]:
+        """The requests of one loop (all loops', `loop_id` None), of one
+        `status` if given, oldest first."""
+
+    @abstractmethod
+    async def pending_requests(self, after_id: int = 0) -> list[LoopRequest]:
+        """The pending requests with an id above `after_id`, oldest first: one
+        indexed read (what a watching runtime asks at each poll)."""
+
+    @abstractmethod
+    async def refuse_request(self, request_id: int, note: str) -> None:
+        """Mark a pending request refused, saying why (`note`); a request not
+        pending (applied or refused meanwhile, or unknown) is left as it is."""
+
+    def request_notices(self) -> RequestNotices | None:
+        """A way to learn at once that a request was submitted, from any
+        process (PostgreSQL: `LISTEN agentfsm_requests`); None (the default):
+        the store has none, and a watching runtime polls alone."""
+        return None
+
+
+_REQUEST_KINDS: Final = ("resume", "cancel")
+_REQUEST_STATUSES: Final = ("pending", "applied", "refused")
+_RESUMES: Final = ("proceed", "rewrite", "abort")
+
+
+@dataclass(frozen=True, slots=True)
+class NewRequest:
+    """A request's fields as `submit_request` checked them, to store."""
+
+    loop_id: str
+    kind: Literal["resume", "cancel"]
+    decision: DecisionRecord | None
+    seq: int | None
+    by: str
+    reason: str | None
+
+
+def request_checked(
+    loop_id: object,
+    kind: object,
+    decision: object,
+    seq: object,
+    by: object,
+    reason: object,
+) -> NewRequest:
+    """`submit_request`'s arguments, checked, its decision as data, its text
+    made `encodable` (before anything is stored).
+
+    Raises:
+        ArgumentTypeError, ArgumentValueError: an argument that does not fit.
+    """
+    check("loop_id", loop_id, str)
+    one_of("kind", kind, _REQUEST_KINDS)
+    check("by", by, str)
+    check("reason", reason, str | None)
+    check("seq", seq, int | None)
+    assert isinstance(loop_id, str)
+    assert isinstance(kind, str)
+    assert isinstance(by, str)
+    assert reason is None or isinstance(reason, str)
+    if not by.strip():
+        raise ArgumentValueError("by must name who asks (a non-empty str), got ''")
+    if kind == "cancel":
+        if decision is not None or seq is not None:
+            raise ArgumentValueError(
+                "a cancel request takes no decision and no seq (it cancels the "
+                "loop wherever it is)"
+            )
+        record = None
+    else:
+        if seq is None:
+            raise ArgumentValueError(
+                "a resume request names the pause it answers: seq=<the pause's "
+                "seq> (a stored record's pause.seq)"
+            )
+        assert isinstance(seq, int)
+        if seq < 0:
+            raise ArgumentValueError(f"seq must be >= 0, got {seq}")
+        record = _decision_data(decision)
+    return NewRequest(
+        loop_id,
+        "resume" if kind == "resume" else "cancel",
+        record,
+        seq if isinstance(seq, int) else None,
+        encodable(by),
+        None if reason is None else encodable(reason),
+    )
+
+
+def _decision_data(decision: object) -> DecisionRecord | None:
+    """A resume's decision as data (validated again: a model built without
+    validation may hold anything, and the runtime must read back what a store
+    wrote)."""
+    if decision is None:
+        return None
+    if isinstance(decision, Proceed):
+        data = DecisionRecord(kind="proceed")
+    elif isinstance(decision, Abort):
+        data = DecisionRecord(kind="abort", reason=decision.reason)
+    elif isinstance(decision, Rewrite):
+        given_payload = decision.payload
+        if isinstance(given_payload, InferenceInput):
+            raise ArgumentValueError(_NO_MODEL_REQUEST)
+        payload: PayloadRecord = (
+            MessagesRecord(messages=given_payload)
+            if isinstance(given_payload, tuple)
+            else given_payload
+        )
+        # Checked below, as a record given as data is.
+        data = DecisionRecord.model_construct(
+            kind="rewrite", dest=decision.dest, payload=payload
+        )
+    elif isinstance(decision, DecisionRecord):
+        data = decision
+    else:
+        raise ArgumentTypeError(
+            "decision must be Proceed, Rewrite, Abort, a DecisionRecord or None, "
+            f"got {given(decision)}"
+        )
+    if data.kind not in _RESUMES:
+        raise ArgumentValueError(
+            f"a resume request's decision is proceed, rewrite or abort, got {data.kind}"
+        )
+    try:
+        checked = DecisionRecord.model_validate(
+            encodable_data(data.model_dump(warnings=False))
+        )
+    except ValidationError as exc:
+        raise ArgumentTypeError(f"decision is not valid: {exc}") from None
+    if isinstance(checked.payload, RequestRecord):
+        raise ArgumentValueError(_NO_MODEL_REQUEST)
+    return checked
+
+
+_NO_MODEL_REQUEST: Final = (
+    "a request's decision cannot carry a model request (one is read against "
+    "the loop's own context and tools): rewrite the calls or the messages instead"
+)
+
+
+def requests_wanted(loop_id: object, status: object) -> None:
+    """`requests`' filters, checked.
+
+    Raises:
+        ArgumentTypeError, ArgumentValueError: a filter that does not fit.
+    """
+    check("loop_id", loop_id, str | None)
+    if status is not None:
+        one_of("status", status, _REQUEST_STATUSES)
+
+
+def request_id_checked(name: str, value: object) -> int:
+    """A request id (or `after_id`) as an int >= 0.
+
+    Raises:
+        ArgumentTypeError, ArgumentValueError: it is not one.
+    """
+    check(name, value, int)
+    assert isinstance(value, int)
+    if value < 0:
+        raise ArgumentValueError(f"{name} must be >= 0, got {value}")
+    return value
+
+
+def note_checked(note: object) -> str:
+    """A refusal's note, checked and made `encodable`.
+
+    Raises:
+        ArgumentTypeError: it is not a str.
+    """
+    check("note", note, str)
+    assert isinstance(note, str)
+    return encodable(note)
+
+
+def unknown_loop(where: str, loop_id: str) -> UnknownLoopError:
+    """The error of a request for a loop the store does not hold."""
+    error = UnknownLoopError(loop_id)
+    error.args = (f"{where} holds no loop {loop_id!r}",)
+    return error
+
+
+def ended_loop(loop_id: str) -> LoopStateError:
+    """The error of a request for a loop that has ended."""
+    return LoopStateError(f"loop {loop_id} has ended: no request can act on it")
 
 
 class LoopStore(CommitLog, Ledger, Leases):

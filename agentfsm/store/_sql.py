@@ -11,14 +11,22 @@ order they come. Both keep the same tables:
   `number << 32` on), agent, status, and its lease (owner, epoch, until when);
 - `log`: a row per commit (see `_rows` for what a row holds and `LOG_COLUMNS`);
 - `events`: the events of a store made with `events=True`, by (loop, seq);
-- `contexts`: shared contexts (`agentfsm.temporal.StoreContexts`).
+- `contexts`: shared contexts (`agentfsm.temporal.StoreContexts`);
+- `requests`: the decision inbox (`Requests`), a row per request, indexed by
+  (status, id) for the watching runtimes' polls and by (loop, id). The text a
+  caller gave (`by`, a reason, a note) is kept as JSON, where a NUL (which
+  PostgreSQL's text cannot hold) is `\\u0000`. The table came after the
+  layout's other tables: a store of the same layout made before it gets it at
+  its first writable open (a read-only store without it holds no requests).
 
 Every write is a `Commit`, fenced (see `agentfsm.store._base`): it lands only
 while the loop's row names the commit's owner and epoch and the loop has not
 ended. A commit is one row of `log` (and its events), and touches the loop's
 row only when the loop's status changes: the dialect writes it (`_write_commit`)
 in as few statements as it can (SQLite: one `INSERT ... SELECT` guarded by the
-fence, most commits; PostgreSQL: one call of a function, one round trip).
+fence, most commits; PostgreSQL: one call of a function, one round trip). A
+commit that applies requests (`Commit.requests`, rare) marks them in its
+transaction too, with one statement more each.
 
 What the rows hold is read back here, the same way for both: a loop's latest
 record and its context (`load`), a record by seq (`record_at`), the model
@@ -38,8 +46,9 @@ from abc import abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from json.encoder import encode_basestring
-from typing import Any, ClassVar, Final, Generic, NoReturn, TypeVar
+from typing import Any, ClassVar, Final, Generic, Literal, NoReturn, TypeVar
 
 import anyio
 from pydantic import BaseModel, ConfigDict
@@ -52,8 +61,9 @@ from agentfsm._models import json_of
 from agentfsm._text import encodable_data
 from agentfsm.events import AgentEvent, AgentEventAdapter
 from agentfsm.inference import InferenceOutput
+from agentfsm.interception import Abort, Proceed, Rewrite
 from agentfsm.messages import ContextItem, ContextItemAdapter, FunctionCallOutputItem
-from agentfsm.record import DecisionEntry, LoopRecord
+from agentfsm.record import DecisionEntry, DecisionRecord, LoopRecord
 from agentfsm.results import LoopStatus
 
 from ._base import (
@@ -65,7 +75,9 @@ from ._base import (
     LeaseLostError,
     LedgerFold,
     LoopLockedError,
+    LoopRequest,
     LoopStore,
+    Requests,
     SharedContexts,
     StoredLoop,
     StoredLoopSummary,
@@ -74,7 +86,13 @@ from ._base import (
     UnreadableLoop,
     commits_in_turn,
     context_appended,
+    ended_loop,
     loops_wanted,
+    note_checked,
+    request_checked,
+    request_id_checked,
+    requests_wanted,
+    unknown_loop,
 )
 from ._outline import Outline, inline
 from ._rows import (
@@ -257,7 +275,7 @@ class LogRow:
     write first (see `_outline`)."""
 
 
-class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
+class SQLStore(LoopStore, EventArchive, SharedContexts, Requests, Generic[_C]):
     """A store on one SQL connection (`_C`), in a thread of its own."""
 
     dialect: Dialect
@@ -296,6 +314,10 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
         """The presence slots this store holds, with how many of this process's
         runtimes hold each (see `hold_presence`)."""
         self._sql: dict[str, str] = {}
+        self._has_requests = True
+        """Whether the store holds the `requests` table (a read-only store of a
+        file made before it may not: it holds no requests then). Set by the
+        dialect as it connects."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.where})"
@@ -1227,3 +1249,177 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Generic[_C]):
             return None if free is None else not free
 
         return await self._run(check)
+
+    # --------------------------------------------------------------- requests
+
+    async def submit_request(
+        self,
+        loop_id: str,
+        kind: Literal["resume", "cancel"],
+        *,
+        decision: DecisionRecord | Proceed | Rewrite | Abort | None = None,
+        seq: int | None = None,
+        by: str,
+        reason: str | None = None,
+    ) -> LoopRequest:
+        new = request_checked(loop_id, kind, decision, seq, by, reason)
+        if self.read_only:
+            raise StoreError(
+                f"{self.where}: the store was opened with read_only=True: it "
+                "takes no request"
+            )
+        values = {
+            "loop": new.loop_id,
+            "kind": new.kind,
+            "decision": None if new.decision is None else json_of(new.decision),
+            "seq": new.seq,
+            "asker": json.dumps(new.by, ensure_ascii=False),
+            "reason": None
+            if new.reason is None
+            else json.dumps(new.reason, ensure_ascii=False),
+            "now": time.time(),
+        }
+        insert = (
+            "INSERT INTO requests (loop_id, kind, decision, seq, asker, reason,"
+            " created, status) VALUES (:loop, :kind, :decision, :seq, :asker,"
+            " :reason, {now}, 'pending') RETURNING id, created"
+        )
+
+        def write(conn: _C) -> LoopRequest:
+            with self._transaction(conn):
+                row = self._row(
+                    conn,
+                    "SELECT status FROM loops WHERE loop_id = :loop",
+                    {"loop": new.loop_id},
+                )
+                if row is None:
+                    raise unknown_loop(self.where, new.loop_id)
+                if row[0] == LoopStatus.done.value:
+                    raise ended_loop(new.loop_id)
+                request_id, created = self._row(conn, insert, values)
+                self._announce_request(conn, new.loop_id)
+            self._count(sum(len(v) for v in values.values() if isinstance(v, str)))
+            return LoopRequest(
+                id=int(request_id),
+                loop_id=new.loop_id,
+                kind=new.kind,
+                decision=new.decision,
+                seq=new.seq,
+                by=new.by,
+                reason=new.reason,
+                created_at=datetime.fromtimestamp(float(created), UTC),
+            )
+
+        return await self._run(write)
+
+    def _announce_request(self, conn: _C, loop_id: str) -> None:
+        """Tell whoever listens that a request for the loop was stored (in the
+        request's transaction; a dialect that can: PostgreSQL's NOTIFY)."""
+
+    async def requests(
+        self,
+        loop_id: str | None = None,
+        *,
+        status: Literal["pending", "applied", "refused"] | None = None,
+    ) -> list[LoopRequest]:
+        requests_wanted(loop_id, status)
+        where = []
+        params: dict[str, Any] = {}
+        if loop_id is not None:
+            where.append("loop_id = :loop")
+            params["loop"] = loop_id
+        if status is not None:
+            where.append("status = :status")
+            params["status"] = status
+        condition = f" WHERE {' AND '.join(where)}" if where else ""
+        return await self._run(
+            lambda conn: self._read_requests(conn, condition, params)
+        )
+
+    async def pending_requests(self, after_id: int = 0) -> list[LoopRequest]:
+        after_id = request_id_checked("after_id", after_id)
+        return await self._run(
+            lambda conn: self._read_requests(
+                conn, " WHERE status = 'pending' AND id > :after", {"after": after_id}
+            )
+        )
+
+    def _read_requests(
+        self, conn: _C, condition: str, params: Mapping[str, Any]
+    ) -> list[LoopRequest]:
+        if not self._has_requests:
+            return []
+        rows = self._rows(
+            conn,
+            "SELECT id, loop_id, kind, decision, seq, asker, reason, created,"
+            f" status, resolved, note FROM requests{condition} ORDER BY id",
+            params,
+        )
+        return [self._request_of(row) for row in rows]
+
+    def _request_of(self, row: Sequence[Any]) -> LoopRequest:
+        """A request from its row.
+
+        Raises:
+            StoreError: the row cannot be read (it names the request).
+        """
+        request_id, loop_id, kind, decision, seq, asker = row[:6]
+        reason, created, status, resolved, note = row[6:]
+        try:
+            return LoopRequest(
+                id=int(request_id),
+                loop_id=self._key_of(loop_id),
+                kind=kind,
+                decision=None
+                if decision is None
+                else DecisionRecord.model_validate_json(decision),
+                seq=None if seq is None else int(seq),
+                by=json.loads(asker),
+                reason=None if reason is None else json.loads(reason),
+                created_at=datetime.fromtimestamp(float(created), UTC),
+                status=status,
+                resolved_at=None
+                if resolved is None
+                else datetime.fromtimestamp(float(resolved), UTC),
+                note=None if note is None else json.loads(note),
+            )
+        except _DECODING as exc:
+            raise StoreError(
+                f"{self.where}: request {request_id} cannot be read "
+                f"({type(exc).__name__}: {str(exc)[:300]})"
+            ) from exc
+
+    async def refuse_request(self, request_id: int, note: str) -> None:
+        request_id = request_id_checked("request_id", request_id)
+        text = json.dumps(note_checked(note), ensure_ascii=False)
+        if self.read_only:
+            raise StoreError(
+                f"{self.where}: the store was opened with read_only=True: it "
+                "refuses no request"
+            )
+
+        def write(conn: _C) -> None:
+            self._execute(
+                conn,
+                self.q(
+                    "UPDATE requests SET status = 'refused', resolved = {now},"
+                    " note = :note WHERE id = :request AND status = 'pending'"
+                ),
+                {"request": request_id, "note": text, "now": time.time()},
+            )
+            self._count(len(text))
+
+        await self._run(write)
+
+    def _applied(self, conn: _C, commit: Commit) -> None:
+        """Mark the requests `commit` applies applied, in its transaction (those
+        of its loop still pending)."""
+        sql = self.q(
+            "UPDATE requests SET status = 'applied', resolved = {now}"
+            " WHERE id = :request AND loop_id = :loop AND status = 'pending'"
+        )
+        now = time.time()
+        for request_id in commit.requests:
+            self._execute(
+                conn, sql, {"request": request_id, "loop": commit.loop_id, "now": now}
+            )

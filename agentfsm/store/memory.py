@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Literal
 
 from agentfsm._arguments import check, seconds
 from agentfsm.events import AgentEvent
 from agentfsm.inference import InferenceOutput
+from agentfsm.interception import Abort, Proceed, Rewrite
 from agentfsm.messages import ContextItem
-from agentfsm.record import DecisionEntry, LoopRecord
+from agentfsm.record import DecisionEntry, DecisionRecord, LoopRecord
 from agentfsm.results import LoopStatus, PathStep
 
 from ._base import (
@@ -28,7 +31,9 @@ from ._base import (
     LedgerFold,
     LoopIdTakenError,
     LoopLockedError,
+    LoopRequest,
     LoopStore,
+    Requests,
     SharedContexts,
     StoredLoop,
     StoredLoopSummary,
@@ -36,8 +41,14 @@ from ._base import (
     StoreStatistics,
     UnreadableLoop,
     context_appended,
+    ended_loop,
     loops_wanted,
+    note_checked,
+    request_checked,
+    request_id_checked,
+    requests_wanted,
     run_commits,
+    unknown_loop,
 )
 
 __all__ = ("MemoryStore",)
@@ -86,7 +97,7 @@ class _Entry:
         return self.latest is not None and self.latest.status is LoopStatus.done
 
 
-class MemoryStore(LoopStore, EventArchive, SharedContexts):
+class MemoryStore(LoopStore, EventArchive, SharedContexts, Requests):
     """A store in this process's memory (tests, and loops that must outlive one
     runtime but not the process)."""
 
@@ -97,6 +108,8 @@ class MemoryStore(LoopStore, EventArchive, SharedContexts):
         self._contexts: dict[str, tuple[list[ContextItem], list[str]]] = {}
         self._loops: dict[str, _Entry] = {}
         self._commits = 0
+        self._requests: dict[int, LoopRequest] = {}
+        """Every request, by id (ids in the order given)."""
 
     def __repr__(self) -> str:
         return f"MemoryStore(at {id(self):#x})"
@@ -135,8 +148,25 @@ class MemoryStore(LoopStore, EventArchive, SharedContexts):
         if self.keeps_events:
             entry.events.extend(commit.events)
         entry.decisions.extend(commit.decisions)
+        if commit.requests:
+            self._applied(commit.loop_id, commit.requests)
         entry.lease_until = time.time() + self.lease_ttl
         self._commits += 1
+
+    def _applied(self, loop_id: str, ids: Sequence[int]) -> None:
+        """Mark the loop's pending requests of `ids` applied (with the commit
+        that applies them)."""
+        now = datetime.now(UTC)
+        for request_id in ids:
+            request = self._requests.get(request_id)
+            if (
+                request is not None
+                and request.loop_id == loop_id
+                and request.status == "pending"
+            ):
+                self._requests[request_id] = request.model_copy(
+                    update={"status": "applied", "resolved_at": now}
+                )
 
     def _fenced(self, commit: Commit) -> _Entry:
         """The loop's entry, if `commit` may write it (see `Commit.lease`)."""
@@ -306,3 +336,69 @@ class MemoryStore(LoopStore, EventArchive, SharedContexts):
         # Every runtime that ever wrote here ran in this process: one that
         # holds no presence now has exited (or was dropped without exiting).
         return owner in _PRESENT
+
+    # --------------------------------------------------------------- requests
+
+    async def submit_request(
+        self,
+        loop_id: str,
+        kind: Literal["resume", "cancel"],
+        *,
+        decision: DecisionRecord | Proceed | Rewrite | Abort | None = None,
+        seq: int | None = None,
+        by: str,
+        reason: str | None = None,
+    ) -> LoopRequest:
+        new = request_checked(loop_id, kind, decision, seq, by, reason)
+        entry = self._loops.get(new.loop_id)
+        if entry is None or entry.latest is None:
+            raise unknown_loop(repr(self), new.loop_id)
+        if entry.done:
+            raise ended_loop(new.loop_id)
+        request = LoopRequest(
+            id=len(self._requests) + 1,
+            loop_id=new.loop_id,
+            kind=new.kind,
+            decision=new.decision,
+            seq=new.seq,
+            by=new.by,
+            reason=new.reason,
+            created_at=datetime.now(UTC),
+        )
+        self._requests[request.id] = request
+        return request
+
+    async def requests(
+        self,
+        loop_id: str | None = None,
+        *,
+        status: Literal["pending", "applied", "refused"] | None = None,
+    ) -> list[LoopRequest]:
+        requests_wanted(loop_id, status)
+        return [
+            r
+            for r in self._requests.values()
+            if (loop_id is None or r.loop_id == loop_id)
+            and (status is None or r.status == status)
+        ]
+
+    async def pending_requests(self, after_id: int = 0) -> list[LoopRequest]:
+        after_id = request_id_checked("after_id", after_id)
+        return [
+            r
+            for r in self._requests.values()
+            if r.status == "pending" and r.id > after_id
+        ]
+
+    async def refuse_request(self, request_id: int, note: str) -> None:
+        request_id = request_id_checked("request_id", request_id)
+        note = note_checked(note)
+        request = self._requests.get(request_id)
+        if request is not None and request.status == "pending":
+            self._requests[request_id] = request.model_copy(
+                update={
+                    "status": "refused",
+                    "resolved_at": datetime.now(UTC),
+                    "note": note,
+                }
+            )

@@ -120,6 +120,27 @@ a run). The unfinished loops are indexed by owner (`loops_unfinished`,
 `'done'` being `LoopStatus.done`'s value): a lease renewal and `unfinished`
 read them, not every loop the file holds."""
 
+_REQUESTS: Final = (
+    """CREATE TABLE IF NOT EXISTS requests (
+    id INTEGER PRIMARY KEY,
+    loop_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    decision TEXT,
+    seq INTEGER,
+    asker TEXT NOT NULL,
+    reason TEXT,
+    created REAL NOT NULL,
+    status TEXT NOT NULL,
+    resolved REAL,
+    note TEXT
+)""",
+    "CREATE INDEX IF NOT EXISTS requests_status ON requests (status, id)",
+    "CREATE INDEX IF NOT EXISTS requests_loop ON requests (loop_id, id)",
+)
+"""The decision inbox (`Requests`): made with a new store, and added to one
+of this layout made before it at its first writable open. Its ids are the
+rowid, never reused (no row is deleted): a later request has a greater id."""
+
 _COLUMNS: Final = ", ".join(LOG_COLUMNS)
 _N: Final = len(LOG_COLUMNS)
 _APPEND: Final = f"INSERT INTO log (id, {_COLUMNS}) VALUES (?, {', '.join('?' * _N)})"
@@ -300,6 +321,7 @@ class SQLiteStore(SQLStore[sqlite3.Connection]):
                             f"{self.path} holds no agentfsm store (an empty SQLite "
                             "database; a read-only store is not made)"
                         )
+                    self._has_requests = _holds_requests(db)
                 finally:
                     db.execute("ROLLBACK")
             except sqlite3.OperationalError as exc:
@@ -414,6 +436,8 @@ class SQLiteStore(SQLStore[sqlite3.Connection]):
                     db.execute(statement)
                 db.execute(f"PRAGMA application_id={_APPLICATION_ID}")
                 db.execute(f"PRAGMA user_version={_LAYOUT}")
+            for statement in _REQUESTS:  # (a store made before them gets them)
+                db.execute(statement)
         except BaseException:
             db.execute("ROLLBACK")
             raise
@@ -505,6 +529,7 @@ class SQLiteStore(SQLStore[sqlite3.Connection]):
             and row.status in (None, run_status)
             and not row.events
             and not row.blobs
+            and not commit.requests
         ):
             # The loop's row holds this status already: the commit is its log
             # row, one statement, which lands only while the fence holds.
@@ -544,6 +569,8 @@ class SQLiteStore(SQLStore[sqlite3.Connection]):
                         _EVENT,
                         [(loop_id, seq, text, outlined) for seq, text in row.events],
                     )
+                if commit.requests:
+                    self._applied(conn, commit)
         except _Fenced:
             raise self._fence(conn, commit) from None
         self._ids[loop_id] = (lease, row_id + 1)
@@ -597,6 +624,14 @@ class SQLiteStore(SQLStore[sqlite3.Connection]):
     ) -> dict[str, int]:
         self._owners().refresh()  # (a presence file deleted meanwhile)
         return await super().renew(owner, loop_ids)
+
+
+def _holds_requests(db: sqlite3.Connection) -> bool:
+    """Whether the file holds the `requests` table (see `_REQUESTS`)."""
+    found = db.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'requests'"
+    ).fetchone()
+    return found is not None
 
 
 def _write_out(conn: sqlite3.Connection, rowid: int | None, text: str) -> None:
