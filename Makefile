@@ -53,7 +53,7 @@ docs-check: $(STAMP)
 # The screenshots in docs/ui.md, taken by the browser tests of `agentfsm ui`
 # (needs Debian's chromium: apt-get install -y chromium).
 ui-screenshots: $(STAMP)
-	AGENTFSM_UI_SCREENSHOTS=docs/images $(PY) -m pytest tests/test_ui_browser.py -q
+	AGENTFSM_UI_SCREENSHOTS=docs/images $(PY) -m pytest tests/test_ui_browser.py tests/test_ui_actions_browser.py -q
 
 quick: $(STAMP)
 	$(PY) -m pytest -m "not e2e" -x -q

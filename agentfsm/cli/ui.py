@@ -2,10 +2,14 @@
 
 ```sh
 agentfsm ui loops.db                       # http://127.0.0.1:8765/?token=...
-agentfsm ui postgresql://app@db/app --port 9000
+agentfsm ui postgresql://app@db/app --port 9000 --as alice
 ```
 
-The store is opened read-only, as `agentfsm loops` opens it. The server
+The store is read through a read-only handle, as `agentfsm loops` opens it;
+what a person does from a page (approve, deny, cancel...) is stored as a
+request in the decision inbox through a second, writable handle, opened at
+the first such request and used for nothing else (`--read-only`: none, the
+pages only show). Each request names `--as` (default: the OS user). The server
 binds 127.0.0.1 unless `--host` names another address, which it does only
 with `--allow-remote` (and says so): the token is then all that stands
 between the network and what the loops said.
@@ -22,9 +26,10 @@ from typing import Any
 
 from agentfsm._text import printable
 from agentfsm.exceptions import AgentFSMError
+from agentfsm.store import SQLiteStore
 from agentfsm.store._sql import SQLStore
 
-from .loops import add_store_arguments, open_store, with_store
+from .loops import add_store_arguments, is_store_url, open_store, with_store
 
 __all__ = ("add_parser", "run")
 
@@ -42,8 +47,11 @@ def add_parser(commands: Any) -> None:
         help="serve a live view of a durable store's loops (a local web page)",
         description=(
             "Serve a live view of the loops a durable store holds, on "
-            "127.0.0.1, with a random access token in the URL it prints. The "
-            "store is only read. Needs the ui extra: pip install 'agentfsm[ui]'. "
+            "127.0.0.1, with a random access token in the URL it prints. A "
+            "person acts on a loop from its page: each action is stored as a "
+            "request for the runtime holding the loop to apply (Runtime("
+            "requests=True)); nothing else is written. Needs the ui extra: pip "
+            "install 'agentfsm[ui]'. "
             "Exit 1: the store cannot be opened or the address cannot be bound; "
             "2: bad arguments."
         ),
@@ -72,6 +80,18 @@ def add_parser(commands: Any) -> None:
         help="listen on an address other machines can reach",
     )
     parser.add_argument(
+        "--as",
+        dest="user",
+        metavar="NAME",
+        help="who acts from the pages: each request (and the decision it makes) "
+        "names them (default: the OS user)",
+    )
+    parser.add_argument(
+        "--read-only",
+        action="store_true",
+        help="show only: no action is offered, and the store is never opened to write",
+    )
+    parser.add_argument(
         "--poll",
         type=float,
         default=0.2,
@@ -82,6 +102,16 @@ def add_parser(commands: Any) -> None:
 
 async def _loop_ids(store: SQLStore[Any]) -> list[str]:
     return await store.loop_ids()
+
+
+def _writer(target: str, schema: str) -> SQLStore[Any]:
+    """A writable handle of the store at `target`, for the requests a person
+    submits (the app opens it at the first one)."""
+    if is_store_url(target):
+        from agentfsm.store.postgres import PostgresStore
+
+        return PostgresStore(target, schema=schema)
+    return SQLiteStore(target)
 
 
 def _local(host: str) -> bool:
@@ -122,7 +152,10 @@ def run(args: argparse.Namespace) -> int:
         # now, not a server that starts and then fails.
         with_store(args.store, args.schema, _loop_ids)
         store = open_store(args.store, args.schema)
-        app = ui.app(store, token=args.token, poll=args.poll)
+        writer = None if args.read_only else _writer(args.store, args.schema)
+        app = ui.app(
+            store, token=args.token, poll=args.poll, user=args.user, writer=writer
+        )
     except (AgentFSMError, OSError) as exc:
         print(f"agentfsm ui: error: {printable(str(exc))}", file=sys.stderr)
         return 1
@@ -149,7 +182,8 @@ def run(args: argparse.Namespace) -> int:
             "machines; anyone with the token sees every loop",
             file=sys.stderr,
         )
-    print(f"agentfsm ui: {shown}:{port} serves {printable(args.store)}")
+    acts = "shows only" if args.read_only else f"acts as {printable(app.state.user)}"
+    print(f"agentfsm ui: {shown}:{port} serves {printable(args.store)}; {acts}")
     print(f"open http://{shown}:{port}/?token={app.state.token}", flush=True)
     config = uvicorn.Config(app, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)

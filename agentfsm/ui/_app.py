@@ -5,6 +5,9 @@ GET /                          the loops (static page; loops.js draws it)
 GET /loop/{loop_id}            one loop (static page; loop.js draws it)
 GET /api/loops                 the loops list as JSON (?status=&agent=)
 GET /api/loops/{loop_id}       one loop's page as JSON (?after=&items=)
+GET /api/loops/{id}/requests   the loop's requests (the decision inbox)
+POST /api/loops/{id}/requests  act on the loop: store a request (202), which
+                               the runtime holding the loop applies
 GET /api/stream/loops          server-sent events: the list, each time it changes
 GET /api/stream/loops/{id}     server-sent events: what the loop's page lacks,
                                each time the loop changes; each event's id is
@@ -14,7 +17,10 @@ GET /api/stream/loops/{id}     server-sent events: what the loop's page lacks,
 
 A loop id is one percent-encoded segment (it may hold any character, a `/`
 or a newline among them), or, for `.` and `..`, which URLs resolve away as
-dot segments, `?id=` after the route's `/` (`/loop/?id=..`).
+dot segments, `?id=` after the route's `/` (`/loop/?id=..`,
+`/api/loops//requests?id=..`). A loop's requests are the literal tail
+`/requests` after its id's segment: an id ending in `/requests` is written
+`%2Frequests` (`raw_path` tells the two apart).
 
 The store is polled (every `poll` seconds, per open stream): a SQLite store
 written by another process says nothing when it changes, and polling one
@@ -49,6 +55,7 @@ from agentfsm.exceptions import StoreError
 from agentfsm.results import LoopStatus
 from agentfsm.store._sql import SQLStore
 
+from ._actions import MAX_BODY, ActionError, Actions
 from ._security import Guard
 from ._source import StoreSource
 
@@ -60,9 +67,13 @@ _PAGES: Final = {
     name: (STATIC / f"{name}.html").read_text(encoding="utf-8")
     for name in ("index", "loop")
 }
-"""The two pages, with `{{root}}` (where the app is mounted, escaped) and
+"""The two pages, with `{{root}}` (where the app is mounted, escaped),
 `{{loop}}` (the loop's id, percent-encoded: an HTML parser would turn a NUL
-or a CR in an attribute into another character) to fill in."""
+or a CR in an attribute into another character) and `{{form}}` (the form
+token a request that acts carries: hex digits) to fill in."""
+
+_REQUESTS: Final = "/requests"
+"""The tail of a loop's address that names its requests."""
 
 _REFRESH: Final = 5.0
 """Seconds after which the loops list is read whole even if the store's
@@ -90,28 +101,37 @@ def build_app(
     store: SQLStore[Any],
     *,
     token: str,
+    actions: Actions,
     poll: float = 0.2,
     owns_store: bool = True,
 ) -> Starlette:
     """The UI over `store`; `owns_store`: the app opens and closes it (the
-    standalone server), else its runtime does (an app mounted beside one)."""
-    source = StoreSource(store)
+    standalone server), else its runtime does (an app mounted beside one);
+    `actions`: what a person may do, and where requests are written."""
+    source = StoreSource(store, actions)
+    guard = Guard(token)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        if owns_store:
-            async with store:
+        try:
+            if owns_store:
+                async with store:
+                    yield
+            else:
                 yield
-        else:
-            yield
+        finally:
+            with anyio.CancelScope(shield=True):
+                await actions.close()
 
     async def page(request: Request) -> Response:
         one = "loop_id" in request.path_params
         template = _PAGES["loop" if one else "index"]
         root = html.escape(request.scope.get("root_path", ""), quote=True)
         loop_id = _loop_id(request) if one else ""
-        text = template.replace("{{root}}", root).replace(
-            "{{loop}}", quote(loop_id, safe="", errors="replace")
+        text = (
+            template.replace("{{root}}", root)
+            .replace("{{loop}}", quote(loop_id, safe="", errors="replace"))
+            .replace("{{form}}", guard.form)
         )
         return HTMLResponse(text, headers={"cache-control": "no-store"})
 
@@ -119,13 +139,38 @@ def build_app(
         status, agent = _filters(request)
         return _json(await source.loops(status, agent))
 
-    async def loop(request: Request) -> Response:
-        loop_id = _loop_id(request)
+    async def loop_or_requests(request: Request) -> Response:
+        loop_id, of_requests = _target(request)
+        if of_requests:
+            if request.method == "POST":
+                return await submit(request, loop_id)
+            asked = await actions.requests(loop_id)
+            return _json({"requests": [r.model_dump(mode="json") for r in asked]})
+        if request.method == "POST":
+            error = "a loop's address takes no POST: act through its /requests"
+            return _json({"error": error}, 405)
         after, items = _marks(request)
         found = await source.loop(loop_id, after=after, items=items)
         if found is None:
             return _json({"error": f"the store holds no loop {loop_id!r}"}, 404)
         return _json(found.data)
+
+    async def submit(request: Request, loop_id: str) -> Response:
+        too_big = _json(
+            {"error": f"the request's body is over {MAX_BODY} bytes", "field": "body"},
+            413,
+        )
+        length = request.headers.get("content-length", "")
+        if _COUNT.fullmatch(length) and int(length) > MAX_BODY:
+            return too_big  # said before it is read
+        body = bytearray()
+        async with contextlib.aclosing(request.stream()) as chunks:
+            async for chunk in chunks:
+                body += chunk
+                if len(body) > MAX_BODY:
+                    return too_big
+        stored = await actions.submit(loop_id, bytes(body))
+        return _json(stored.model_dump(mode="json"), 202)
 
     async def stream_loops(request: Request) -> Response:
         status, agent = _filters(request)
@@ -221,12 +266,12 @@ def build_app(
         return _events(changes())
 
     app = _App(
-        Guard(token),
+        guard,
         routes=[
             Route("/", page),
             _any_id("/loop/{loop_id:path}", page),
             Route("/api/loops", loops),
-            _any_id("/api/loops/{loop_id:path}", loop),
+            _any_id("/api/loops/{loop_id:path}", loop_or_requests, ["GET", "POST"]),
             Route("/api/stream/loops", stream_loops),
             _any_id("/api/stream/loops/{loop_id:path}", stream_loop),
             Mount("/static", StaticFiles(directory=STATIC), name="static"),
@@ -234,17 +279,21 @@ def build_app(
         lifespan=lifespan,
         exception_handlers={
             _BadRequest: _bad_request,
+            ActionError: _refused,
             StoreError: _store_error,
             Exception: _unexpected,
         },
     )
+    app.state.form_token = guard.form
     return app
 
 
-def _any_id(path: str, endpoint: Callable[[Request], Any]) -> Route:
+def _any_id(
+    path: str, endpoint: Callable[[Request], Any], methods: list[str] | None = None
+) -> Route:
     """A route whose `{loop_id:path}` matches any loop id: Starlette's `.*`
     stops at a newline, which a loop id may hold."""
-    route = Route(path, endpoint)
+    route = Route(path, endpoint, methods=methods)
     route.path_regex = re.compile(route.path_regex.pattern, re.DOTALL)
     return route
 
@@ -254,6 +303,20 @@ def _loop_id(request: Request) -> str:
     route's `/` (for `.` and `..`, which no URL keeps as a segment)."""
     loop_id: str = request.path_params["loop_id"]
     return loop_id or request.query_params.get("id", "")
+
+
+def _target(request: Request) -> tuple[str, bool]:
+    """The loop an `/api/loops/...` address names, and whether it names the
+    loop's requests: a literal `/requests` tail (as the raw path has it: an
+    id's own `/` is percent-encoded)."""
+    loop_id: str = request.path_params["loop_id"]
+    raw = request.scope.get("raw_path")
+    tail = loop_id.endswith(_REQUESTS) and (
+        not isinstance(raw, bytes) or raw.endswith(_REQUESTS.encode())
+    )
+    if tail:
+        loop_id = loop_id[: -len(_REQUESTS)]
+    return loop_id or request.query_params.get("id", ""), tail
 
 
 def _past(due: float | None) -> bool:
@@ -332,6 +395,12 @@ class _BadRequest(Exception):
 
 async def _bad_request(request: Request, exc: Exception) -> Response:
     return _json({"error": str(exc)}, 400)
+
+
+async def _refused(request: Request, exc: Exception) -> Response:
+    """A request to act that the UI refuses (see `ActionError`)."""
+    assert isinstance(exc, ActionError)
+    return _json(exc.data(), exc.status)
 
 
 async def _store_error(request: Request, exc: Exception) -> Response:

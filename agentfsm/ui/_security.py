@@ -7,6 +7,12 @@
   `Authorization: Bearer <token>`. The cookie holds a key derived from the
   token, not the token: cookies do not keep the ports of a host apart, so
   every other server of the host the browser visits is sent it.
+- A form token on every request that acts (any method but GET and HEAD):
+  an `X-AgentFSM-Form` header carrying an HMAC of the cookie's key, which
+  the pages read from their `<meta name="agentfsm-form">` (a page of another
+  origin cannot read it), and no `Origin` (nor `Sec-Fetch-Site`) naming
+  another site: cookies do not keep the ports of a host apart, so the
+  cookie alone would let any local page act.
 - Headers on every answer, errors included (the guard wraps the whole app):
   a content security policy that allows scripts, styles, images and
   connections from the UI's own origin only (no inline script, so text from
@@ -18,14 +24,20 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import re
 from typing import Final
-from urllib.parse import parse_qsl, quote, urlencode
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ("CSP", "Guard")
+__all__ = ("CSP", "FORM_HEADER", "Guard")
+
+FORM_HEADER: Final = "x-agentfsm-form"
+"""The header a request that acts carries the form token in."""
+
+_SAFE_METHODS: Final = frozenset({"GET", "HEAD"})
 
 CSP: Final = (
     "default-src 'none'; script-src 'self'; style-src 'self'; "
@@ -71,6 +83,12 @@ class Guard:
         self.key = hmac.new(
             token.encode(), b"agentfsm ui cookie", hashlib.sha256
         ).hexdigest()
+        # What a request that acts carries besides the cookie: a page of this
+        # origin reads it from its <meta>; a page of another origin (another
+        # port of the host, whose requests the cookie follows) cannot.
+        self.form = hmac.new(
+            self.key.encode(), b"agentfsm ui form", hashlib.sha256
+        ).hexdigest()
 
     def cookie(self, scope: Scope) -> str:
         """The cookie's name: one per port (two UIs on one host share their
@@ -98,6 +116,12 @@ class Guard:
             if not guard._allowed(scope):
                 await _answer(with_headers, 401, _REFUSED)
                 return
+            if scope.get("method", "GET") not in _SAFE_METHODS:
+                refused = guard._forged(scope)
+                if refused is not None:
+                    body = json.dumps({"error": refused}).encode()
+                    await _answer(with_headers, 403, body, b"application/json")
+                    return
             await app(scope, receive, with_headers)
 
         return guarded
@@ -115,6 +139,30 @@ class Guard:
                     if key == cookie and _same(given, self.key):
                         return True
         return False
+
+    def _forged(self, scope: Scope) -> str | None:
+        """Why a request that acts is refused (None: it is not): no form
+        token or a wrong one, or sent by a page of another origin."""
+        headers = {
+            name.decode("latin-1"): value.decode("latin-1")
+            for name, value in scope["headers"]
+        }
+        host = headers.get("host", "").lower()
+        origin = headers.get("origin")
+        if origin is not None and (not host or _netloc(origin) != host):
+            return "refused: this request comes from a page of another origin"
+        site = headers.get("sec-fetch-site")
+        if site is not None and site != "same-origin":
+            return f"refused: this request comes from another site ({site})"
+        given = headers.get(FORM_HEADER)
+        if given is None:
+            return (
+                "refused: a request that acts carries the page's form token in "
+                'an X-AgentFSM-Form header (<meta name="agentfsm-form">)'
+            )
+        if not _same(given, self.form):
+            return "refused: the form token is not this server's (reload the page)"
+        return None
 
     def _is_token(self, given: str) -> bool:
         return _same(given, self.token)
@@ -148,6 +196,14 @@ class Guard:
         await send({"type": "http.response.body", "body": b""})
 
 
+def _netloc(url: str) -> str:
+    """The host and port an `Origin` names (`""`: none, or not a URL)."""
+    try:
+        return urlsplit(url).netloc.lower()
+    except ValueError:
+        return ""
+
+
 def _same(given: str, expected: str) -> bool:
     return hmac.compare_digest(given.encode("utf-8", "replace"), expected.encode())
 
@@ -176,13 +232,15 @@ def _with_headers(send: Send) -> Send:
     return sending
 
 
-async def _answer(send: Send, status: int, body: bytes) -> None:
+async def _answer(
+    send: Send, status: int, body: bytes, kind: bytes = b"text/plain; charset=utf-8"
+) -> None:
     await send(
         {
             "type": "http.response.start",
             "status": status,
             "headers": [
-                (b"content-type", b"text/plain; charset=utf-8"),
+                (b"content-type", kind),
                 (b"content-length", str(len(body)).encode()),
             ],
         }

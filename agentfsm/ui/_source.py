@@ -19,9 +19,11 @@ from agentfsm._paths import LoopPath
 from agentfsm.diagrams import path_graph
 from agentfsm.events import AgentEvent
 from agentfsm.results import LoopStatus
-from agentfsm.store import StoredLoopSummary, UnreadableLoop
+from agentfsm.store import LoopRequest, StoredLoopSummary, UnreadableLoop
 from agentfsm.store._sql import SQLStore
 from agentfsm.timeline import build_timeline
+
+from ._actions import Actions, offered
 
 __all__ = ("LoopPage", "StoreSource")
 
@@ -57,10 +59,12 @@ class LoopPage:
 
 class StoreSource:
     """The UI's reads of one durable store (a SQLite or PostgreSQL store that
-    keeps events)."""
+    keeps events), its loops' requests among them (read through `actions`,
+    which knows where they are written)."""
 
-    def __init__(self, store: SQLStore[Any]) -> None:
+    def __init__(self, store: SQLStore[Any], actions: Actions) -> None:
         self.store = store
+        self.actions = actions
 
     async def loops(
         self, status: str | None = None, agent: str | None = None
@@ -105,6 +109,7 @@ class StoreSource:
         rows = _rows(events, loop_id, after)
         calls = await self.store.calls(loop_id)
         decisions = await self.store.decisions(loop_id)
+        requests = await self.actions.requests(loop_id)
         data = {
             "now": _now().isoformat(),
             "summary": summary_data(summary),
@@ -120,6 +125,9 @@ class StoreSource:
             "follow_ups": [m.content for m in record.follow_ups],
             "ledger": [c.model_dump(mode="json") for c in calls],
             "decisions": [d.model_dump(mode="json") for d in decisions],
+            "requests": [r.model_dump(mode="json") for r in requests],
+            "actions": offered(record, calls) if self.actions.enabled else None,
+            "user": self.actions.user,
             "items_from": items,
             "items": [i.model_dump(mode="json") for i in stored.items[items:]],
             "rows": rows,
@@ -136,6 +144,7 @@ class StoreSource:
                 summary.owner,
                 until,
                 summary.lease_live,
+                _requests_mark(requests),
             ),
             items=len(stored.items),
             rows=rows,
@@ -143,9 +152,18 @@ class StoreSource:
         )
 
     async def mark(self, loop_id: str | None = None) -> tuple[Any, ...]:
-        """The store's cheap change mark (`SQLStore.change_mark`): a stream
-        reads a page whole only when it moved."""
-        return await self.store.change_mark(loop_id)
+        """The store's cheap change mark (`SQLStore.change_mark`), and a loop's
+        requests' ids and statuses (a request submitted or refused writes no
+        commit): a stream reads a page whole only when it moved. `()`: the
+        store holds no such loop."""
+        mark = await self.store.change_mark(loop_id)
+        if loop_id is None or not mark:
+            return mark
+        return (*mark, _requests_mark(await self.actions.requests(loop_id)))
+
+
+def _requests_mark(requests: list[LoopRequest]) -> tuple[tuple[int, str], ...]:
+    return tuple((r.id, r.status) for r in requests)
 
 
 def _rows(events: list[AgentEvent], loop_id: str, after: int) -> list[dict[str, Any]]:

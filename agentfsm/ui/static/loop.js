@@ -1,11 +1,13 @@
 // One loop's page: its summary, its path drawn over the machine, its
-// timeline, ledger, decisions and context, kept current by the stream (each
-// `loop` event carries what the page lacks: the rows past the last seq it
-// has, the context items past the ones it has, and the rest whole).
+// timeline, ledger, decisions, requests and context, kept current by the
+// stream (each `loop` event carries what the page lacks: the rows past the
+// last seq it has, the context items past the ones it has, and the rest
+// whole); and the forms that act on it (each a request the server checks,
+// builds the decision of and stores for the runtime holding the loop).
 "use strict";
 
 (() => {
-  const { el, clear, age, tokens, live, meta, visible, loopPath } = agentfsm;
+  const { el, clear, age, tokens, live, meta, visible, loopPath, api } = agentfsm;
   // Percent-encoded by the server: an attribute would not keep a NUL or a CR.
   const loopId = decodeURIComponent(meta("agentfsm-loop"));
   document.getElementById("loop-id").textContent = visible(loopId);
@@ -225,12 +227,240 @@
     });
   }
 
+  // ------------------------------------------------------------ acting
+
+  const formToken = meta("agentfsm-form");
+  let formsFor = null; // the pause the forms were drawn for: kept while it lasts
+  let resumeSeq = null;
+  let callChoices = []; // one reader of its row's choice per call of the batch
+
+  function requestsUrl(id) {
+    const where = id === "." || id === ".." ? `/requests?id=${encodeURIComponent(id)}` : `${encodeURIComponent(id)}/requests`;
+    return api(`loops/${where}`);
+  }
+
+  function say(text, cls) {
+    const box = document.getElementById("action-status");
+    box.textContent = visible(text);
+    box.className = `action-status ${cls || ""}`;
+  }
+
+  async function send(body) {
+    const buttons = document.querySelectorAll("#actions button");
+    buttons.forEach((b) => { b.disabled = true; });
+    say("sending…", "busy");
+    try {
+      const answer = await fetch(requestsUrl(loopId), {
+        method: "POST",
+        headers: { "content-type": "application/json", "x-agentfsm-form": formToken },
+        body: JSON.stringify(body),
+        cache: "no-store",
+      });
+      const data = await answer.json().catch(() => ({}));
+      if (answer.status === 202) {
+        say(`request #${data.id} stored, pending: the runtime holding the loop applies it`, "ok");
+      } else {
+        say(`refused (${answer.status}): ${data.error || "no reason given"}`, "bad");
+      }
+    } catch (error) {
+      say(`the server cannot be reached: ${error}`, "bad");
+    } finally {
+      buttons.forEach((b) => { b.disabled = false; });
+    }
+  }
+
+  // What a call of the batch may become: an uncertain call's outcome is
+  // settled (it ran, or it did not); another call is approved, denied or
+  // run with other arguments.
+  function choicesOf(call) {
+    if (call.uncertain) {
+      return [["answer", "it ran: record this output"], ["approve", "it did not: run it"], ["deny", "deny"]];
+    }
+    return [["approve", "approve"], ["deny", "deny"], ["edit", "edit arguments"]];
+  }
+
+  function prettyArguments(text) {
+    try {
+      return JSON.stringify(JSON.parse(text), null, 2);
+    } catch {
+      return text;
+    }
+  }
+
+  function callRow(call, n) {
+    const name = `call-${n}`;
+    const wants = call.awaiting || call.uncertain;
+    const choices = el("div", { class: "choices" });
+    const reason = el("input", { type: "text", class: "reason", placeholder: "why deny", "aria-label": `why deny ${visible(call.call_id)}`, hidden: "" });
+    const edited = el("textarea", { class: "arguments", rows: 4, "aria-label": `arguments of ${visible(call.call_id)}`, hidden: "" });
+    edited.value = prettyArguments(call.arguments);
+    const output = el("textarea", { class: "output", rows: 3, placeholder: "the output it gave", "aria-label": `output of ${visible(call.call_id)}`, hidden: "" });
+    const problem = el("p", { class: "field-error", hidden: "" });
+    const show = () => {
+      problem.hidden = true; // said of the choice before this one
+      const chosen = choices.querySelector("input:checked");
+      const value = chosen ? chosen.value : null;
+      reason.hidden = value !== "deny";
+      edited.hidden = value !== "edit";
+      output.hidden = value !== "answer";
+    };
+    for (const [value, label] of choicesOf(call)) {
+      const radio = el("input", { type: "radio", name, value });
+      if (!wants && value === "approve") radio.checked = true;
+      radio.addEventListener("change", show);
+      choices.append(el("label", { class: `choice ${value}` }, radio, label));
+    }
+    const waits = call.uncertain ? "uncertain: it may or may not have run" : call.awaiting ? "awaits approval" : "needs no approval";
+    const settled = call.denied !== null ? `denied: ${call.denied}` : call.answered !== null ? `answered: ${call.answered}` : null;
+    const row = el("tr", { class: `call-form${call.uncertain ? " uncertain" : ""}${call.awaiting ? " awaiting" : ""}`, "data-call": call.call_id },
+      el("td", { class: "id", text: call.call_id }),
+      el("td", { text: call.name }),
+      el("td", {}, el("pre", { text: prettyArguments(call.arguments) })),
+      el("td", {}, el("p", { class: "dim", text: settled ? `${waits}; ${settled}` : waits }), choices, reason, edited, output, problem),
+    );
+    // The call's part of the request, or an error naming what is missing.
+    const read = () => {
+      problem.hidden = true;
+      const chosen = choices.querySelector("input:checked");
+      const fail = (text) => {
+        problem.textContent = visible(text);
+        problem.hidden = false;
+        return { error: text };
+      };
+      if (!chosen) return fail("say what becomes of this call");
+      switch (chosen.value) {
+        case "deny":
+          if (!reason.value.trim()) return fail("a denial needs a reason (the model reads it)");
+          return { action: "deny", reason: reason.value };
+        case "edit": {
+          let parsed;
+          try {
+            parsed = JSON.parse(edited.value);
+          } catch (error) {
+            return fail(`the arguments are not JSON: ${error.message}`);
+          }
+          if (parsed === null || typeof parsed !== "object" || Array.isArray(parsed)) return fail("the arguments must be a JSON object");
+          return { action: "edit", arguments: parsed };
+        }
+        case "answer":
+          return { action: "answer", output: output.value };
+        default:
+          return { action: chosen.value };
+      }
+    };
+    return { row, read, id: call.call_id };
+  }
+
+  function drawActions(data) {
+    const acts = data.actions;
+    document.getElementById("actions").hidden = !acts;
+    document.getElementById("acting-as").textContent = data.user ? visible(`as ${data.user}`) : "";
+    const resume = acts ? acts.resume : null;
+    const key = JSON.stringify([data.summary.status, resume ? resume.seq : null]);
+    if (key === formsFor) return; // the same pause: keep what the person filled in
+    formsFor = key;
+    resumeSeq = resume ? resume.seq : null;
+    const body = document.querySelector("#calls-form tbody");
+    clear(body);
+    callChoices = [];
+    document.getElementById("resume-form").hidden = !resume;
+    const calls = resume ? resume.calls : null;
+    document.getElementById("calls-form").hidden = !calls;
+    document.getElementById("submit-calls").hidden = !calls;
+    document.getElementById("proceed").hidden = !resume || Boolean(calls);
+    (calls || []).forEach((call, n) => {
+      const drawn = callRow(call, n);
+      body.append(drawn.row);
+      callChoices.push(drawn);
+    });
+  }
+
+  // A complaint about the forms goes once the person changes them.
+  for (const id of ["resume-form", "cancel-form"]) {
+    document.getElementById(id).addEventListener("input", () => {
+      if (document.getElementById("action-status").classList.contains("bad")) say("");
+    });
+  }
+  document.getElementById("resume-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const calls = {};
+    let failed = false;
+    for (const choice of callChoices) {
+      const read = choice.read();
+      if (read.error) failed = true;
+      else calls[choice.id] = read;
+    }
+    if (failed) {
+      say("some calls need a decision (see above)", "bad");
+      return;
+    }
+    send({ kind: "resume", seq: resumeSeq, decision: "calls", calls });
+  });
+  document.getElementById("proceed").addEventListener("click", () => {
+    send({ kind: "resume", seq: resumeSeq, decision: "proceed" });
+  });
+  document.getElementById("abort").addEventListener("click", () => {
+    const reason = document.getElementById("abort-reason").value;
+    if (!reason.trim()) {
+      say("say why the loop is aborted", "bad");
+      return;
+    }
+    send({ kind: "resume", seq: resumeSeq, decision: "abort", reason });
+  });
+  document.getElementById("cancel-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const reason = document.getElementById("cancel-reason").value;
+    if (!reason.trim()) {
+      say("say why the loop is cancelled", "bad");
+      return;
+    }
+    send({ kind: "cancel", reason });
+  });
+
+  // A request's decision in words: what becomes of each call of a batch.
+  function asked(r) {
+    if (r.kind === "cancel") return `cancel: ${r.reason || ""}`;
+    const d = r.decision;
+    const at = `resume seq ${r.seq}`;
+    if (!d || d.kind === "proceed") return `${at}: proceed`;
+    if (d.kind === "abort") return `${at}: abort: ${d.reason}`;
+    const batch = d.payload;
+    if (!batch || batch.kind !== "tool_batch") return `${at}: ${d.kind}`;
+    const own = (object, key) => Object.prototype.hasOwnProperty.call(object, key);
+    const parts = batch.calls.map((c) => {
+      if (own(batch.denied, c.call_id)) return `deny ${c.call_id} (${batch.denied[c.call_id]})`;
+      if (own(batch.outputs, c.call_id)) return `answer ${c.call_id}: ${batch.outputs[c.call_id]}`;
+      return `run ${c.call_id} ${c.name}(${c.arguments})`;
+    });
+    return `${at}: ${parts.join("; ")}`;
+  }
+
+  function drawRequests(requests) {
+    const body = document.querySelector("#requests tbody");
+    clear(body);
+    for (const r of requests) {
+      body.append(
+        el("tr", { class: `request ${r.status}`, "data-request": r.id },
+          el("td", { class: "num", text: r.id }),
+          el("td", {}, el("details", {}, el("summary", { text: asked(r) }), el("pre", { text: JSON.stringify(r, null, 2) }))),
+          el("td", { class: "by", text: r.by }),
+          el("td", { text: r.created_at }),
+          el("td", { class: "status", text: r.status }),
+          el("td", { class: "note", text: r.note || (r.resolved_at ? `at ${r.resolved_at}` : "") }),
+        ),
+      );
+    }
+    document.getElementById("no-requests").hidden = requests.length > 0;
+  }
+
   function draw(data) {
     drawSummary(data);
+    drawActions(data);
     drawGraph(data.graph);
     addRows(data);
     drawLedger(data.ledger);
     drawDecisions(data.decisions);
+    drawRequests(data.requests);
     addItems(data);
   }
 
