@@ -202,7 +202,9 @@ async def _invoke(
                 )
             )
         returned = True
-        if isinstance(value, ToolResult):
+        if type(value) is str:  # the common case first: no class test
+            output = value
+        elif isinstance(value, ToolResult):
             output, is_error = value.output, value.is_error
             asked: Any = value.terminate
             terminate = asked is True
@@ -214,7 +216,7 @@ async def _invoke(
                 is_error, terminate = True, False
         else:  # what `ToolResult.of` holds, without making one
             # (escaped once, by `_output`)
-            output = value if type(value) is str else _text.json_text(value)
+            output = _text.json_text(value)
     except UnknownTool:
         output, is_error = unknown(call, loop.tools_by_name), True
     except ToolError as exc:

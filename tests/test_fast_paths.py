@@ -1,0 +1,213 @@
+"""Guards of the hot path's speed measures (bench/PERFORMANCE.md): each test fails
+if its trick breaks a behaviour the fast path must keep. None of them times
+anything."""
+
+from __future__ import annotations
+import __future__
+
+import importlib
+import subprocess
+import sys
+from collections.abc import Sequence
+
+import anyio
+import pytest
+
+from agentfsm import (
+    InferenceInput,
+    InferenceOutput,
+    ModelContext,
+    ModelMessageItem,
+    PendingTransition,
+    ReasoningItem,
+    Rewrite,
+    Runtime,
+    Trigger,
+    tool,
+)
+from agentfsm._loop.states.inference import calls_and_message
+from agentfsm._runtime.backend import primitives
+from agentfsm.interception import Decision
+from agentfsm.messages import FunctionCallItem, FunctionCallOutputItem
+from agentfsm.testing import ScriptedProvider, call, calls, text
+
+
+def outputs_of(items: Sequence[object]) -> list[str]:
+    return [i.output for i in items if isinstance(i, FunctionCallOutputItem)]
+
+
+# ------------------------------------------------ the backend's classes found once
+
+
+async def test_the_backend_classes_are_the_running_backends(anyio_backend: str) -> None:
+    """`primitives()` finds the running backend's own classes, and they work
+    there: a scope cancels, an event wakes its waiter."""
+    found = primitives()
+    assert type(found.cancel_scope()).__module__ == f"anyio._backends._{anyio_backend}"
+    assert type(found.event()).__module__ == f"anyio._backends._{anyio_backend}"
+    with found.cancel_scope() as scope:
+        scope.cancel()
+        await anyio.sleep(10)
+    assert scope.cancelled_caught
+    event = found.event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(event.wait)
+        await anyio.wait_all_tasks_blocked()
+        event.set()
+    assert event.is_set()
+
+
+async def test_a_loops_tool_deadline_and_wait_use_the_runtimes_classes() -> None:
+    """A tool that waits past its timeout is ended by the scope the runtime's
+    class makes, and `wait` wakes through its event class, on either backend."""
+
+    @tool(timeout=0.01)
+    async def slow() -> str:
+        """Wait too long."""
+        await anyio.sleep(10)
+        return "never"
+
+    script = ScriptedProvider([calls(call("slow")), text("done")])
+    with anyio.fail_after(10):
+        async with Runtime(providers={"scripted": script}) as runtime:
+            request = InferenceInput(
+                model="scripted:x", context=ModelContext(), tools=[slow]
+            )
+            result = await runtime.wait(runtime.run_loop("a", "go", request))
+    assert result.answer is not None
+    assert result.answer.content == "done"
+    [output] = outputs_of(request.context.items)
+    assert "timed out" in output
+
+
+# --------------------------------------------------- the tool index's rebuilding
+
+
+async def test_a_request_rewritten_with_other_tools_runs_the_new_ones() -> None:
+    """The tool index is rebuilt when a request's tools are another object: a
+    handler that swaps the tools of the second request (same name, another
+    function) gets the new function run, not the one the first turn indexed."""
+
+    @tool(name="pick")
+    async def first() -> str:
+        """The first version."""
+        return "first"
+
+    @tool(name="pick")
+    async def second() -> str:
+        """The second version."""
+        return "second"
+
+    def swap_tools(pending: PendingTransition) -> Decision | None:
+        request = pending.payload
+        if pending.trigger is Trigger.infer and pending.model_requests == 1:
+            assert isinstance(request, InferenceInput)
+            return Rewrite(payload=request.model_copy(update={"tools": (second,)}))
+        return None
+
+    script = ScriptedProvider([calls(call("pick")), calls(call("pick")), text("done")])
+    async with Runtime(providers={"scripted": script}) as runtime:
+        request = InferenceInput(
+            model="scripted:x", context=ModelContext(), tools=[first]
+        )
+        result = await runtime.wait(runtime.run_loop("a", "go", request, swap_tools))
+    assert result.tool_calls == 2
+    assert outputs_of(request.context.items) == ["first", "second"]
+
+
+# ------------------------------------- an output's calls and message in one pass
+
+
+def test_calls_and_message_equal_the_outputs_properties() -> None:
+    """`calls_and_message` gives what `function_calls` and `message` give: the
+    calls in order, the last message, whatever else the output holds."""
+    first = ModelMessageItem(content="thinking aloud")
+    last = ModelMessageItem(content="the answer")
+    one, two = call("a", call_id="c1"), call("b", call_id="c2")
+    outputs = [
+        InferenceOutput(items=(ReasoningItem(content="r"), one, first, two, last)),
+        InferenceOutput(items=(first,)),
+        InferenceOutput(items=(one, two)),
+        InferenceOutput(items=()),
+    ]
+    for output in outputs:
+        assert calls_and_message(output) == (output.function_calls, output.message)
+
+
+async def test_an_output_with_several_messages_answers_with_the_last() -> None:
+    """The loop answers with an output's last message, and runs its calls in
+    the model's order."""
+    say = ModelMessageItem(content="first")
+    script = ScriptedProvider(
+        [
+            InferenceOutput(
+                items=(
+                    say,
+                    FunctionCallItem(call_id="c1", name="echo", arguments='{"x": 1}'),
+                    FunctionCallItem(call_id="c2", name="echo", arguments='{"x": 2}'),
+                )
+            ),
+            InferenceOutput(items=(say, ModelMessageItem(content="last"))),
+        ]
+    )
+
+    @tool
+    async def echo(x: int) -> int:
+        """Echo."""
+        return x
+
+    async with Runtime(providers={"scripted": script}) as runtime:
+        request = InferenceInput(
+            model="scripted:x", context=ModelContext(), tools=[echo]
+        )
+        result = await runtime.wait(runtime.run_loop("a", "go", request))
+    assert result.answer is not None
+    assert result.answer.content == "last"
+    assert outputs_of(request.context.items) == ["1", "2"]
+
+
+# ------------------------------------------------------------------ import time
+
+LAZY_MODULES = (
+    "structlog",
+    "agentfsm.events",
+    "agentfsm.eventlog",
+    "anyio.from_thread",
+    "jsonschema",
+    "griffe",
+)
+"""What `import agentfsm` leaves unimported (bench/PERFORMANCE.md, Import time)."""
+
+
+def test_import_agentfsm_leaves_the_lazy_modules_unimported() -> None:
+    """A fresh interpreter's `import agentfsm` imports none of the modules that
+    are loaded on first use (structlog on the first log line, and the others)."""
+    code = (
+        "import sys, agentfsm\n"
+        f"print(sorted(m for m in {LAZY_MODULES!r} if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "events",
+        "inference",
+        "interception",
+        "messages",
+        "options",
+        "record",
+        "results",
+        "tools",
+    ],
+)
+def test_model_modules_evaluate_annotations_when_the_class_is_made(name: str) -> None:
+    """The modules that define models do not postpone their annotations: with
+    `from __future__ import annotations`, pydantic compiles every string
+    annotation (~15 ms of the import)."""
+    module = importlib.import_module(f"agentfsm.{name}")
+    assert vars(module).get("annotations") is not __future__.annotations
