@@ -643,6 +643,18 @@ class TestStore:
                 id="decision-pause",
             ),
             pytest.param(
+                {"kind": "resume", "by": "a", "seq": 2**63},
+                ValueError,
+                "and below 2\\*\\*63",
+                id="seq-too-large",
+            ),
+            pytest.param(
+                {"kind": "cancel", "by": "a" * 257},
+                ValueError,
+                "by must be at most 256 characters",
+                id="by-too-long",
+            ),
+            pytest.param(
                 {"kind": "cancel", "by": "a", "reason": 404},
                 TypeError,
                 "reason must be",

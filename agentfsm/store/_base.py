@@ -792,6 +792,10 @@ class NewRequest:
     reason: str | None
 
 
+_MAX_BY: Final = 256
+"""The most characters of a request's `by`: a person's or a process's name."""
+
+
 def request_checked(
     loop_id: object,
     kind: object,
@@ -817,6 +821,10 @@ def request_checked(
     assert reason is None or isinstance(reason, str)
     if not by.strip():
         raise ArgumentValueError("by must name who asks (a non-empty str), got ''")
+    if len(by) > _MAX_BY:
+        raise ArgumentValueError(
+            f"by must be at most {_MAX_BY} characters (a name), got {len(by):,}"
+        )
     if kind == "cancel":
         if decision is not None or seq is not None:
             raise ArgumentValueError(
@@ -831,8 +839,10 @@ def request_checked(
                 "seq> (a stored record's pause.seq)"
             )
         assert isinstance(seq, int)
-        if seq < 0:
-            raise ArgumentValueError(f"seq must be >= 0, got {seq}")
+        if not 0 <= seq < 2**63:  # (a SQL store's integer column)
+            raise ArgumentValueError(
+                f"seq must be >= 0 and below 2**63 (a pause's seq), got {seq}"
+            )
         record = _decision_data(decision)
     return NewRequest(
         loop_id,
