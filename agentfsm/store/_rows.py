@@ -178,13 +178,24 @@ def record_text(
         parts.append(',"cancel_requested":true')
     if record.deadline_at is not None:
         parts.append(f',"deadline_at":{_json(record.deadline_at)}')
-    parts.append(
-        f"{_field('cancel_reason', record.cancel_reason)}"
-        f"{_field('deadline_utc', record.deadline_utc)}"
-        f"{_field('outcome', record.outcome)}{_field('reason', record.reason)}"
-        f"{_field('answer', record.answer)}{_field('parsed', record.parsed)}"
-        f"{_field('error', record.error)}{_field('ended_at', record.ended_at)}"
-    )
+    if (
+        record.ended_at is not None  # (a loop's end sets it: most of the others)
+        or record.cancel_reason is not None
+        or record.deadline_utc is not None
+        or record.outcome is not None
+        or record.reason is not None
+        or record.answer is not None
+        or record.parsed is not None
+        or record.error is not None
+    ):
+        # (All None in a loop's stride: tested at once, not a call each.)
+        parts.append(
+            f"{_field('cancel_reason', record.cancel_reason)}"
+            f"{_field('deadline_utc', record.deadline_utc)}"
+            f"{_field('outcome', record.outcome)}{_field('reason', record.reason)}"
+            f"{_field('answer', record.answer)}{_field('parsed', record.parsed)}"
+            f"{_field('error', record.error)}{_field('ended_at', record.ended_at)}"
+        )
     parts.append("}")
     return "".join(parts)
 

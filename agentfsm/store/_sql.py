@@ -587,7 +587,14 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Requests, Generic[_C]):
                 parts.append(f',"replaced":[{replaced}]')
             if inference is not None:
                 request = inference[0]
-                parts.append(f',"inference":[{request},{enc(inference[1])}]')
+                # The record's `turn.output` is most often the same model output,
+                # its JSON made just now (`ModelTexts`): not made twice.
+                output = (
+                    self._texts.text(inference[1])
+                    if outline is None
+                    else enc(inference[1])
+                )
+                parts.append(f',"inference":[{request},{output}]')
             parts.append("}")
             changes = "".join(parts)
             written += len(changes)

@@ -146,3 +146,45 @@ async def test_a_damaged_ledger_row_is_named(tmp_path: Path) -> None:
     async with SQLiteStore(path) as store:
         with pytest.raises(StoreError, match=rf"{loop_id} cannot be read"):
             await store.calls(loop_id, 1)
+
+
+async def test_a_model_output_is_serialized_once_a_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A commit's record (`turn.output`) and its `changes` (`inference`) hold
+    the same model output: its JSON is made once, and both read back whole."""
+    from agentfsm import Runtime
+    from agentfsm._models import json_of
+    from agentfsm.inference import InferenceOutput
+
+    serialized: list[int] = []
+
+    def counting(model: object, **options: object) -> str:
+        if isinstance(model, InferenceOutput):
+            serialized.append(id(model))
+        return json_of(model, **options)  # type: ignore[arg-type]
+
+    monkeypatch.setattr("agentfsm.store._rows.json_of", counting)
+    monkeypatch.setattr("agentfsm.store._sql.json_of", counting)
+    path = tmp_path / "loops.db"
+    provider = ScriptedProvider([calls(call("add", a=1, b=2)), text("3")])
+    store = SQLiteStore(path)
+    async with Runtime(providers={"scripted": provider}, store=store) as rt:
+        loop_id = rt.run_loop("agent", "1+2?", request(add))
+        result = await rt.wait(loop_id)
+        outputs = [await store.inference(loop_id, n) for n in (1, 2)]
+    assert result.model_requests == 2
+    assert len(serialized) == len(set(serialized)) == 2  # each output once
+    with sqlite3.connect(path) as db:
+        found = db.execute(
+            "SELECT record, earlier, changes FROM log WHERE request NOT NULL"
+            " ORDER BY id"
+        ).fetchall()
+    assert len(found) == 2
+    for (record, earlier, changes), output in zip(found, outputs, strict=True):
+        assert output is not None
+        stored = json.loads(changes)["inference"][1]
+        assert stored == output.model_dump(mode="json")
+        # (the answer's: in the record of its transition into model_message)
+        records = [json.loads(record), *json.loads(earlier or "[]")]
+        assert stored in [r["turn"].get("output") for r in records]
