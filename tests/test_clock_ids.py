@@ -6,12 +6,14 @@ import itertools
 import re
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
-from agentfsm import ConfigurationError, Runtime, UserMessage
+from agentfsm import ConfigurationError, Outcome, Runtime, UserMessage
 from agentfsm.events import AgentEvent
 from agentfsm.results import LoopResult
+from agentfsm.store import SQLiteStore
 from agentfsm.testing import EventRecorder, ScriptedProvider, call, calls, text
 from tests.helpers import request
 
@@ -148,3 +150,68 @@ class TestRefused:
                 runtime.run_loop("agent", "hi", request())
             if first is not None:
                 assert (await runtime.wait(first)).answer is not None
+
+
+class TestGivenLoopId:
+    """`run_loop(loop_id=)`: a caller names its loop."""
+
+    async def test_the_loop_has_the_id_given(self) -> None:
+        async with Runtime(
+            providers={"scripted": ScriptedProvider([text("hi")])}, ids=counter_ids()
+        ) as runtime:
+            assert runtime.run_loop("agent", "hi", request(), loop_id="mine") == "mine"
+            result = await runtime.wait("mine")
+            assert (result.loop_id, result.answer is not None) == ("mine", True)
+            assert runtime.loops() == ["mine"]
+
+    @pytest.mark.parametrize(
+        ("loop_id", "named"),
+        [
+            pytest.param("", "non-empty str", id="empty"),
+            pytest.param(7, "non-empty str", id="not-a-str"),
+            pytest.param("a\ud800", "lone surrogate", id="surrogate"),
+            pytest.param("taken", "already has", id="taken"),
+        ],
+    )
+    async def test_a_bad_or_taken_id_is_refused(
+        self, loop_id: object, named: str
+    ) -> None:
+        """Refused before the loop exists, naming the id; the loop holding a
+        taken id goes on untouched."""
+        async with Runtime(
+            providers={"scripted": ScriptedProvider([text("hi"), text("hi")])}
+        ) as runtime:
+            runtime.run_loop("agent", "hi", request(), loop_id="taken")
+            with pytest.raises(ConfigurationError, match=named) as raised:
+                runtime.run_loop("agent", "hi", request(), loop_id=loop_id)  # type: ignore[arg-type]
+            assert "loop_id=" in str(raised.value)
+            assert runtime.loops() == ["taken"]
+            assert (await runtime.wait("taken")).answer is not None
+
+    async def test_a_durable_store_refuses_a_second_loop_of_an_id(
+        self, tmp_path: Path
+    ) -> None:
+        """Two runtimes on one store starting a loop of the same id: the
+        second loop fails with LoopIdTakenError (at its first commit: it may
+        have asked its model, never run a tool), and the store keeps the
+        first loop as it was."""
+        path = tmp_path / "loops.db"
+        provider = ScriptedProvider([text("first")])
+        async with Runtime(
+            providers={"scripted": provider}, store=SQLiteStore(path)
+        ) as runtime:
+            runtime.run_loop("agent", "hi", request(), loop_id="once")
+            assert (await runtime.wait("once")).answer is not None
+        second = ScriptedProvider([text("second")])
+        async with Runtime(
+            providers={"scripted": second}, store=SQLiteStore(path)
+        ) as runtime:
+            runtime.run_loop("agent", "hi", request(), loop_id="once")
+            result = await runtime.wait("once")
+            assert result.outcome is Outcome.failed
+            assert result.error is not None
+            assert result.error.type == "LoopIdTakenError"
+        async with SQLiteStore(path) as store:
+            stored = await store.load("once")
+            assert stored is not None
+            assert stored.record.outcome is Outcome.answered

@@ -111,20 +111,29 @@ def checked_ids(ids: object, known: Callable[[str], bool]) -> IdSource:
 
     def checked() -> str:
         loop_id = ids()
-        if not isinstance(loop_id, str) or not loop_id:
-            raise ConfigurationError(
-                f"ids {ids!r} returned {loop_id!r}: a loop id is a non-empty str"
-            )
-        if encodable(loop_id) is not loop_id:
-            raise ConfigurationError(
-                f"ids {ids!r} returned {loop_id!r}: a loop id cannot hold a lone "
-                "surrogate (no store or log can write it)"
-            )
-        if known(loop_id):
-            raise ConfigurationError(
-                f"ids {ids!r} returned {loop_id!r}, the id of a loop this runtime "
-                "already has: loop ids must be unique"
-            )
-        return loop_id
+        return new_loop_id(loop_id, known, f"ids {ids!r} returned {loop_id!r}")
 
     return checked
+
+
+def new_loop_id(loop_id: object, known: Callable[[str], bool], origin: str) -> str:
+    """A new loop's id (from the runtime's `ids`, or `run_loop(loop_id=)`:
+    `origin` says which, for the error), checked.
+
+    Raises:
+        ConfigurationError: not a non-empty str, a lone surrogate in it, or
+            the id of a loop the runtime already has (`known`).
+    """
+    if not isinstance(loop_id, str) or not loop_id:
+        raise ConfigurationError(f"{origin}: a loop id is a non-empty str")
+    if encodable(loop_id) is not loop_id:
+        raise ConfigurationError(
+            f"{origin}: a loop id cannot hold a lone surrogate (no store or log "
+            "can write it)"
+        )
+    if known(loop_id):
+        raise ConfigurationError(
+            f"{origin}, the id of a loop this runtime already has: loop ids "
+            "must be unique"
+        )
+    return loop_id

@@ -63,7 +63,15 @@ from agentfsm.results import LoopResult, LoopStatus, LoopView
 from agentfsm.states import LoopState
 
 from .backend import Primitives, primitives
-from .ids import Clock, IdSource, checked_clock, checked_ids, utc_now, uuid7
+from .ids import (
+    Clock,
+    IdSource,
+    checked_clock,
+    checked_ids,
+    new_loop_id,
+    utc_now,
+    uuid7,
+)
 from .inputs import (
     agent_id_of,
     bindings_checked,
@@ -485,6 +493,7 @@ class Runtime:
         | None = None,
         *,
         stream: bool = False,
+        loop_id: str | None = None,
         **options: Unpack[LoopOptionsDict],
     ) -> str:
         """Start a loop in the background and return its `loop_id` at once.
@@ -498,16 +507,23 @@ class Runtime:
             stream: keep the loop's events, from its first, for `events(loop_id)`
                 (a loop started without it builds no event nobody subscribed to;
                 see `events` for how long they are kept).
+            loop_id: the new loop's id (default: a fresh UUIDv7 from the
+                runtime's `ids`). A caller that names its loops makes a start
+                idempotent across processes: a durable store refuses a second
+                loop of the same id (`LoopIdTakenError`, as the loop's outcome).
             **options: see `agentfsm.options.LoopOptions` (`max_turns`, `stop_when`,
                 `tool_execution`, wrappers, queues, timeouts, retries, ...).
 
         Raises:
-            ConfigurationError: the input cannot start a loop (the error says why).
+            ConfigurationError: the input cannot start a loop (the error says
+                why), or `loop_id` is not a new one.
             LoopStateError: the runtime is not running.
         """
         check("inference_input", inference_input, InferenceInput)
         if stream is not False:  # (no call on the common path)
             check("stream", stream, bool)
+        if loop_id is not None:
+            new_loop_id(loop_id, self._knows, f"loop_id={loop_id!r}")
         agent_id = agent_id_of(agent_id)
         loop_options = LoopOptions.of(options)
         user_message = user_message_of(message, inference_input)
@@ -516,7 +532,8 @@ class Runtime:
             raise LoopStateError(_NOT_RUNNING)
         # An unknown provider fails here, loudly, before the loop exists.
         self.providers.resolve(inference_input.model)
-        loop_id = self._ids()
+        if loop_id is None:
+            loop_id = self._ids()
         primitives = self._primitives
         loop = Loop(  # by position (see `Loop.__init__`)
             loop_id,
