@@ -33,6 +33,11 @@ loops run, through `Runtime.breakpoints` (a `Breakpoints`): a change takes
 effect from the loop's next transition. Step mode is a breakpoint before
 every transition, `Break.every()`: `runtime.breakpoints.step(loop_id)`.
 
+Breakpoints can also be kept in a durable store, set from another process
+(`agentfsm ui`, a script: `agentfsm.store.SharedBreakpoints`): a runtime
+watching the store (`Runtime(requests=True)`) adds them to its own set, and
+takes them away once removed, at each read of the store (`Breakpoints.sync`).
+
 A loop with no breakpoint that applies to it pays nothing for them: the
 handler is added to a loop's handlers only while one applies to it, and taken
 away when none does.
@@ -54,6 +59,7 @@ from .states import LoopState
 
 if TYPE_CHECKING:
     from ._loop import Loop
+    from .store import StoredBreak
 
 __all__ = (
     "BREAKPOINT_HANDLER",
@@ -235,6 +241,9 @@ class ScopedBreak(NamedTuple):
     """The one loop it applies to (None: not one loop's)."""
     agent_id: str | None = None
     """The agent whose loops it applies to (None: not one agent's)."""
+    stored: int | None = None
+    """The id of the stored breakpoint it is (`agentfsm.store.StoredBreak`),
+    or None: given in code."""
 
 
 _STEP: Final = Break.every()
@@ -265,7 +274,16 @@ class Breakpoints:
         ```
     """
 
-    __slots__ = ("_by_agent", "_by_loop", "_everywhere", "_live", "_loops", "armed")
+    __slots__ = (
+        "_by_agent",
+        "_by_loop",
+        "_everywhere",
+        "_live",
+        "_loops",
+        "_stored",
+        "_stored_ids",
+        "armed",
+    )
 
     def __init__(
         self,
@@ -290,6 +308,10 @@ class Breakpoints:
         self.armed = False
         """Whether any breakpoint is set (read by the runtime as a loop starts;
         not to be set)."""
+        self._stored: dict[int, ScopedBreak] = {}
+        """The stored breakpoints set here (`sync`), by their ids."""
+        self._stored_ids: dict[Break, int] = {}
+        """The same, by the `Break` each is (to name them in `list`)."""
         for given_break in breakpoints:
             check("breakpoints", given_break, Break, "a list of Break")
             if given_break not in self._everywhere:
@@ -400,28 +422,73 @@ class Breakpoints:
         self._scope_checked(loop_id, agent_id)
         self._prune()
         found: list[ScopedBreak] = []
+        scoped = self._scoped
         if loop_id is not None:
             found += [
-                ScopedBreak(b, loop_id=loop_id) for b in self._by_loop.get(loop_id, ())
+                scoped(b, loop_id=loop_id) for b in self._by_loop.get(loop_id, ())
             ]
             loop = self._loops.get(loop_id)
             agent_id = None if loop is None else loop.agent_id
             if agent_id is None:
-                found += [ScopedBreak(b) for b in self._everywhere]
+                found += [scoped(b) for b in self._everywhere]
                 return tuple(found)
         if agent_id is not None:
             found += [
-                ScopedBreak(b, agent_id=agent_id)
-                for b in self._by_agent.get(agent_id, ())
+                scoped(b, agent_id=agent_id) for b in self._by_agent.get(agent_id, ())
             ]
-            found += [ScopedBreak(b) for b in self._everywhere]
+            found += [scoped(b) for b in self._everywhere]
             return tuple(found)
         for lid, breaks in self._by_loop.items():
-            found += [ScopedBreak(b, loop_id=lid) for b in breaks]
+            found += [scoped(b, loop_id=lid) for b in breaks]
         for aid, breaks in self._by_agent.items():
-            found += [ScopedBreak(b, agent_id=aid) for b in breaks]
-        found += [ScopedBreak(b) for b in self._everywhere]
+            found += [scoped(b, agent_id=aid) for b in breaks]
+        found += [scoped(b) for b in self._everywhere]
         return tuple(found)
+
+    def _scoped(
+        self, brk: Break, loop_id: str | None = None, agent_id: str | None = None
+    ) -> ScopedBreak:
+        return ScopedBreak(brk, loop_id, agent_id, self._stored_ids.get(brk))
+
+    # ------------------------------------------------------------ the store
+
+    def sync(self, stored: Iterable[StoredBreak]) -> None:
+        """Make the stored breakpoints set here those of `stored` (the store's
+        active ones, `SharedBreakpoints.breakpoints()`): set each new one,
+        unset each no longer there. What the watching runtime calls at each
+        read of the store; breakpoints given in code are left as they are.
+
+        A stored breakpoint of one loop is set once that loop runs here (a
+        loop another runtime holds meets it there), and again if the loop
+        comes back after leaving (recovered).
+        """
+        self._prune()
+        active = {s.id: s for s in stored}
+        for stored_id, scoped in builtins.list(self._stored.items()):
+            gone = stored_id not in active
+            left = scoped.loop_id is not None and scoped.loop_id not in self._loops
+            if gone or left:
+                del self._stored[stored_id]
+                self._stored_ids.pop(scoped.breakpoint, None)
+            if gone and not left:
+                self.remove(
+                    scoped.breakpoint, loop_id=scoped.loop_id, agent_id=scoped.agent_id
+                )
+        for stored_id, one in active.items():
+            if stored_id in self._stored:
+                continue
+            if one.loop_id is not None and one.loop_id not in self._loops:
+                continue  # not (or not yet) this runtime's loop
+            brk = (
+                Break.every(name=one.label)
+                if one.state is None
+                else Break(one.state, name=one.label)
+            )
+            self.add(brk, loop_id=one.loop_id, agent_id=one.agent_id)
+            self._stored[stored_id] = ScopedBreak(
+                brk, one.loop_id, one.agent_id, stored_id
+            )
+            self._stored_ids[brk] = stored_id
 
     # ------------------------------------------------------------ the loops
 

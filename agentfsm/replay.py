@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import anyio
@@ -453,6 +454,7 @@ async def fork(
     options: LoopOptionsDict | None = None,
     structured_output: type[BaseModel] | dict[str, Any] | None = None,
     runtime: Runtime | None = None,
+    new_loop_id: str | None = None,
 ) -> str:
     """Start a new loop from a recorded loop's model request, and run it live.
 
@@ -477,14 +479,84 @@ async def fork(
         options: as for `replay`.
         structured_output: as for `replay`.
         runtime: where the fork runs (default: the current context's).
+        new_loop_id: the new loop's id (default: one of the runtime's
+            `ids`): a fork made once whatever retries it (the decision
+            inbox's, `agentfsm ui`'s) names it, and a durable store refuses
+            a second loop of that id (`LoopIdTakenError`, the loop fails).
 
     Raises:
         ConfigurationError: as `replay`, or no model request at or after
-            `at_seq`, or the replay diverged before reaching it.
+            `at_seq`, or the replay diverged before reaching it, or
+            `new_loop_id` is not a new loop's id.
     """
     from ._runtime import current_runtime
 
     target = runtime or current_runtime()
+    prepared = await _prepare_fork(
+        source,
+        at_seq,
+        loop_id=loop_id,
+        model=model,
+        edit=edit,
+        tools=tools,
+        handlers=handlers,
+        options=options,
+        structured_output=structured_output,
+    )
+    return prepared.start(target, new_loop_id)
+
+
+@dataclass(frozen=True, slots=True)
+class _PreparedFork:
+    """A fork ready to start (`_prepare_fork`): what `run_loop` is given."""
+
+    origin: ForkOrigin
+    agent_id: str
+    request: InferenceInput
+    handlers: list[InterceptionHandler]
+    options: dict[str, Any]
+
+    def start(self, runtime: Runtime, new_loop_id: str | None = None) -> str:
+        """Start the fork in `runtime` (no await: the caller may act on the
+        new loop, say carry a request into its journal, before it runs).
+
+        Raises:
+            ConfigurationError: `new_loop_id` is not a new loop's id.
+        """
+        token = FORKED_FROM.set(self.origin)
+        try:
+            return runtime.run_loop(
+                self.agent_id,
+                None,
+                self.request,
+                self.handlers,
+                loop_id=new_loop_id,
+                **self.options,
+            )
+        finally:
+            FORKED_FROM.reset(token)
+
+
+async def _prepare_fork(
+    source: ReplaySource | str | os.PathLike[str] | Sequence[AgentEvent],
+    at_seq: int,
+    *,
+    loop_id: str | None = None,
+    model: str | None = None,
+    edit: Callable[[InferenceInput], InferenceInput] | None = None,
+    tools: Sequence[Tool] = (),
+    handlers: Sequence[InterceptionHandler]
+    | Mapping[str, InterceptionHandler]
+    | None = None,
+    options: LoopOptionsDict | None = None,
+    structured_output: type[BaseModel] | dict[str, Any] | None = None,
+) -> _PreparedFork:
+    """`fork`'s replay up to the fork point, and the fork's input: what is
+    left is to start it (`_PreparedFork.start`). Arguments as `fork`'s.
+
+    Raises:
+        ConfigurationError: as `fork`.
+    """
     recording = Recording.of(await _source(source).loop_events(loop_id))
     origin, number = _fork_point(recording, at_seq)
     given = _given(recording, tools)
@@ -539,13 +611,9 @@ async def fork(
             raise ConfigurationError(
                 f"edit must return an InferenceInput, got {type(start).__name__}"
             )
-    token = FORKED_FROM.set(origin)
-    try:
-        return target.run_loop(
-            recording.started.agent_id, None, start, chosen, **loop_options
-        )
-    finally:
-        FORKED_FROM.reset(token)
+    return _PreparedFork(
+        origin, recording.started.agent_id, start, chosen, loop_options
+    )
 
 
 def _fork_point(recording: Recording, at_seq: int) -> tuple[ForkOrigin, int]:

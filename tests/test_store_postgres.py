@@ -455,6 +455,7 @@ class TestLayout:
         )
         assert [name for (name,) in tables] == [
             "blobs",
+            "breakpoints",
             "contexts",
             "events",
             "log",

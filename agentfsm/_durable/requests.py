@@ -15,6 +15,10 @@ loop this runtime holds live:
 - cancel: `Runtime.cancel` with its reason; the loop's next commit with a
   record (its end, mostly: any such commit's record holds the cancel asked,
   which a recovered loop honours) marks it applied.
+- fork: any watching runtime with the recording's tools and callables
+  starts the fork (`agentfsm._replay.inbox`: its id derived from the
+  request, so the store takes one such loop only), whose first commit marks
+  it applied; one without them leaves it pending.
 
 So a request is applied once: the store marks it only in a commit that lands,
 and only a loop's lease holder can land one; a crash before it leaves the
@@ -23,11 +27,17 @@ loop up. A request for a loop this runtime does not hold is left alone (another
 may hold it; none may: it stays pending); one for a loop this runtime ended is
 refused. What the watcher fails at (the store unreachable) is logged, and
 tried again at the next interval: it never stops a loop or the runtime.
+
+At each read it also syncs the runtime's breakpoints with those the store
+keeps (`agentfsm.store.SharedBreakpoints`, set from `agentfsm ui`, say):
+`Breakpoints.sync` sets the new ones and unsets the removed, one read of the
+active ones (a few rows), before the requests are applied (a resume asked
+after a breakpoint was set meets it).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
@@ -40,16 +50,18 @@ from agentfsm._loop.snapshot import stored_decision
 from agentfsm.exceptions import AgentFSMError
 from agentfsm.interception import Decision, Proceed
 from agentfsm.results import LoopStatus
+from agentfsm.store._breaks import SharedBreakpoints
 
 if TYPE_CHECKING:
     from agentfsm._loop.loop import Loop
+    from agentfsm.breakpoints import Breakpoints
     from agentfsm.record import DecisionRecord
     from agentfsm.store import LoopRequest, Requests
 
     from .keeper import Keeper
     from .writer import Durable
 
-__all__ = ("Hooks", "Watcher")
+__all__ = ("Hooks", "Refused", "Watcher")
 
 _log = get_logger()
 
@@ -70,6 +82,16 @@ class Hooks:
     """`Runtime.cancel(loop_id, reason)`."""
     closing: Callable[[], bool]
     """Whether the runtime is closing (it applies nothing more)."""
+    breakpoints: Breakpoints | None = None
+    """The runtime's breakpoints, synced with the store's (None: not)."""
+    fork: Callable[[LoopRequest], Awaitable[tuple[str, Durable] | None]] | None = None
+    """Starts a fork request's loop, its journal carrying the request
+    (`agentfsm._replay.inbox.apply_fork`); None: not this runtime's to apply.
+    Raises `Refused`. None (the field): forks are left pending."""
+
+
+class Refused(Exception):
+    """A request that can never be applied: its note is the message."""
 
 
 class Watcher:
@@ -82,6 +104,8 @@ class Watcher:
         self.store = store
         self.interval = interval
         self.hooks = hooks
+        self._breaks = store if isinstance(store, SharedBreakpoints) else None
+        """The store, if it keeps breakpoints (`agentfsm.store.SharedBreakpoints`)."""
         self._wake = anyio.Event()
         self._applying: dict[int, tuple[str, Durable]] = {}
         """Requests applied here whose commit has not marked them yet, with the
@@ -133,6 +157,7 @@ class Watcher:
     async def poll(self) -> None:
         """Read the pending requests once and apply those of this runtime's
         loops (see the module)."""
+        await self._sync_breakpoints()
         pending = await self.store.pending_requests()
         held = self.keeper.held
         for request_id, (loop_id, durable) in list(self._applying.items()):
@@ -149,7 +174,24 @@ class Watcher:
             if request.id not in self._applying:
                 await self._apply(request)
 
+    async def _sync_breakpoints(self) -> None:
+        """Set the store's breakpoints here, unset the removed ones (a store
+        that keeps none: nothing). A read that fails is logged: the requests
+        are applied all the same, and the next poll reads them again."""
+        breakpoints, store = self.hooks.breakpoints, self._breaks
+        if breakpoints is None or store is None:
+            return
+        try:
+            stored = await store.breakpoints()
+        except Exception as exc:  # noqa: BLE001 - logged; the next poll may work
+            _log.error("breakpoints_sync_failed", error=_why(exc))
+            return
+        breakpoints.sync(stored)
+
     async def _apply(self, request: LoopRequest) -> None:
+        if request.kind == "fork":
+            await self._fork(request)
+            return
         loop_id = request.loop_id
         loop = self.hooks.live(loop_id)
         durable = self.keeper.held.get(loop_id)
@@ -210,6 +252,29 @@ class Watcher:
             request=request.id,
             kind=request.kind,
             by=request.by,
+        )
+
+    async def _fork(self, request: LoopRequest) -> None:
+        """Start the fork a request asks for, if this runtime can (see
+        `Hooks.fork`); refuse one that can never work."""
+        start = self.hooks.fork
+        if start is None:
+            return
+        try:
+            started = await start(request)
+        except Refused as exc:
+            await self._refuse(request, str(exc))
+            return
+        if started is None:
+            return
+        self._applying[request.id] = started
+        _log.info(
+            "request_applied",
+            loop_id=request.loop_id,
+            request=request.id,
+            kind=request.kind,
+            by=request.by,
+            fork=started[0],
         )
 
     def _decision(self, loop: Loop, data: DecisionRecord | None) -> Decision:

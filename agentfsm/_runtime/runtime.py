@@ -165,7 +165,7 @@ class Runtime:
         requests: apply the requests stored in the durable store's decision
             inbox (`agentfsm.store.Requests`: a person's resume or cancel,
             submitted from `agentfsm ui` or another process) to the loops this
-            runtime holds, each once: `True` reads them every second, a number
+            runtime holds, and forks of any loop whose tools it has, each once: `True` reads them every second, a number
             every that many seconds, at once when `poke_requests` is called
             (and, on PostgreSQL, when one is submitted). Needs `store=` (see
             [the decision inbox][the-decision-inbox]).
@@ -606,6 +606,7 @@ class Runtime:
             ConfigurationError: no store, or one that keeps no requests.
         """
         from agentfsm._durable.requests import Hooks, Watcher
+        from agentfsm._replay.inbox import apply_fork
         from agentfsm.store import Requests
 
         keeper = self._keeper
@@ -625,6 +626,8 @@ class Runtime:
             resume=lambda loop_id, decision, by: self.resume(loop_id, decision, by=by),
             cancel=self.cancel,
             closing=lambda: self._closing or self._tg is None,
+            breakpoints=self.breakpoints,
+            fork=lambda request: apply_fork(self, keeper, store, request),
         )
         return Watcher(keeper, store, interval, hooks)
 

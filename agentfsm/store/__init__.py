@@ -36,6 +36,7 @@ from ._base import (
     StoreStatistics,
     UnreadableLoop,
 )
+from ._breaks import SharedBreakpoints, StoredBreak
 from .memory import MemoryStore
 from .sqlite import SQLiteStore
 
@@ -57,10 +58,12 @@ __all__ = (
     "RequestNotices",
     "Requests",
     "SQLiteStore",
+    "SharedBreakpoints",
     "SharedContexts",
     "StoreError",
     "StoreSchemaError",
     "StoreStatistics",
+    "StoredBreak",
     "UnreadableLoop",
     "StoredLoop",
     "StoredLoopSummary",

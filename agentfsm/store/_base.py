@@ -166,16 +166,19 @@ class LoopRequest(BaseModel):
     id: int
     """Given by the store: a later request has a greater id."""
     loop_id: str
-    kind: Literal["resume", "cancel"]
+    kind: Literal["resume", "cancel", "fork"]
     """`resume`: answer the loop's pause (`Runtime.resume`); `cancel`: end the
-    loop `cancelled` (`Runtime.cancel`)."""
+    loop `cancelled` (`Runtime.cancel`); `fork`: start a new loop from the
+    loop's first model request at or after `seq` (`agentfsm.replay.fork`), in
+    any watching runtime that has its tools."""
     decision: DecisionRecord | None
     """A resume's decision (`proceed`, `rewrite` or `abort`, as data); None
     for a cancel, or a resume that proceeds."""
     seq: int | None
     """The seq of the pause a resume answers (`PendingTransition.seq`, a
     stored record's `pause.seq`): refused when the loop is not paused there
-    (it moved on, or paused again); None for a cancel."""
+    (it moved on, or paused again); None for a cancel. A fork's: where it
+    forks (the first model request at or after it)."""
     by: str
     """Who asked: the `DecisionEntry.by` of the decision it makes."""
     reason: str | None = None
@@ -191,6 +194,8 @@ class LoopRequest(BaseModel):
     """When it was applied or refused."""
     note: str | None = None
     """Why it was refused (`loop ... is paused at seq 9, not at seq 7`)."""
+    model: str | None = None
+    """A fork's model (None: the recorded one); None for other kinds."""
 
 
 RequestNotices: TypeAlias = AbstractAsyncContextManager[Callable[[], Awaitable[None]]]
@@ -716,18 +721,21 @@ class Requests(ABC):
     async def submit_request(
         self,
         loop_id: str,
-        kind: Literal["resume", "cancel"],
+        kind: Literal["resume", "cancel", "fork"],
         *,
         decision: DecisionRecord | Proceed | Rewrite | Abort | None = None,
         seq: int | None = None,
         by: str,
         reason: str | None = None,
+        model: str | None = None,
     ) -> LoopRequest:
         """Store a request, pending, for the runtime holding the loop to apply.
 
         Args:
             loop_id: the loop.
-            kind: `"resume"` (answer its pause) or `"cancel"`.
+            kind: `"resume"` (answer its pause), `"cancel"`, or `"fork"`
+                (a new loop from it at `seq`, with `model`: any watching
+                runtime with its tools applies it; an ended loop takes it).
             decision: a resume's decision: `Proceed`, `Rewrite` (its payload
                 a `ToolBatch` with calls denied, answered or approved, a user
                 message, a model message) or `Abort`, or the same as a
@@ -736,13 +744,14 @@ class Requests(ABC):
                 `pause.seq`); required for a resume, none for a cancel.
             by: who asks (a non-empty str): the decision's `by` in the audit.
             reason: a cancel's reason; with a resume, kept with the request.
+            model: a fork's model (None: the recorded one); only a fork's.
 
         Returns:
             The request as stored (its id, `created_at`).
 
         Raises:
             UnknownLoopError: the store holds no such loop.
-            LoopStateError: the loop has ended.
+            LoopStateError: the loop has ended (but for a fork).
             ArgumentTypeError, ArgumentValueError: an argument that does not
                 fit (the message names it).
             StoreError: the store could not take it (read-only, say).
@@ -775,7 +784,7 @@ class Requests(ABC):
         return None
 
 
-_REQUEST_KINDS: Final = ("resume", "cancel")
+_REQUEST_KINDS: Final = ("resume", "cancel", "fork")
 _REQUEST_STATUSES: Final = ("pending", "applied", "refused")
 _RESUMES: Final = ("proceed", "rewrite", "abort")
 
@@ -785,11 +794,12 @@ class NewRequest:
     """A request's fields as `submit_request` checked them, to store."""
 
     loop_id: str
-    kind: Literal["resume", "cancel"]
+    kind: Literal["resume", "cancel", "fork"]
     decision: DecisionRecord | None
     seq: int | None
     by: str
     reason: str | None
+    model: str | None = None
 
 
 _MAX_BY: Final = 256
@@ -803,6 +813,7 @@ def request_checked(
     seq: object,
     by: object,
     reason: object,
+    model: object = None,
 ) -> NewRequest:
     """`submit_request`'s arguments, checked, its decision as data, its text
     made `encodable` (before anything is stored).
@@ -815,6 +826,7 @@ def request_checked(
     check("by", by, str)
     check("reason", reason, str | None)
     check("seq", seq, int | None)
+    check("model", model, str | None)
     assert isinstance(loop_id, str)
     assert isinstance(kind, str)
     assert isinstance(by, str)
@@ -825,7 +837,12 @@ def request_checked(
         raise ArgumentValueError(
             f"by must be at most {_MAX_BY} characters (a name), got {len(by):,}"
         )
-    if kind == "cancel":
+    if model is not None and kind != "fork":
+        raise ArgumentValueError(f"only a fork request takes a model, not a {kind}")
+    if kind == "fork":
+        model = _fork_checked(decision, seq, model)
+        record = None
+    elif kind == "cancel":
         if decision is not None or seq is not None:
             raise ArgumentValueError(
                 "a cancel request takes no decision and no seq (it cancels the "
@@ -846,12 +863,33 @@ def request_checked(
         record = _decision_data(decision)
     return NewRequest(
         loop_id,
-        "resume" if kind == "resume" else "cancel",
+        "resume" if kind == "resume" else "cancel" if kind == "cancel" else "fork",
         record,
         seq if isinstance(seq, int) else None,
         encodable(by),
         None if reason is None else encodable(reason),
+        model if isinstance(model, str) else None,
     )
+
+
+def _fork_checked(decision: object, seq: object, model: object) -> str | None:
+    """A fork request's seq and model, checked; its model made `encodable`."""
+    if decision is not None:
+        raise ArgumentValueError("a fork request takes no decision")
+    if not isinstance(seq, int) or not 0 <= seq < 2**63:
+        raise ArgumentValueError(
+            "a fork request names where it forks: seq=<a seq of the loop, >= 0> "
+            f"(the first model request at or after it), got {seq!r}"
+        )
+    if model is None:
+        return None
+    assert isinstance(model, str)
+    if not model.strip() or len(model) > _MAX_BY:
+        raise ArgumentValueError(
+            f"model must name a model (1 to {_MAX_BY} characters, e.g. "
+            f"'openai:gpt-4.1'), got {model[:40]!r}"
+        )
+    return encodable(model)
 
 
 def _decision_data(decision: object) -> DecisionRecord | None:

@@ -65,6 +65,7 @@ from agentfsm.interception import Abort, Proceed, Rewrite
 from agentfsm.messages import ContextItem, ContextItemAdapter, FunctionCallOutputItem
 from agentfsm.record import DecisionEntry, DecisionRecord, LoopRecord
 from agentfsm.results import LoopStatus
+from agentfsm.states import LoopState
 
 from ._base import (
     _PRESENT,
@@ -93,6 +94,14 @@ from ._base import (
     request_id_checked,
     requests_wanted,
     unknown_loop,
+)
+from ._breaks import (
+    SharedBreakpoints,
+    StoredBreak,
+    break_checked,
+    breaks_wanted,
+    by_checked,
+    ended_loop_break,
 )
 from ._outline import Outline, inline
 from ._rows import (
@@ -275,8 +284,15 @@ class LogRow:
     write first (see `_outline`)."""
 
 
-class SQLStore(LoopStore, EventArchive, SharedContexts, Requests, Generic[_C]):
+class SQLStore(
+    LoopStore, EventArchive, SharedContexts, Requests, SharedBreakpoints, Generic[_C]
+):
     """A store on one SQL connection (`_C`), in a thread of its own."""
+
+    _has_breakpoints = True
+    """Whether the store holds the `breakpoints` table (a read-only store of a
+    file made before it may not: it holds none then). Set by the dialect as
+    it connects."""
 
     dialect: Dialect
     where: str
@@ -1262,14 +1278,15 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Requests, Generic[_C]):
     async def submit_request(
         self,
         loop_id: str,
-        kind: Literal["resume", "cancel"],
+        kind: Literal["resume", "cancel", "fork"],
         *,
         decision: DecisionRecord | Proceed | Rewrite | Abort | None = None,
         seq: int | None = None,
         by: str,
         reason: str | None = None,
+        model: str | None = None,
     ) -> LoopRequest:
-        new = request_checked(loop_id, kind, decision, seq, by, reason)
+        new = request_checked(loop_id, kind, decision, seq, by, reason, model)
         if self.read_only:
             raise StoreError(
                 f"{self.where}: the store was opened with read_only=True: it "
@@ -1278,7 +1295,13 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Requests, Generic[_C]):
         values = {
             "loop": new.loop_id,
             "kind": new.kind,
-            "decision": None if new.decision is None else json_of(new.decision),
+            # A fork's model goes in the decision column (a fork has no
+            # decision): the table needs no new column.
+            "decision": json.dumps({"model": new.model}, ensure_ascii=False)
+            if new.kind == "fork"
+            else None
+            if new.decision is None
+            else json_of(new.decision),
             "seq": new.seq,
             "asker": json.dumps(new.by, ensure_ascii=False),
             "reason": None
@@ -1301,7 +1324,7 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Requests, Generic[_C]):
                 )
                 if row is None:
                     raise unknown_loop(self.where, new.loop_id)
-                if row[0] == LoopStatus.done.value:
+                if row[0] == LoopStatus.done.value and new.kind != "fork":
                     raise ended_loop(new.loop_id)
                 request_id, created = self._row(conn, insert, values)
                 self._announce_request(conn, new.loop_id)
@@ -1315,6 +1338,7 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Requests, Generic[_C]):
                 by=new.by,
                 reason=new.reason,
                 created_at=datetime.fromtimestamp(float(created), UTC),
+                model=new.model,
             )
 
         return await self._run(write)
@@ -1373,13 +1397,15 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Requests, Generic[_C]):
         request_id, loop_id, kind, decision, seq, asker = row[:6]
         reason, created, status, resolved, note = row[6:]
         try:
+            forking = kind == "fork" and decision is not None
             return LoopRequest(
                 id=int(request_id),
                 loop_id=self._key_of(loop_id),
                 kind=kind,
                 decision=None
-                if decision is None
+                if decision is None or forking
                 else DecisionRecord.model_validate_json(decision),
+                model=json.loads(decision)["model"] if forking else None,
                 seq=None if seq is None else int(seq),
                 by=json.loads(asker),
                 reason=None if reason is None else json.loads(reason),
@@ -1423,10 +1449,156 @@ class SQLStore(LoopStore, EventArchive, SharedContexts, Requests, Generic[_C]):
         of its loop still pending)."""
         sql = self.q(
             "UPDATE requests SET status = 'applied', resolved = {now}"
-            " WHERE id = :request AND loop_id = :loop AND status = 'pending'"
+            # A fork's request is the source loop's, applied by the fork's
+            # first commit.
+            " WHERE id = :request AND (loop_id = :loop OR kind = 'fork')"
+            " AND status = 'pending'"
         )
         now = time.time()
         for request_id in commit.requests:
             self._execute(
                 conn, sql, {"request": request_id, "loop": commit.loop_id, "now": now}
             )
+
+    # ------------------------------------------------------------ breakpoints
+
+    async def add_breakpoint(
+        self,
+        *,
+        loop_id: str | None = None,
+        agent_id: str | None = None,
+        state: LoopState | str | None = None,
+        every: bool = False,
+        by: str,
+    ) -> StoredBreak:
+        new = break_checked(loop_id, agent_id, state, every, by)
+        self._refuse_read_only("sets no breakpoint")
+        asker = json.dumps(new.by, ensure_ascii=False)
+        values = {
+            "loop": new.loop_id,
+            "agent": None if new.agent_id is None else self._key_of_agent(new.agent_id),
+            "state": None if new.state is None else new.state.value,
+            "asker": asker,
+            "now": time.time(),
+        }
+        insert = (
+            "INSERT INTO breakpoints (loop_id, agent_id, state, asker, created)"
+            " VALUES (:loop, :agent, :state, :asker, {now}) RETURNING id, created"
+        )
+
+        def write(conn: _C) -> StoredBreak:
+            with self._transaction(conn):
+                if new.loop_id is not None:
+                    row = self._row(
+                        conn,
+                        "SELECT status FROM loops WHERE loop_id = :loop",
+                        {"loop": new.loop_id},
+                    )
+                    if row is None:
+                        raise unknown_loop(self.where, new.loop_id)
+                    if row[0] == LoopStatus.done.value:
+                        raise ended_loop_break(new.loop_id)
+                break_id, created = self._row(conn, insert, values)
+                # A notice only wakes the watching runtimes, which read both.
+                self._announce_request(conn, new.loop_id or "")
+            self._count(len(asker))
+            return StoredBreak(
+                id=int(break_id),
+                loop_id=new.loop_id,
+                agent_id=new.agent_id,
+                state=new.state,
+                by=new.by,
+                created_at=datetime.fromtimestamp(float(created), UTC),
+            )
+
+        return await self._run(write)
+
+    async def remove_breakpoint(
+        self, breakpoint_id: int, *, by: str
+    ) -> StoredBreak | None:
+        breakpoint_id = request_id_checked("breakpoint_id", breakpoint_id)
+        remover = json.dumps(by_checked(by), ensure_ascii=False)
+        self._refuse_read_only("removes no breakpoint")
+        update = (
+            "UPDATE breakpoints SET removed = {now}, remover = :remover"
+            " WHERE id = :id AND removed IS NULL RETURNING " + _BREAK_COLUMNS
+        )
+
+        def write(conn: _C) -> StoredBreak | None:
+            if not self._has_breakpoints:
+                return None
+            with self._transaction(conn):
+                row = self._row(
+                    conn,
+                    update,
+                    {"id": breakpoint_id, "remover": remover, "now": time.time()},
+                )
+                if row is not None:
+                    self._announce_request(conn, "")
+            if row is None:
+                return None
+            self._count(len(remover))
+            return self._break_of(row)
+
+        return await self._run(write)
+
+    async def breakpoints(
+        self, loop_id: str | None = None, agent_id: str | None = None
+    ) -> list[StoredBreak]:
+        breaks_wanted(loop_id, agent_id)
+        where = []
+        params: dict[str, Any] = {}
+        if loop_id is not None:
+            where.append("loop_id = :loop")
+            params["loop"] = loop_id
+        if agent_id is not None:
+            where.append("agent_id = :agent")
+            params["agent"] = self._key_of_agent(agent_id)
+        either = f" AND ({' OR '.join(where)})" if where else ""
+        sql = (
+            f"SELECT {_BREAK_COLUMNS} FROM breakpoints WHERE removed IS NULL"
+            f"{either} ORDER BY id"
+        )
+
+        def read(conn: _C) -> list[StoredBreak]:
+            if not self._has_breakpoints:
+                return []
+            return [self._break_of(row) for row in self._rows(conn, sql, params)]
+
+        return await self._run(read)
+
+    def _break_of(self, row: Sequence[Any]) -> StoredBreak:
+        """A stored breakpoint from its row.
+
+        Raises:
+            StoreError: the row cannot be read (it names the breakpoint).
+        """
+        break_id, loop_id, agent_id, state, asker, created, removed, remover = row
+        try:
+            return StoredBreak(
+                id=int(break_id),
+                loop_id=None if loop_id is None else self._key_of(loop_id),
+                agent_id=None if agent_id is None else self._key_of(agent_id),
+                state=state,
+                by=json.loads(asker),
+                created_at=datetime.fromtimestamp(float(created), UTC),
+                removed_at=None
+                if removed is None
+                else datetime.fromtimestamp(float(removed), UTC),
+                removed_by=None if remover is None else json.loads(remover),
+            )
+        except _DECODING as exc:
+            raise StoreError(
+                f"{self.where}: breakpoint {break_id} cannot be read "
+                f"({type(exc).__name__}: {str(exc)[:300]})"
+            ) from exc
+
+    def _refuse_read_only(self, what: str) -> None:
+        if self.read_only:
+            raise StoreError(
+                f"{self.where}: the store was opened with read_only=True: it {what}"
+            )
+
+
+_BREAK_COLUMNS: Final = "id, loop_id, agent_id, state, asker, created, removed, remover"
+"""A `breakpoints` row's columns, as `_break_of` reads them."""

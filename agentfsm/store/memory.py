@@ -20,6 +20,7 @@ from agentfsm.interception import Abort, Proceed, Rewrite
 from agentfsm.messages import ContextItem
 from agentfsm.record import DecisionEntry, DecisionRecord, LoopRecord
 from agentfsm.results import LoopStatus, PathStep
+from agentfsm.states import LoopState
 
 from ._base import (
     _PRESENT,
@@ -49,6 +50,14 @@ from ._base import (
     requests_wanted,
     run_commits,
     unknown_loop,
+)
+from ._breaks import (
+    SharedBreakpoints,
+    StoredBreak,
+    break_checked,
+    breaks_wanted,
+    by_checked,
+    ended_loop_break,
 )
 
 __all__ = ("MemoryStore",)
@@ -97,7 +106,7 @@ class _Entry:
         return self.latest is not None and self.latest.status is LoopStatus.done
 
 
-class MemoryStore(LoopStore, EventArchive, SharedContexts, Requests):
+class MemoryStore(LoopStore, EventArchive, SharedContexts, Requests, SharedBreakpoints):
     """A store in this process's memory (tests, and loops that must outlive one
     runtime but not the process)."""
 
@@ -110,6 +119,8 @@ class MemoryStore(LoopStore, EventArchive, SharedContexts, Requests):
         self._commits = 0
         self._requests: dict[int, LoopRequest] = {}
         """Every request, by id (ids in the order given)."""
+        self._breaks: dict[int, StoredBreak] = {}
+        """Every stored breakpoint, removed ones too, by id (in the order set)."""
 
     def __repr__(self) -> str:
         return f"MemoryStore(at {id(self):#x})"
@@ -161,7 +172,8 @@ class MemoryStore(LoopStore, EventArchive, SharedContexts, Requests):
             request = self._requests.get(request_id)
             if (
                 request is not None
-                and request.loop_id == loop_id
+                # A fork's request is its source's, applied by the fork's.
+                and (request.loop_id == loop_id or request.kind == "fork")
                 and request.status == "pending"
             ):
                 self._requests[request_id] = request.model_copy(
@@ -342,18 +354,19 @@ class MemoryStore(LoopStore, EventArchive, SharedContexts, Requests):
     async def submit_request(
         self,
         loop_id: str,
-        kind: Literal["resume", "cancel"],
+        kind: Literal["resume", "cancel", "fork"],
         *,
         decision: DecisionRecord | Proceed | Rewrite | Abort | None = None,
         seq: int | None = None,
         by: str,
         reason: str | None = None,
+        model: str | None = None,
     ) -> LoopRequest:
-        new = request_checked(loop_id, kind, decision, seq, by, reason)
+        new = request_checked(loop_id, kind, decision, seq, by, reason, model)
         entry = self._loops.get(new.loop_id)
         if entry is None or entry.latest is None:
             raise unknown_loop(repr(self), new.loop_id)
-        if entry.done:
+        if entry.done and new.kind != "fork":
             raise ended_loop(new.loop_id)
         request = LoopRequest(
             id=len(self._requests) + 1,
@@ -364,6 +377,7 @@ class MemoryStore(LoopStore, EventArchive, SharedContexts, Requests):
             by=new.by,
             reason=new.reason,
             created_at=datetime.now(UTC),
+            model=new.model,
         )
         self._requests[request.id] = request
         return request
@@ -402,3 +416,62 @@ class MemoryStore(LoopStore, EventArchive, SharedContexts, Requests):
                     "note": note,
                 }
             )
+
+    # ------------------------------------------------------------ breakpoints
+
+    async def add_breakpoint(
+        self,
+        *,
+        loop_id: str | None = None,
+        agent_id: str | None = None,
+        state: LoopState | str | None = None,
+        every: bool = False,
+        by: str,
+    ) -> StoredBreak:
+        new = break_checked(loop_id, agent_id, state, every, by)
+        if new.loop_id is not None:
+            entry = self._loops.get(new.loop_id)
+            if entry is None or entry.latest is None:
+                raise unknown_loop(repr(self), new.loop_id)
+            if entry.done:
+                raise ended_loop_break(new.loop_id)
+        stored = StoredBreak(
+            id=len(self._breaks) + 1,
+            loop_id=new.loop_id,
+            agent_id=new.agent_id,
+            state=new.state,
+            by=new.by,
+            created_at=datetime.now(UTC),
+        )
+        self._breaks[stored.id] = stored
+        return stored
+
+    async def remove_breakpoint(
+        self, breakpoint_id: int, *, by: str
+    ) -> StoredBreak | None:
+        breakpoint_id = request_id_checked("breakpoint_id", breakpoint_id)
+        by = by_checked(by)
+        found = self._breaks.get(breakpoint_id)
+        if found is None or found.removed_at is not None:
+            return None
+        removed = found.model_copy(
+            update={"removed_at": datetime.now(UTC), "removed_by": by}
+        )
+        self._breaks[breakpoint_id] = removed
+        return removed
+
+    async def breakpoints(
+        self, loop_id: str | None = None, agent_id: str | None = None
+    ) -> list[StoredBreak]:
+        breaks_wanted(loop_id, agent_id)
+        every = loop_id is None and agent_id is None
+        return [
+            b
+            for b in self._breaks.values()
+            if b.removed_at is None
+            and (
+                every
+                or (loop_id is not None and b.loop_id == loop_id)
+                or (agent_id is not None and b.agent_id == agent_id)
+            )
+        ]

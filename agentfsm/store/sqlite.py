@@ -141,6 +141,24 @@ _REQUESTS: Final = (
 of this layout made before it at its first writable open. Its ids are the
 rowid, never reused (no row is deleted): a later request has a greater id."""
 
+_BREAKPOINTS: Final = (
+    """CREATE TABLE IF NOT EXISTS breakpoints (
+    id INTEGER PRIMARY KEY,
+    loop_id TEXT,
+    agent_id TEXT,
+    state TEXT,
+    asker TEXT NOT NULL,
+    created REAL NOT NULL,
+    removed REAL,
+    remover TEXT
+)""",
+    "CREATE INDEX IF NOT EXISTS breakpoints_active ON breakpoints (id) WHERE removed IS NULL",
+)
+"""Stored breakpoints (`SharedBreakpoints`): made, as the requests are, with a
+new store or at the first writable open of one made before them. A removed
+one keeps its row (who removed it, when); the active ones are indexed apart,
+so a watching runtime's read of them skips the removed."""
+
 _COLUMNS: Final = ", ".join(LOG_COLUMNS)
 _N: Final = len(LOG_COLUMNS)
 _APPEND: Final = f"INSERT INTO log (id, {_COLUMNS}) VALUES (?, {', '.join('?' * _N)})"
@@ -321,7 +339,8 @@ class SQLiteStore(SQLStore[sqlite3.Connection]):
                             f"{self.path} holds no agentfsm store (an empty SQLite "
                             "database; a read-only store is not made)"
                         )
-                    self._has_requests = _holds_requests(db)
+                    self._has_requests = _holds_table(db, "requests")
+                    self._has_breakpoints = _holds_table(db, "breakpoints")
                 finally:
                     db.execute("ROLLBACK")
             except sqlite3.OperationalError as exc:
@@ -436,7 +455,8 @@ class SQLiteStore(SQLStore[sqlite3.Connection]):
                     db.execute(statement)
                 db.execute(f"PRAGMA application_id={_APPLICATION_ID}")
                 db.execute(f"PRAGMA user_version={_LAYOUT}")
-            for statement in _REQUESTS:  # (a store made before them gets them)
+            # A store made before the inbox (or the breakpoints) gets them.
+            for statement in (*_REQUESTS, *_BREAKPOINTS):
                 db.execute(statement)
         except BaseException:
             db.execute("ROLLBACK")
@@ -626,10 +646,11 @@ class SQLiteStore(SQLStore[sqlite3.Connection]):
         return await super().renew(owner, loop_ids)
 
 
-def _holds_requests(db: sqlite3.Connection) -> bool:
-    """Whether the file holds the `requests` table (see `_REQUESTS`)."""
+def _holds_table(db: sqlite3.Connection, name: str) -> bool:
+    """Whether the file holds the table `name` (one added to the layout
+    later: `_REQUESTS`, `_BREAKPOINTS`)."""
     found = db.execute(
-        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'requests'"
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
     ).fetchone()
     return found is not None
 

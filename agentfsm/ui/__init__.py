@@ -16,7 +16,8 @@ anywhere else.
 
 A person acts from a loop's page: approves, denies or edits each call a
 paused loop waits on, settles a call whose outcome a crash left uncertain,
-proceeds or aborts, cancels. Each action is stored as a request in the
+proceeds or aborts, cancels, forks a loop at a seq (with another model, say),
+replays an ended loop from its recording to see where it first diverges. Each action is stored as a request in the
 loop's store (the decision inbox, `agentfsm.store.Requests`), naming the
 UI's user; the runtime that holds the loop (`Runtime(requests=True)`)
 applies it, once.
@@ -45,6 +46,7 @@ from agentfsm.store._sql import SQLStore
 
 from ._actions import Actions
 from ._app import build_app
+from ._replays import Replays
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -66,6 +68,7 @@ def app(
     poll: float = 0.2,
     user: str | None = None,
     writer: LoopStore | None = None,
+    replay_timeout: float = 60.0,
 ) -> Starlette:
     """The UI as an ASGI app, over a runtime's durable store or a store.
 
@@ -92,6 +95,9 @@ def app(
             `read_only=True`: a writable store of the same data (the app
             opens it at the first request and closes it at its shutdown).
             Without one, such a UI only shows.
+        replay_timeout: seconds a replay asked from a loop's page may take
+            (it replays with the runtime's handlers, mounted beside one; with
+            none, over a store).
 
     Raises:
         ConfigurationError: the source keeps no loops the UI can list (a
@@ -128,9 +134,24 @@ def app(
         writer=writer,
         poke=source.poke_requests if isinstance(source, Runtime) else None,
     )
+    if type(replay_timeout) not in (int, float) or replay_timeout <= 0:
+        raise ConfigurationError(
+            f"replay_timeout must be a positive number of seconds, got {replay_timeout!r}"
+        )
+    keeper = source._keeper if isinstance(source, Runtime) else None
+    replays = Replays(
+        store,
+        callables=None if keeper is None else keeper.bindings.callables,
+        timeout=float(replay_timeout),
+    )
     token = token if token is not None else new_token()
     built = build_app(
-        store, token=token, actions=actions, poll=float(poll), owns_store=owns
+        store,
+        token=token,
+        actions=actions,
+        poll=float(poll),
+        owns_store=owns,
+        replays=replays,
     )
     built.state.token = token
     built.state.user = actions.user

@@ -18,37 +18,46 @@ names in its audit.
 {"kind": "resume", "seq": 7, "decision": "proceed"}
 {"kind": "resume", "seq": 7, "decision": "abort", "reason": "wrong customer"}
 {"kind": "cancel", "reason": "the user left"}
+{"kind": "fork", "seq": 3, "model": "openai:gpt-4.1"}
 ```
+
+A fork (of any loop, an ended one too) starts a new loop from the loop's
+first model request at or after `seq`, with `model` if given
+(`agentfsm.replay.fork`); any runtime watching the store that has the loop's
+tools applies it, once (`agentfsm._replay.inbox`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 import anyio
 
 from agentfsm._arguments import ArgumentTypeError, ArgumentValueError
+from agentfsm.events import AgentEvent, LoopTransition
 from agentfsm.exceptions import LoopStateError, StoreError, UnknownLoopError
 from agentfsm.interception import Abort, Decision, Proceed, Rewrite, ToolBatch
 from agentfsm.record import DecisionRecord, LoopRecord
 from agentfsm.results import LoopStatus
+from agentfsm.states import Trigger
 from agentfsm.store import CallRecord, LoopRequest, SQLiteStore
 from agentfsm.store._sql import SQLStore
 
-__all__ = ("ActionError", "Actions", "offered")
+__all__ = ("ActionError", "Actions", "fork_points", "offered", "parse_object")
 
 MAX_BODY: Final = 1 << 20
 """Bytes a request's body may hold (edited arguments, an output to record)."""
 
-_KINDS: Final = ("resume", "cancel")
+_KINDS: Final = ("resume", "cancel", "fork")
 _DECISIONS: Final = ("proceed", "abort", "calls")
 _CALL_ACTIONS: Final = ("approve", "deny", "edit", "answer")
 _FIELDS: Final = {
     "resume": frozenset({"kind", "seq", "decision", "reason", "calls"}),
     "cancel": frozenset({"kind", "reason"}),
+    "fork": frozenset({"kind", "seq", "model"}),
 }
 _CALL_FIELDS: Final = {
     "approve": frozenset({"action"}),
@@ -93,11 +102,12 @@ class CallAction:
 class Wanted:
     """A request's body, checked."""
 
-    kind: Literal["resume", "cancel"]
+    kind: Literal["resume", "cancel", "fork"]
     seq: int | None = None
     decision: Literal["proceed", "abort", "calls"] | None = None
     reason: str | None = None
     calls: dict[str, CallAction] = field(default_factory=dict)
+    model: str | None = None
 
 
 def parse(body: bytes) -> Wanted:
@@ -106,21 +116,21 @@ def parse(body: bytes) -> Wanted:
     Raises:
         ActionError: 400, naming the field at fault.
     """
-    try:
-        data = json.loads(body, object_pairs_hook=_no_repeats, parse_constant=_no_nan)
-    except _Repeated as exc:
-        raise _bad("body", f"the key {exc.args[0]!r} is given twice") from None
-    except (ValueError, RecursionError) as exc:
-        raise _bad("body", f"not JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise _bad("body", f"a JSON object, got {_what(data)}")
+    data = parse_object(body)
     kind = data.get("kind")
     if kind not in _KINDS:
-        raise _bad("kind", f"'resume' or 'cancel', got {_shown(kind)}")
+        raise _bad("kind", f"'resume', 'cancel' or 'fork', got {_shown(kind)}")
     _only(data, _FIELDS[kind], "")
     if kind == "cancel":
         return Wanted("cancel", reason=_text(data, "reason", "", required=True))
     seq = data.get("seq")
+    if kind == "fork":
+        if type(seq) is not int or not 0 <= seq < 2**63:
+            raise _bad(
+                "seq", f"where the fork starts (a seq, an int), got {_shown(seq)}"
+            )
+        model = _text(data, "model", "", required=False)
+        return Wanted("fork", seq, model=(model.strip() or None) if model else None)
     if type(seq) is not int or seq < 0:
         raise _bad("seq", f"the seq of the pause answered (an int), got {_shown(seq)}")
     decision = data.get("decision")
@@ -136,6 +146,23 @@ def parse(body: bytes) -> Wanted:
     elif "calls" in data:
         raise _bad("calls", f"only with decision 'calls', not {decision!r}")
     return Wanted("resume", seq, decision, reason, calls)
+
+
+def parse_object(body: bytes) -> dict[str, Any]:
+    """A body that must be one JSON object (no key twice, no NaN).
+
+    Raises:
+        ActionError: 400, naming the body.
+    """
+    try:
+        data = json.loads(body, object_pairs_hook=_no_repeats, parse_constant=_no_nan)
+    except _Repeated as exc:
+        raise _bad("body", f"the key {exc.args[0]!r} is given twice") from None
+    except (ValueError, RecursionError) as exc:
+        raise _bad("body", f"not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise _bad("body", f"a JSON object, got {_what(data)}")
+    return data
 
 
 def _call(call_id: str, given: object) -> CallAction:
@@ -331,9 +358,10 @@ def uncertain_of(record: LoopRecord, ledger: list[CallRecord]) -> frozenset[str]
 
 
 def offered(record: LoopRecord, ledger: list[CallRecord]) -> dict[str, Any] | None:
-    """What the loop's page offers to do (None: nothing, the loop has ended):
-    `cancel`, and for a paused loop `resume`: the pause's seq and, over a
-    batch of tool calls, each call with what it waits on."""
+    """What the loop's page offers to do (None: nothing, the loop has ended;
+    a fork is offered apart): `cancel`, and for a paused loop `resume`: the
+    pause's seq and, over a batch of tool calls, each call with what it
+    waits on."""
     if record.status is LoopStatus.done:
         return None
     pause = record.pause
@@ -356,6 +384,17 @@ def offered(record: LoopRecord, ledger: list[CallRecord]) -> dict[str, Any] | No
             for c in batch.calls
         ]
     return {"cancel": True, "resume": resume}
+
+
+def fork_points(events: Sequence[AgentEvent]) -> list[int]:
+    """The seqs a fork may start from: the loop's model requests (its `infer`
+    transitions), in order."""
+    return [
+        e.seq
+        for e in events
+        if isinstance(e, LoopTransition)
+        and e.trigger in (Trigger.infer, Trigger.infer_streaming)
+    ]
 
 
 # ------------------------------------------------------------------ the inbox
@@ -400,8 +439,20 @@ class Actions:
         """The loop's requests, oldest first (read where they are written
         once the writer is open: a read-only handle of a store made before
         the inbox existed does not see the table the writer made)."""
-        store = self.writer if self._opened and self.writer is not None else self.store
-        return await store.requests(loop_id)
+        return await self.reader().requests(loop_id)
+
+    def reader(self) -> SQLStore[Any]:
+        """Where what the UI writes is read back: the writer once open, else
+        the store."""
+        return self.writer if self._opened and self.writer is not None else self.store
+
+    async def writable(self) -> SQLStore[Any]:
+        """The store the UI writes to (see `_inbox`).
+
+        Raises:
+            ActionError: 503, the UI has nowhere to write.
+        """
+        return await self._inbox()
 
     async def submit(self, loop_id: str, body: bytes) -> LoopRequest:
         """Store the request a form asks for, by the UI's user, and poke the
@@ -417,7 +468,9 @@ class Actions:
         if stored is None:
             raise ActionError(404, f"the store holds no loop {loop_id!r}")
         record = stored.record
-        if record.status is LoopStatus.done:
+        if wanted.kind == "fork":
+            await self._fork_point(loop_id, wanted)
+        elif record.status is LoopStatus.done:
             raise ActionError(409, f"loop {loop_id} has ended: nothing can act on it")
         decision: DecisionRecord | None = None
         if wanted.kind == "resume":
@@ -433,6 +486,7 @@ class Actions:
                 seq=wanted.seq,
                 by=self.user,
                 reason=wanted.reason,
+                model=wanted.model,
             )
         except UnknownLoopError as exc:
             raise ActionError(404, str(exc)) from None
@@ -443,6 +497,29 @@ class Actions:
         if self.poke is not None:
             self.poke()
         return request
+
+    async def _fork_point(self, loop_id: str, wanted: Wanted) -> None:
+        """Check that the loop made a model request at or after the fork's seq
+        (a fork replays its events up to it).
+
+        Raises:
+            ActionError: 409 the store keeps no events; 400 no such request.
+        """
+        if not self.store.keeps_events:
+            raise ActionError(
+                409,
+                "the store keeps no events, and a fork replays them "
+                "(SQLiteStore(..., events=True) keeps them)",
+            )
+        points = fork_points(await self.store.events(loop_id))
+        assert wanted.seq is not None
+        if not any(seq >= wanted.seq for seq in points):
+            last = f"its last is at seq {points[-1]}" if points else "it made none"
+            raise _bad(
+                "seq",
+                f"loop {loop_id} made no model request at or after seq "
+                f"{wanted.seq} ({last}): a fork starts from one",
+            )
 
     async def _inbox(self) -> SQLStore[Any]:
         """The store requests are written to (the writer opened once)."""

@@ -8,6 +8,11 @@ GET /api/loops/{loop_id}       one loop's page as JSON (?after=&items=)
 GET /api/loops/{id}/requests   the loop's requests (the decision inbox)
 POST /api/loops/{id}/requests  act on the loop: store a request (202), which
                                the runtime holding the loop applies
+POST /api/loops/{id}/replay    replay the ended loop from its recording: its
+                               first divergence, or none (see `_replays`)
+GET /api/breakpoints           the active stored breakpoints (?loop=&agent=)
+POST /api/breakpoints          set one (201): {"loop_id"|"agent_id", "state"|"every"}
+DELETE /api/breakpoints/{id}   remove one (200; 404: no active one of that id)
 GET /api/stream/loops          server-sent events: the list, each time it changes
 GET /api/stream/loops/{id}     server-sent events: what the loop's page lacks,
                                each time the loop changes; each event's id is
@@ -56,6 +61,8 @@ from agentfsm.results import LoopStatus
 from agentfsm.store._sql import SQLStore
 
 from ._actions import MAX_BODY, ActionError, Actions
+from ._breaks import Breaks
+from ._replays import Replays
 from ._security import Guard
 from ._source import StoreSource
 
@@ -74,6 +81,9 @@ token a request that acts carries: hex digits) to fill in."""
 
 _REQUESTS: Final = "/requests"
 """The tail of a loop's address that names its requests."""
+
+_REPLAY: Final = "/replay"
+"""The tail of a loop's address that replays it."""
 
 _REFRESH: Final = 5.0
 """Seconds after which the loops list is read whole even if the store's
@@ -104,12 +114,16 @@ def build_app(
     actions: Actions,
     poll: float = 0.2,
     owns_store: bool = True,
+    replays: Replays | None = None,
 ) -> Starlette:
     """The UI over `store`; `owns_store`: the app opens and closes it (the
     standalone server), else its runtime does (an app mounted beside one);
-    `actions`: what a person may do, and where requests are written."""
+    `actions`: what a person may do, and where requests are written;
+    `replays`: how a loop is replayed (default: with no handlers)."""
     source = StoreSource(store, actions)
+    replaying = replays if replays is not None else Replays(store)
     guard = Guard(token)
+    breaks = Breaks(actions)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -140,6 +154,12 @@ def build_app(
         return _json(await source.loops(status, agent))
 
     async def loop_or_requests(request: Request) -> Response:
+        replayed = _tailed(request, _REPLAY)
+        if replayed is not None:
+            if request.method != "POST":
+                error = "a replay is asked with POST (it runs the loop again)"
+                return _json({"error": error}, 405)
+            return _json(await replaying.replay(replayed))
         loop_id, of_requests = _target(request)
         if of_requests:
             if request.method == "POST":
@@ -171,6 +191,19 @@ def build_app(
                     return too_big
         stored = await actions.submit(loop_id, bytes(body))
         return _json(stored.model_dump(mode="json"), 202)
+
+    async def breakpoints(request: Request) -> Response:
+        if request.method == "POST":
+            made = await breaks.add(await _limited_body(request))
+            return _json(made.model_dump(mode="json"), 201)
+        loop_id = request.query_params.get("loop") or None
+        agent_id = request.query_params.get("agent") or None
+        found = await breaks.active(loop_id, agent_id)
+        return _json({"breakpoints": [b.model_dump(mode="json") for b in found]})
+
+    async def breakpoint_removed(request: Request) -> Response:
+        removed = await breaks.remove(request.path_params["breakpoint_id"])
+        return _json(removed.model_dump(mode="json"))
 
     async def stream_loops(request: Request) -> Response:
         status, agent = _filters(request)
@@ -272,6 +305,12 @@ def build_app(
             _any_id("/loop/{loop_id:path}", page),
             Route("/api/loops", loops),
             _any_id("/api/loops/{loop_id:path}", loop_or_requests, ["GET", "POST"]),
+            Route("/api/breakpoints", breakpoints, methods=["GET", "POST"]),
+            Route(
+                "/api/breakpoints/{breakpoint_id:int}",
+                breakpoint_removed,
+                methods=["DELETE"],
+            ),
             Route("/api/stream/loops", stream_loops),
             _any_id("/api/stream/loops/{loop_id:path}", stream_loop),
             Mount("/static", StaticFiles(directory=STATIC), name="static"),
@@ -317,6 +356,38 @@ def _target(request: Request) -> tuple[str, bool]:
     if tail:
         loop_id = loop_id[: -len(_REQUESTS)]
     return loop_id or request.query_params.get("id", ""), tail
+
+
+async def _limited_body(request: Request) -> bytes:
+    """The request's body, refused past `MAX_BODY` bytes (before it is read
+    when its length says so).
+
+    Raises:
+        ActionError: 413, the body is too big.
+    """
+    too_big = ActionError(413, f"the request's body is over {MAX_BODY} bytes", "body")
+    length = request.headers.get("content-length", "")
+    if _COUNT.fullmatch(length) and int(length) > MAX_BODY:
+        raise too_big
+    body = bytearray()
+    async with contextlib.aclosing(request.stream()) as chunks:
+        async for chunk in chunks:
+            body += chunk
+            if len(body) > MAX_BODY:
+                raise too_big
+    return bytes(body)
+
+
+def _tailed(request: Request, tail: str) -> str | None:
+    """The loop an `/api/loops/...` address names if it ends with the literal
+    `tail` (as `_target` reads `/requests`), else None."""
+    loop_id: str = request.path_params["loop_id"]
+    raw = request.scope.get("raw_path")
+    if not loop_id.endswith(tail) or (
+        isinstance(raw, bytes) and not raw.endswith(tail.encode())
+    ):
+        return None
+    return loop_id[: -len(tail)] or request.query_params.get("id", "")
 
 
 def _past(due: float | None) -> bool:

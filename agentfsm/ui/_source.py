@@ -24,6 +24,7 @@ from agentfsm.store._sql import SQLStore
 from agentfsm.timeline import build_timeline
 
 from ._actions import Actions, offered
+from ._forks import fork_data
 
 __all__ = ("LoopPage", "StoreSource")
 
@@ -88,6 +89,7 @@ class StoreSource:
             "agents": agents,
             "loops": [summary_data(loop) for loop in shown],
             "unreadable": [u.model_dump(mode="json") for u in unreadable],
+            "breakpoints": len(await self.actions.reader().breakpoints()),
         }
 
     async def loop(
@@ -110,6 +112,7 @@ class StoreSource:
         calls = await self.store.calls(loop_id)
         decisions = await self.store.decisions(loop_id)
         requests = await self.actions.requests(loop_id)
+        breaks = await self.actions.reader().breakpoints(loop_id, summary.agent_id)
         data = {
             "now": _now().isoformat(),
             "summary": summary_data(summary),
@@ -126,6 +129,10 @@ class StoreSource:
             "ledger": [c.model_dump(mode="json") for c in calls],
             "decisions": [d.model_dump(mode="json") for d in decisions],
             "requests": [r.model_dump(mode="json") for r in requests],
+            "fork": await fork_data(
+                self.store, loop_id, events, requests, enabled=self.actions.enabled
+            ),
+            "breakpoints": [b.model_dump(mode="json") for b in breaks],
             "actions": offered(record, calls) if self.actions.enabled else None,
             "user": self.actions.user,
             "items_from": items,
@@ -145,6 +152,7 @@ class StoreSource:
                 until,
                 summary.lease_live,
                 _requests_mark(requests),
+                tuple(b.id for b in breaks),
             ),
             items=len(stored.items),
             rows=rows,
@@ -152,14 +160,18 @@ class StoreSource:
         )
 
     async def mark(self, loop_id: str | None = None) -> tuple[Any, ...]:
-        """The store's cheap change mark (`SQLStore.change_mark`), and a loop's
+        """The store's cheap change mark (`SQLStore.change_mark`), a loop's
         requests' ids and statuses (a request submitted or refused writes no
-        commit): a stream reads a page whole only when it moved. `()`: the
-        store holds no such loop."""
+        commit) and the active breakpoints' ids: a stream reads a page whole
+        only when it moved. `()`: the store holds no such loop."""
         mark = await self.store.change_mark(loop_id)
-        if loop_id is None or not mark:
+        if not mark:
             return mark
-        return (*mark, _requests_mark(await self.actions.requests(loop_id)))
+        # A breakpoint set or removed writes no commit either.
+        breaks = tuple(b.id for b in await self.actions.reader().breakpoints())
+        if loop_id is None:
+            return (*mark, breaks)
+        return (*mark, _requests_mark(await self.actions.requests(loop_id)), breaks)
 
 
 def _requests_mark(requests: list[LoopRequest]) -> tuple[tuple[int, str], ...]:

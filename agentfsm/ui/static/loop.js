@@ -27,8 +27,7 @@
   // An edge down the rows is a straight line, its ends spread along the
   // nodes' borders; an edge back up leaves and enters by the outer side and
   // bends around; the untaken error edges meet at one junction above the end.
-  function drawGraph(graph) {
-    const box = document.getElementById("diagram");
+  function drawGraph(graph, box = document.getElementById("diagram"), note = document.getElementById("diagram-note")) {
     clear(box);
     const W = 160, H = 40, GAP_X = 90, GAP_Y = 74, PAD = 170;
     const widest = Math.max(...graph.rows.map((row) => row.length));
@@ -115,7 +114,7 @@
       nodes.append(group);
     }
     box.append(nodes);
-    document.getElementById("diagram-note").textContent = visible(graph.note || graph.title);
+    if (note) note.textContent = visible(graph.note || graph.title);
   }
 
   function drawSummary(data) {
@@ -453,6 +452,210 @@
     document.getElementById("no-requests").hidden = requests.length > 0;
   }
 
+  // ------------------------------------------------------------ breakpoints
+
+  let agentId = null;
+
+  function sayBreak(text, cls) {
+    const box = document.getElementById("break-status");
+    box.textContent = visible(text);
+    box.className = `action-status ${cls || ""}`;
+  }
+
+  async function breakRequest(method, path, body) {
+    const buttons = document.querySelectorAll("#breakpoints button");
+    buttons.forEach((b) => { b.disabled = true; });
+    sayBreak("sending…", "busy");
+    try {
+      const options = { method, headers: { "x-agentfsm-form": formToken }, cache: "no-store" };
+      if (body) {
+        options.headers["content-type"] = "application/json";
+        options.body = JSON.stringify(body);
+      }
+      const answer = await fetch(api(path), options);
+      const data = await answer.json().catch(() => ({}));
+      if (answer.ok) {
+        sayBreak(method === "DELETE" ? `breakpoint #${data.id} removed` : `breakpoint #${data.id} set: the runtimes watching the store pause there`, "ok");
+      } else {
+        sayBreak(`refused (${answer.status}): ${data.error || "no reason given"}`, "bad");
+      }
+    } catch (error) {
+      sayBreak(`the server cannot be reached: ${error}`, "bad");
+    } finally {
+      buttons.forEach((b) => { b.disabled = false; });
+    }
+  }
+
+  function drawBreakpoints(data) {
+    agentId = data.summary.agent_id;
+    document.getElementById("break-form").hidden = !data.actions;
+    const body = document.querySelector("#breaks tbody");
+    clear(body);
+    for (const b of data.breakpoints) {
+      const remove = el("button", { type: "button", class: "remove", text: "remove" });
+      remove.addEventListener("click", () => breakRequest("DELETE", `breakpoints/${b.id}`));
+      body.append(
+        el("tr", { class: `break ${b.loop_id === null ? "agent" : "loop"}`, "data-break": b.id },
+          el("td", { class: "num", text: b.id }),
+          el("td", { class: "state", text: b.state === null ? "every transition (step mode)" : b.state }),
+          el("td", { class: "scope", text: b.loop_id === null ? `agent ${b.agent_id}` : "this loop" }),
+          el("td", { class: "by", text: b.by }),
+          el("td", { text: b.created_at }),
+          el("td", {}, data.actions ? remove : null),
+        ),
+      );
+    }
+    document.getElementById("no-breaks").hidden = data.breakpoints.length > 0;
+  }
+
+  document.getElementById("break-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const state = document.getElementById("break-state").value;
+    const scope = document.getElementById("break-scope").value;
+    const body = scope === "agent" ? { agent_id: agentId, state } : { loop_id: loopId, state };
+    breakRequest("POST", "breakpoints", body);
+  });
+  document.getElementById("break-step").addEventListener("click", () => {
+    breakRequest("POST", "breakpoints", { loop_id: loopId, every: true });
+  });
+
+  // ------------------------------------------------------- forks, replay
+
+  const loopLink = (id) => `${agentfsm.root}/loop/${loopPath(id)}`;
+  let pointsFor = null; // the fork points the select was filled with
+
+  function sayFork(text, cls) {
+    const box = document.getElementById("fork-status");
+    box.textContent = visible(text);
+    box.className = `action-status ${cls || ""}`;
+  }
+
+  // A fork's page: a link to its source and both paths side by side; any
+  // loop's page: the forks asked of it, and the form to ask one.
+  function drawForks(data) {
+    const fork = data.fork;
+    const origin = fork.from;
+    document.getElementById("fork-of").hidden = !origin;
+    if (origin) {
+      const link = document.getElementById("fork-source");
+      link.textContent = visible(origin.loop_id);
+      link.href = loopLink(origin.loop_id);
+      document.getElementById("fork-seq-of").textContent = String(origin.seq);
+      if (origin.graph) drawGraph(origin.graph, document.getElementById("source-diagram"), null);
+      document.getElementById("source-caption").textContent = origin.graph ? "the source" : "the source (not in this store)";
+      drawGraph(data.graph, document.getElementById("fork-diagram"), null);
+    }
+    const form = document.getElementById("fork-form");
+    form.hidden = !fork.enabled || fork.points.length === 0;
+    const key = JSON.stringify(fork.points);
+    if (key !== pointsFor) {
+      pointsFor = key;
+      const select = document.getElementById("fork-at");
+      const chosen = select.value;
+      clear(select);
+      for (const seq of fork.points) select.append(el("option", { value: seq, text: String(seq) }));
+      if (chosen && fork.points.includes(Number(chosen))) select.value = chosen;
+    }
+    const body = document.querySelector("#forks tbody");
+    clear(body);
+    for (const f of fork.forks) {
+      const loop = f.loop_id ? el("a", { href: loopLink(f.loop_id), class: "fork-loop", text: f.loop_id }) : f.note || "";
+      body.append(
+        el("tr", { class: `fork ${f.status}`, "data-request": f.request },
+          el("td", { class: "num", text: f.request }),
+          el("td", { class: "num", text: f.seq }),
+          el("td", { text: f.model || "the recorded one" }),
+          el("td", { class: "by", text: f.by }),
+          el("td", { class: "status", text: f.status }),
+          el("td", {}, loop),
+        ),
+      );
+    }
+    document.getElementById("no-forks").hidden = fork.forks.length > 0;
+    document.getElementById("replay-box").hidden = data.summary.status !== "done" || !data.events_kept;
+  }
+
+  document.getElementById("fork-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const seq = Number(document.getElementById("fork-at").value);
+    const model = document.getElementById("fork-model").value.trim();
+    const body = { kind: "fork", seq };
+    if (model) body.model = model;
+    const button = document.getElementById("fork");
+    button.disabled = true;
+    sayFork("sending…", "busy");
+    try {
+      const answer = await fetch(requestsUrl(loopId), {
+        method: "POST",
+        headers: { "content-type": "application/json", "x-agentfsm-form": formToken },
+        body: JSON.stringify(body),
+        cache: "no-store",
+      });
+      const data = await answer.json().catch(() => ({}));
+      if (answer.status === 202) {
+        sayFork(`fork request #${data.id} stored, pending: a runtime watching the store with the loop's tools starts it`, "ok");
+      } else {
+        sayFork(`refused (${answer.status}): ${data.error || "no reason given"}`, "bad");
+      }
+    } catch (error) {
+      sayFork(`the server cannot be reached: ${error}`, "bad");
+    } finally {
+      button.disabled = false;
+    }
+  });
+
+  function replayUrl(id) {
+    const where = id === "." || id === ".." ? `/replay?id=${encodeURIComponent(id)}` : `${encodeURIComponent(id)}/replay`;
+    return api(`loops/${where}`);
+  }
+
+  document.getElementById("replay").addEventListener("click", async () => {
+    const button = document.getElementById("replay");
+    const status = document.getElementById("replay-status");
+    const result = document.getElementById("replay-result");
+    const table = document.getElementById("replay-differences");
+    button.disabled = true;
+    status.textContent = "replaying…";
+    status.className = "action-status busy";
+    result.hidden = true;
+    table.hidden = true;
+    try {
+      const answer = await fetch(replayUrl(loopId), { method: "POST", headers: { "x-agentfsm-form": formToken }, cache: "no-store" });
+      const data = await answer.json().catch(() => ({}));
+      if (!answer.ok) {
+        status.textContent = visible(`refused (${answer.status}): ${data.error || "no reason given"}`);
+        status.className = "action-status bad";
+        return;
+      }
+      if (data.error) {
+        status.textContent = visible(data.error);
+        status.className = "action-status bad";
+        return;
+      }
+      status.textContent = visible(data.diverged ? `diverged (handlers: ${data.handlers})` : `no divergence (handlers: ${data.handlers})`);
+      status.className = `action-status ${data.diverged ? "bad" : "ok"}`;
+      result.textContent = visible(data.text);
+      result.className = data.diverged ? "diverged" : "same";
+      result.hidden = false;
+      const body = table.querySelector("tbody");
+      clear(body);
+      const differences = data.divergence ? data.divergence.differences : [];
+      for (const d of differences) {
+        body.append(el("tr", { class: "difference" },
+          el("td", { text: d.path }),
+          el("td", {}, el("pre", { text: JSON.stringify(d.expected) })),
+          el("td", {}, el("pre", { text: JSON.stringify(d.actual) })),
+        ));
+      }
+      table.hidden = differences.length === 0;
+    } catch (error) {
+      status.textContent = visible(`the server cannot be reached: ${error}`);
+      status.className = "action-status bad";
+    } finally {
+      button.disabled = false;
+    }
+  });
+
   function draw(data) {
     drawSummary(data);
     drawActions(data);
@@ -461,6 +664,8 @@
     drawLedger(data.ledger);
     drawDecisions(data.decisions);
     drawRequests(data.requests);
+    drawForks(data);
+    drawBreakpoints(data);
     addItems(data);
   }
 

@@ -32,6 +32,9 @@
     for (const [name, count] of Object.entries(data.counts)) {
       counts.append(el("span", { class: `count ${name}`, "data-status": name, text: `${name} ${count}` }));
     }
+    if (data.breakpoints) {
+      counts.append(el("span", { class: "count breakpoints", "data-status": "breakpoints", text: `breakpoints ${data.breakpoints}` }));
+    }
     const known = new Set(Array.from(agent.options).map((o) => o.value));
     for (const name of data.agents) {
       if (!known.has(name)) agent.append(el("option", { value: name, text: name }));
