@@ -27,6 +27,7 @@ import httpx2
 import pytest
 
 from agentfsm import LoopStatus, Outcome, Runtime, tool
+from agentfsm.breakpoints import Break
 from agentfsm.exceptions import ConfigurationError
 from agentfsm.messages import FunctionCallOutputItem
 from agentfsm.store import SQLiteStore
@@ -246,6 +247,45 @@ async def test_abort_and_a_stale_seq(tmp_path: Path) -> None:
         ]
 
 
+async def test_the_text_of_a_paused_answer_is_rewritten(tmp_path: Path) -> None:
+    """A loop paused before its answer (a breakpoint) offers the answer's
+    text; the text given goes on as the loop's answer, and the decision
+    (a rewrite, by alice) is what the store keeps."""
+    store = SQLiteStore(tmp_path / "loops.db", events=True)
+    async with (
+        Runtime(
+            providers=scripted(),
+            store=store,
+            ids=counter_ids(),
+            requests=3600.0,
+            breakpoints=[Break("model_message")],
+        ) as rt,
+        mounted(rt) as (http, form),
+    ):
+        loop_id = rt.run_loop("actor", "what is 2 + 2?", request(model="answers:m"))
+        record = await stored_as(store, loop_id, LoopStatus.paused)
+        page = (await http.get(f"/api/loops/{loop_id}", headers=AUTH)).json()
+        offered = page["actions"]["resume"]
+        assert offered["text"] == {"of": "model_message", "content": "4"}
+        assert offered["calls"] is None
+        body = {
+            "kind": "resume",
+            "seq": record.pause.seq,
+            "decision": "text",
+            "text": "four <b>exactly</b>",
+        }
+        assert (
+            await http.post(url(loop_id), json=body, headers=form)
+        ).status_code == 202
+        with anyio.fail_after(30):
+            result = await rt.wait(loop_id)
+        assert result.outcome is Outcome.answered
+        assert result.answer is not None
+        assert result.answer.content == "four <b>exactly</b>"
+        (entry,) = [d for d in await store.decisions(loop_id) if d.by is not None]
+        assert (entry.by, entry.decision.kind) == ("alice", "rewrite")
+
+
 async def test_cancel_a_running_loop(tmp_path: Path) -> None:
     """A running loop is cancelled with the reason; its page offers cancel
     only; the request is applied by the loop's ending."""
@@ -304,6 +344,24 @@ BAD = [
     ),
     pytest.param(
         {"kind": "resume", "seq": "S", "decision": "calls"}, "calls", id="no-calls"
+    ),
+    pytest.param(
+        {"kind": "resume", "seq": "S", "decision": "text"}, "text", id="no-text"
+    ),
+    pytest.param(
+        {"kind": "resume", "seq": "S", "decision": "text", "text": " "},
+        "text",
+        id="blank-text",
+    ),
+    pytest.param(
+        {"kind": "resume", "seq": "S", "decision": "proceed", "text": "x"},
+        "text",
+        id="text-with-proceed",
+    ),
+    pytest.param(
+        {"kind": "resume", "seq": "S", "decision": "text", "text": "x"},
+        "decision",
+        id="text-over-a-batch",
     ),
     pytest.param(
         {"kind": "resume", "seq": "S", "decision": "proceed", "calls": {}},

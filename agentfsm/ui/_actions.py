@@ -17,6 +17,7 @@ names in its audit.
     "c4": {"action": "answer", "output": "it ran: receipt 42"}}}
 {"kind": "resume", "seq": 7, "decision": "proceed"}
 {"kind": "resume", "seq": 7, "decision": "abort", "reason": "wrong customer"}
+{"kind": "resume", "seq": 9, "decision": "text", "text": "the answer, edited"}
 {"kind": "cancel", "reason": "the user left"}
 {"kind": "fork", "seq": 3, "model": "openai:gpt-4.1"}
 ```
@@ -37,9 +38,11 @@ from typing import Any, Final, Literal
 import anyio
 
 from agentfsm._arguments import ArgumentTypeError, ArgumentValueError
+from agentfsm._text import encodable
 from agentfsm.events import AgentEvent, LoopTransition
 from agentfsm.exceptions import LoopStateError, StoreError, UnknownLoopError
 from agentfsm.interception import Abort, Decision, Proceed, Rewrite, ToolBatch
+from agentfsm.messages import ModelMessageItem, UserMessage
 from agentfsm.record import DecisionRecord, LoopRecord
 from agentfsm.results import LoopStatus
 from agentfsm.states import Trigger
@@ -52,10 +55,10 @@ MAX_BODY: Final = 1 << 20
 """Bytes a request's body may hold (edited arguments, an output to record)."""
 
 _KINDS: Final = ("resume", "cancel", "fork")
-_DECISIONS: Final = ("proceed", "abort", "calls")
+_DECISIONS: Final = ("proceed", "abort", "calls", "text")
 _CALL_ACTIONS: Final = ("approve", "deny", "edit", "answer")
 _FIELDS: Final = {
-    "resume": frozenset({"kind", "seq", "decision", "reason", "calls"}),
+    "resume": frozenset({"kind", "seq", "decision", "reason", "calls", "text"}),
     "cancel": frozenset({"kind", "reason"}),
     "fork": frozenset({"kind", "seq", "model"}),
 }
@@ -104,10 +107,11 @@ class Wanted:
 
     kind: Literal["resume", "cancel", "fork"]
     seq: int | None = None
-    decision: Literal["proceed", "abort", "calls"] | None = None
+    decision: Literal["proceed", "abort", "calls", "text"] | None = None
     reason: str | None = None
     calls: dict[str, CallAction] = field(default_factory=dict)
     model: str | None = None
+    text: str | None = None
 
 
 def parse(body: bytes) -> Wanted:
@@ -135,7 +139,10 @@ def parse(body: bytes) -> Wanted:
         raise _bad("seq", f"the seq of the pause answered (an int), got {_shown(seq)}")
     decision = data.get("decision")
     if decision not in _DECISIONS:
-        raise _bad("decision", f"'proceed', 'abort' or 'calls', got {_shown(decision)}")
+        raise _bad(
+            "decision",
+            f"'proceed', 'abort', 'calls' or 'text', got {_shown(decision)}",
+        )
     reason = _text(data, "reason", "", required=decision == "abort")
     calls: dict[str, CallAction] = {}
     if decision == "calls":
@@ -145,7 +152,12 @@ def parse(body: bytes) -> Wanted:
         calls = {call_id: _call(call_id, act) for call_id, act in given.items()}
     elif "calls" in data:
         raise _bad("calls", f"only with decision 'calls', not {decision!r}")
-    return Wanted("resume", seq, decision, reason, calls)
+    text = None
+    if decision == "text":
+        text = _text(data, "text", "", required=True)
+    elif "text" in data:
+        raise _bad("text", f"only with decision 'text', not {decision!r}")
+    return Wanted("resume", seq, decision, reason, calls, text=text)
 
 
 def parse_object(body: bytes) -> dict[str, Any]:
@@ -289,6 +301,9 @@ def decision_of(
     if wanted.decision == "abort":
         assert wanted.reason is not None
         return Abort(wanted.reason)
+    if wanted.decision == "text":
+        assert wanted.text is not None
+        return Rewrite(payload=_rewritten(pause.payload, wanted.text, pause.seq))
     batch = pause.payload
     if not isinstance(batch, ToolBatch):
         raise _bad(
@@ -321,6 +336,22 @@ def decision_of(
     return Rewrite(payload=batch)
 
 
+def _rewritten(payload: object, text: str, seq: int) -> ModelMessageItem | UserMessage:
+    """The paused transition's message (the model's answer, a user's
+    message) with the form's text in place of its own.
+
+    Raises:
+        ActionError: 400, the pause holds no single message.
+    """
+    if isinstance(payload, ModelMessageItem | UserMessage):
+        return payload.model_copy(update={"content": encodable(text)})
+    raise _bad(
+        "decision",
+        f"the pause at seq {seq} holds no message whose text could be "
+        "rewritten: proceed, abort or decide its calls",
+    )
+
+
 def _applied(batch: ToolBatch, call_id: str, act: CallAction) -> ToolBatch:
     if act.action == "deny":
         assert act.reason is not None
@@ -337,8 +368,8 @@ def _applied(batch: ToolBatch, call_id: str, act: CallAction) -> ToolBatch:
 def record_of(decision: Decision) -> DecisionRecord:
     """A resume's decision as the inbox stores it (`LoopRequest.decision`)."""
     if isinstance(decision, Rewrite):
-        # The UI rewrites a batch of calls only (see `decision_of`).
-        assert isinstance(decision.payload, ToolBatch)
+        # The UI rewrites a batch of calls or one message (see `decision_of`).
+        assert isinstance(decision.payload, ToolBatch | ModelMessageItem | UserMessage)
         return DecisionRecord(
             kind="rewrite", dest=decision.dest, payload=decision.payload
         )
@@ -367,8 +398,18 @@ def offered(record: LoopRecord, ledger: list[CallRecord]) -> dict[str, Any] | No
     pause = record.pause
     if record.status is not LoopStatus.paused or pause is None:
         return {"cancel": True, "resume": None}
-    resume: dict[str, Any] = {"seq": pause.seq, "trigger": pause.trigger, "calls": None}
+    resume: dict[str, Any] = {
+        "seq": pause.seq,
+        "trigger": pause.trigger,
+        "calls": None,
+        "text": None,
+    }
     batch = pause.payload
+    if isinstance(batch, ModelMessageItem | UserMessage) and isinstance(
+        batch.content, str
+    ):
+        # (its text, rewritable: the model's answer or a person's message)
+        resume["text"] = {"of": batch.type, "content": batch.content}
     if isinstance(batch, ToolBatch):
         uncertain = uncertain_of(record, ledger)
         resume["calls"] = [

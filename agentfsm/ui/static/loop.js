@@ -367,6 +367,13 @@
     document.getElementById("calls-form").hidden = !calls;
     document.getElementById("submit-calls").hidden = !calls;
     document.getElementById("proceed").hidden = !resume || Boolean(calls);
+    const text = resume ? resume.text : null;
+    document.getElementById("text-form").hidden = !text;
+    if (text) {
+      document.getElementById("rewrite-label").textContent =
+        text.of === "model_message" ? "the model's answer (edit it, then go on)" : "the message (edit it, then go on)";
+      document.getElementById("rewrite-text").value = text.content;
+    }
     (calls || []).forEach((call, n) => {
       const drawn = callRow(call, n);
       body.append(drawn.row);
@@ -398,6 +405,14 @@
   document.getElementById("proceed").addEventListener("click", () => {
     send({ kind: "resume", seq: resumeSeq, decision: "proceed" });
   });
+  document.getElementById("rewrite").addEventListener("click", () => {
+    const text = document.getElementById("rewrite-text").value;
+    if (!text.trim()) {
+      say("the text cannot be empty: proceed or abort instead", "bad");
+      return;
+    }
+    send({ kind: "resume", seq: resumeSeq, decision: "text", text });
+  });
   document.getElementById("abort").addEventListener("click", () => {
     const reason = document.getElementById("abort-reason").value;
     if (!reason.trim()) {
@@ -424,6 +439,7 @@
     if (!d || d.kind === "proceed") return `${at}: proceed`;
     if (d.kind === "abort") return `${at}: abort: ${d.reason}`;
     const batch = d.payload;
+    if (batch && typeof batch.content === "string") return `${at}: rewrite the text: ${batch.content}`;
     if (!batch || batch.kind !== "tool_batch") return `${at}: ${d.kind}`;
     const own = (object, key) => Object.prototype.hasOwnProperty.call(object, key);
     const parts = batch.calls.map((c) => {
