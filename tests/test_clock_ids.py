@@ -192,8 +192,8 @@ class TestGivenLoopId:
         self, tmp_path: Path
     ) -> None:
         """Two runtimes on one store starting a loop of the same id: the
-        second loop fails with LoopIdTakenError (at its first commit: it may
-        have asked its model, never run a tool), and the store keeps the
+        second loop fails with LoopIdTakenError at its first commit, which a
+        named loop waits for before it asks its model; the store keeps the
         first loop as it was."""
         path = tmp_path / "loops.db"
         provider = ScriptedProvider([text("first")])
@@ -211,6 +211,7 @@ class TestGivenLoopId:
             assert result.outcome is Outcome.failed
             assert result.error is not None
             assert result.error.type == "LoopIdTakenError"
+            assert second.requests == []
         async with SQLiteStore(path) as store:
             stored = await store.load("once")
             assert stored is not None

@@ -150,10 +150,12 @@ class Keeper:
         self.held[loop.loop_id] = durable
         return durable
 
-    def adopt(self, loop: Loop) -> None:
+    def adopt(self, loop: Loop, *, named: bool = False) -> None:
         """Make a new loop durable (its first commit makes it in the store, with
-        the lease's first epoch)."""
-        self._journal(loop, Lease(self.owner, 1), new=True)
+        the lease's first epoch); `named`: its caller chose its id, and its
+        first commit lands before its first model request (`Durable.named`)."""
+        durable = self._journal(loop, Lease(self.owner, 1), new=True)
+        durable.named = named
         self.bindings.learn(loop)
 
     def forget(self, loop_id: str) -> None:

@@ -138,6 +138,7 @@ class Durable:
         "ledger",
         "ledger_of",
         "lost",
+        "named",
         "new",
         "path_written",
         "presence",
@@ -177,6 +178,11 @@ class Durable:
         self.new = new
         """The loop is `run_loop`'s, and has written nothing yet: its first
         commit says so (`Commit.new`: the store refuses it if the id is taken)."""
+        self.named = False
+        """Its caller named the new loop (`run_loop(loop_id=)`): another
+        process may have started one of the same id, so its first commit
+        lands before its first model request (a taken id fails the loop
+        before it pays for one)."""
         self.stored = not new
         """Its first commit landed (or it was taken up from the store)."""
         self.written = written
@@ -249,7 +255,7 @@ class Durable:
         state = loop.state
         if state in _FREE:
             self.deferred.append((record_of(loop, path=False), len(loop.path)))
-        elif state in _AHEAD and not self.decisions:
+        elif state in _AHEAD and not self.decisions and not (self.new and self.named):
             self._submit(loop, background=True)
             await self.act()  # the request goes out once the lease is known
         else:

@@ -510,7 +510,9 @@ class Runtime:
             loop_id: the new loop's id (default: a fresh UUIDv7 from the
                 runtime's `ids`). A caller that names its loops makes a start
                 idempotent across processes: a durable store refuses a second
-                loop of the same id (`LoopIdTakenError`, as the loop's outcome).
+                loop of the same id (`LoopIdTakenError`, as the loop's outcome),
+                at its first commit, which a named loop waits for before its
+                first model request.
             **options: see `agentfsm.options.LoopOptions` (`max_turns`, `stop_when`,
                 `tool_execution`, wrappers, queues, timeouts, retries, ...).
 
@@ -522,7 +524,8 @@ class Runtime:
         check("inference_input", inference_input, InferenceInput)
         if stream is not False:  # (no call on the common path)
             check("stream", stream, bool)
-        if loop_id is not None:
+        named = loop_id is not None
+        if named:
             new_loop_id(loop_id, self._knows, f"loop_id={loop_id!r}")
         agent_id = agent_id_of(agent_id)
         loop_options = LoopOptions.of(options)
@@ -551,7 +554,7 @@ class Runtime:
             self._on_commit,
         )
         if self._keeper is not None:
-            self._keeper.adopt(loop)
+            self._keeper.adopt(loop, named=named)
             loop.on_halt = self._loop_halted
         if stream:
             # Subscribed before the first event: none is missed, however late
