@@ -12,8 +12,9 @@ point) is refused with a note.
 Exactly once: the new loop's id is `fork_id(request)`, derived from the
 request, so two runtimes applying it both name the loop the same; the store
 takes the first commit of one only (`LoopIdTakenError` for the other, whose
-loop fails at that commit, before any tool runs: only its first model
-request may have gone out), and that first commit marks the request applied
+loop fails at that commit: a named loop waits for it before its first model
+request, so it asked no model and ran no tool), and that first commit marks
+the request applied
 in its transaction (the journal carries its id, `Durable.carry`, set before
 the loop runs). A runtime that finds the fork's loop in the store already
 (the request read pending before it was applied) starts nothing.
