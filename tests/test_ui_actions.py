@@ -25,6 +25,7 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
+import structlog.testing
 
 from agentfsm import LoopStatus, Outcome, Runtime, tool
 from agentfsm.breakpoints import Break
@@ -823,3 +824,23 @@ def test_the_command_acts_as_its_user_or_shows_only(tmp_path: Path) -> None:
         else:
             assert answer.status_code == 503
             assert len(listed) == 1  # carol's, from before
+
+
+async def test_mounted_over_a_runtime_that_applies_no_requests_it_warns(
+    tmp_path: Path,
+) -> None:
+    """Mounted beside a runtime made without `requests=`, the app says once
+    that the requests its pages store stay pending; beside one made with it,
+    it says nothing."""
+    for requests, warned in ((False, True), (3600.0, False)):
+        store = SQLiteStore(tmp_path / f"loops-{requests}.db")
+        async with Runtime(
+            providers=scripted(), store=store, requests=requests
+        ) as runtime:
+            assert runtime.watches_requests is (not warned)
+            with structlog.testing.capture_logs() as logs:
+                app(runtime, token=TOKEN, user="alice")
+        said = [e for e in logs if e["event"] == "ui_runtime_applies_no_requests"]
+        assert len(said) == (1 if warned else 0)
+        if warned:
+            assert "requests=True" in said[0]["hint"]

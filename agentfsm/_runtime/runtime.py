@@ -595,6 +595,12 @@ class Runtime:
             self._watcher.poke()  # the loops taken up may have requests waiting
         return report
 
+    @property
+    def watches_requests(self) -> bool:
+        """Whether the runtime applies its store's requests (`Runtime(requests=)`):
+        without it, a request stored for one of its loops stays pending."""
+        return self._watcher is not None
+
     def poke_requests(self) -> None:
         """Read the store's pending requests now (`Runtime(requests=)`), not at
         the next interval: what a process that submitted one calls (`agentfsm

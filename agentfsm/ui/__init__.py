@@ -40,6 +40,7 @@ except ImportError as exc:
         "agentfsm.ui needs Starlette: pip install 'agentfsm[ui]'"
     ) from exc
 
+from agentfsm._logging import get_logger
 from agentfsm._runtime.runtime import Runtime
 from agentfsm.exceptions import ConfigurationError
 from agentfsm.store._sql import SQLStore
@@ -54,6 +55,8 @@ if TYPE_CHECKING:
     from agentfsm.store import LoopStore
 
 __all__ = ("app", "new_token")
+
+_log = get_logger()
 
 
 def new_token() -> str:
@@ -127,6 +130,13 @@ def app(
             "writer must be a SQLiteStore or PostgresStore opened to write, "
             f"got {type(writer).__name__}"
             + (" opened read_only=True" if isinstance(writer, SQLStore) else "")
+        )
+    if isinstance(source, Runtime) and not source.watches_requests:
+        # Its page still stores requests: for another runtime, or for later.
+        _log.warning(
+            "ui_runtime_applies_no_requests",
+            hint="a request stored from a page stays pending until a runtime "
+            "watching the store applies it: Runtime(store=..., requests=True)",
         )
     actions = Actions(
         store,
