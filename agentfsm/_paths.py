@@ -12,7 +12,8 @@ from typing import final
 from . import events as ev
 from ._text import clip
 from .exceptions import EventLogError
-from .record import LoopRecord
+from .interception import PendingTransition
+from .record import LoopRecord, PauseRecord
 from .results import LoopResult, LoopStatus, LoopView, PathStep
 from .states import ERROR_TRIGGERS, LoopState, Outcome
 
@@ -51,23 +52,6 @@ class LoopPath:
         rewritten = frozenset(
             i for i, step in enumerate(loop.path) if step.rewritten_from is not None
         )
-        if isinstance(loop, LoopRecord):
-            pause = loop.pause
-            return cls(
-                loop_id=loop.loop_id,
-                agent_id=loop.agent_id,
-                steps=loop.path,
-                rewritten=rewritten,
-                state=loop.state,
-                status=loop.status,
-                outcome=loop.outcome,
-                pending=(
-                    None
-                    if pause is None
-                    else PathStep(pause.source, pause.trigger, pause.dest)
-                ),
-                pause_reason=None if pause is None else pause.reason,
-            )
         if isinstance(loop, LoopResult):
             return cls(
                 loop_id=loop.loop_id,
@@ -77,7 +61,13 @@ class LoopPath:
                 status=LoopStatus.done,
                 outcome=loop.outcome,
             )
-        pending = loop.pending
+        # A view's pending transition and a record's pause both name the edge.
+        waiting: PauseRecord | PendingTransition | None
+        if isinstance(loop, LoopRecord):
+            waiting = loop.pause
+            reason = None if waiting is None else waiting.reason
+        else:
+            waiting, reason = loop.pending, loop.pause_reason
         return cls(
             loop_id=loop.loop_id,
             agent_id=loop.agent_id,
@@ -88,10 +78,10 @@ class LoopPath:
             outcome=loop.outcome,
             pending=(
                 None
-                if pending is None
-                else PathStep(pending.source, pending.trigger, pending.dest)
+                if waiting is None
+                else PathStep(waiting.source, waiting.trigger, waiting.dest)
             ),
-            pause_reason=loop.pause_reason,
+            pause_reason=reason,
         )
 
     @classmethod

@@ -70,6 +70,9 @@ async def test_a_loops_tool_deadline_and_wait_use_the_runtimes_classes() -> None
     script = ScriptedProvider([calls(call("slow")), text("done")])
     with anyio.fail_after(10):
         async with Runtime(providers={"scripted": script}) as runtime:
+            # The classes found once are the running backend's own.
+            assert runtime._primitives.cancel_scope is type(anyio.CancelScope())
+            assert runtime._primitives.event is type(anyio.Event())
             request = InferenceInput(
                 model="scripted:x", context=ModelContext(), tools=[slow]
             )

@@ -349,8 +349,15 @@ class TestRuntime:
                 reason = runtime.get(billing).pause_reason
                 assert reason is not None
                 assert f"#{brk.id} before inference" in reason
+                pending = runtime.get(billing).pending
+                assert pending is not None
+                assert pending.dest is LoopState.inference
                 later = runtime.run_loop("billing", "again", request_of("billing"))
                 await paused_at(runtime, later)
+                # A loop started after the breakpoint was set pauses at it too.
+                later_reason = runtime.get(later).pause_reason
+                assert later_reason is not None
+                assert f"#{brk.id} before inference" in later_reason
                 await shared(ui).remove_breakpoint(brk.id, by="alice")
                 wake(runtime)
                 await synced(runtime, set())

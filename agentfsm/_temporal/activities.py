@@ -49,7 +49,7 @@ from agentfsm.tools import (
 
 from .agent import LocalActivityHandler, TemporalAgent
 from .contexts import StoreContexts
-from .rebuild import carried_prefix, history_prefix
+from .rebuild import carried_prefix, history_prefix, holds
 from .wire import (
     CONTEXT_MISSING,
     MAX_ERROR_TEXT,
@@ -236,7 +236,7 @@ def _continues(
     held: tuple[list[ContextItem], list[str]] | None, args: InferArgs
 ) -> bool:
     """Whether `held` is (or starts with) the prefix the request refers to."""
-    return _holds(held, args.base, args.base_digest)
+    return holds(held, args.base, args.base_digest)
 
 
 async def _heartbeating(
@@ -646,14 +646,14 @@ def _carried(agent: TemporalAgent, store: ContextStore) -> Callable[..., Any]:
     async def carried(data: dict[str, Any]) -> dict[str, Any]:
         args = CarriedArgs.model_validate(data)
         held = await store.get(args.loop_id)
-        if not _holds(held, args.base, args.base_digest):
+        if not holds(held, args.base, args.base_digest):
             counted = (
                 store if isinstance(store, MemoryContextStore | StoreContexts) else None
             )
             if counted is not None:
                 counted.misses += 1
             held = await carried_prefix(args, held)
-            if not _holds(held, args.base, args.base_digest):
+            if not holds(held, args.base, args.base_digest):
                 raise ApplicationError(
                     f"loop {args.loop_id}: the context store does not hold the "
                     f"first {args.base} items of the context the run before "
@@ -671,14 +671,6 @@ def _carried(agent: TemporalAgent, store: ContextStore) -> Callable[..., Any]:
         return dump(CarriedPage(items=tuple(_page(held[0], args))))
 
     return activity.defn(name=f"agentfsm.{agent.name}.carried")(carried)
-
-
-def _holds(
-    held: tuple[list[ContextItem], list[str]] | None, base: int, digest: str
-) -> bool:
-    """Whether `held` is (or starts with) the prefix of `base` items whose
-    chain digest is `digest`."""
-    return held is not None and len(held[1]) >= base and held[1][base - 1] == digest
 
 
 def _page(items: list[ContextItem], args: CarriedArgs) -> list[ContextItem]:

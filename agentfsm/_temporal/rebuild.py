@@ -39,7 +39,7 @@ from .wire import (
     chain_digest,
 )
 
-__all__ = ("carried_prefix", "history_prefix")
+__all__ = ("carried_prefix", "history_prefix", "holds")
 
 _SCHEDULED = EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
 _STARTED = EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED
@@ -90,7 +90,7 @@ async def _rebuilt(loop_id: str, suffix: str, held: Context | None) -> Context |
             carried = run.carried
             if run.start is not None or carried is None:
                 break
-            if _holds(held, carried.base, carried.base_digest):
+            if holds(held, carried.base, carried.base_digest):
                 assert held is not None
                 run.start = _went_on(held, carried)
                 break
@@ -107,9 +107,7 @@ async def _rebuilt(loop_id: str, suffix: str, held: Context | None) -> Context |
         if run.start is None:
             # It began on the run before's context, carried by reference.
             carried = run.carried
-            if carried is None or not _holds(
-                context, carried.base, carried.base_digest
-            ):
+            if carried is None or not holds(context, carried.base, carried.base_digest):
                 return None
             assert context is not None
             run.start = _went_on(context, carried)
@@ -136,7 +134,7 @@ class _Run:
         where they do not chain."""
         items, digests = start
         for earlier in reversed(self.sent):
-            if earlier.base and not _holds(
+            if earlier.base and not holds(
                 (items, digests), earlier.base, earlier.base_digest
             ):
                 return None  # not the context the run holds: a gap
@@ -185,7 +183,7 @@ async def _read(
         if earlier.base == 0:
             run.start = [], []
             return run
-        if _holds(held, earlier.base, earlier.base_digest):
+        if holds(held, earlier.base, earlier.base_digest):
             run.start = held
             return run
     return run
@@ -209,7 +207,7 @@ def _extended(context: Context, items: Sequence[ContextItem]) -> Context:
     return found, digests
 
 
-def _holds(held: Context | None, base: int, digest: str) -> bool:
+def holds(held: Context | None, base: int, digest: str) -> bool:
     """Whether `held` is (or starts with) the prefix of `base` items whose
     chain digest is `digest`."""
     return held is not None and len(held[1]) >= base and held[1][base - 1] == digest

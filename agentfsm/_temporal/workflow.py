@@ -256,11 +256,9 @@ class LoopWorkflow:
         handlers: list[Any],
         options: dict[str, Any],
     ) -> LoopResult:
-        ids = iter((start.loop_id,))
         runtime = Runtime(
             providers=_OneProviderRegistry(self.carry.provider()),  # the activities
             clock=workflow.now,
-            ids=lambda: next(ids),
             instrument=_Status(self),
         )
         async with runtime:
@@ -279,6 +277,7 @@ class LoopWorkflow:
                     start.message,
                     agent.request(start.seeded()),
                     handlers,
+                    loop_id=start.loop_id,
                     **options,
                 ),
             )

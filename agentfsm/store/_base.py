@@ -806,6 +806,25 @@ _MAX_BY: Final = 256
 """The most characters of a request's `by`: a person's or a process's name."""
 
 
+def by_checked(by: object, who: str) -> str:
+    """A request's or a stored breakpoint's `by` (who `who`), checked and made
+    `encodable`.
+
+    Raises:
+        ArgumentTypeError, ArgumentValueError: not a name (a non-empty str of
+            at most `_MAX_BY` characters).
+    """
+    check("by", by, str)
+    assert isinstance(by, str)
+    if not by.strip():
+        raise ArgumentValueError(f"by must name who {who} (a non-empty str), got ''")
+    if len(by) > _MAX_BY:
+        raise ArgumentValueError(
+            f"by must be at most {_MAX_BY} characters (a name), got {len(by):,}"
+        )
+    return encodable(by)
+
+
 def request_checked(
     loop_id: object,
     kind: object,
@@ -823,20 +842,13 @@ def request_checked(
     """
     check("loop_id", loop_id, str)
     one_of("kind", kind, _REQUEST_KINDS)
-    check("by", by, str)
     check("reason", reason, str | None)
     check("seq", seq, int | None)
     check("model", model, str | None)
     assert isinstance(loop_id, str)
     assert isinstance(kind, str)
-    assert isinstance(by, str)
     assert reason is None or isinstance(reason, str)
-    if not by.strip():
-        raise ArgumentValueError("by must name who asks (a non-empty str), got ''")
-    if len(by) > _MAX_BY:
-        raise ArgumentValueError(
-            f"by must be at most {_MAX_BY} characters (a name), got {len(by):,}"
-        )
+    by = by_checked(by, "asks")
     if model is not None and kind != "fork":
         raise ArgumentValueError(f"only a fork request takes a model, not a {kind}")
     if kind == "fork":
@@ -866,7 +878,7 @@ def request_checked(
         "resume" if kind == "resume" else "cancel" if kind == "cancel" else "fork",
         record,
         seq if isinstance(seq, int) else None,
-        encodable(by),
+        by,
         None if reason is None else encodable(reason),
         model if isinstance(model, str) else None,
     )

@@ -22,13 +22,14 @@ from agentfsm._text import encodable
 from agentfsm.exceptions import LoopStateError
 from agentfsm.states import LoopState
 
+from ._base import by_checked
+
 __all__ = (
     "NewBreak",
     "SharedBreakpoints",
     "StoredBreak",
     "break_checked",
     "breaks_wanted",
-    "by_checked",
     "ended_loop_break",
 )
 
@@ -168,8 +169,6 @@ def break_checked(
     check("agent_id", agent_id, str | None)
     check("state", state, str | None, "a LoopState or its name")
     check("every", every, bool)
-    check("by", by, str)
-    assert isinstance(by, str)
     if (loop_id is None) == (agent_id is None):
         raise ArgumentValueError(
             "a stored breakpoint applies to one loop (loop_id=) or to one agent's "
@@ -191,29 +190,12 @@ def break_checked(
             raise ArgumentValueError(
                 f"state: no such state {state!r} (states: {_STATES})"
             ) from None
-    if not by.strip():
-        raise ArgumentValueError("by must name who sets it (a non-empty str), got ''")
     return NewBreak(
         None if loop_id is None else str(loop_id),
         None if agent_id is None else encodable(str(agent_id)),
         target,
-        encodable(by),
+        by_checked(by, "sets it"),
     )
-
-
-def by_checked(by: object) -> str:
-    """Who removes a breakpoint (`remove_breakpoint`'s `by`), checked.
-
-    Raises:
-        ArgumentTypeError, ArgumentValueError: not a non-empty str.
-    """
-    check("by", by, str)
-    assert isinstance(by, str)
-    if not by.strip():
-        raise ArgumentValueError(
-            "by must name who removes it (a non-empty str), got ''"
-        )
-    return encodable(by)
 
 
 def breaks_wanted(loop_id: object, agent_id: object) -> None:

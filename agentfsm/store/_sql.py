@@ -85,6 +85,7 @@ from ._base import (
     StoreError,
     StoreStatistics,
     UnreadableLoop,
+    by_checked,
     commits_in_turn,
     context_appended,
     ended_loop,
@@ -100,7 +101,6 @@ from ._breaks import (
     StoredBreak,
     break_checked,
     breaks_wanted,
-    by_checked,
     ended_loop_break,
 )
 from ._outline import Outline, inline
@@ -1287,11 +1287,7 @@ class SQLStore(
         model: str | None = None,
     ) -> LoopRequest:
         new = request_checked(loop_id, kind, decision, seq, by, reason, model)
-        if self.read_only:
-            raise StoreError(
-                f"{self.where}: the store was opened with read_only=True: it "
-                "takes no request"
-            )
+        self._refuse_read_only("takes no request")
         values = {
             "loop": new.loop_id,
             "kind": new.kind,
@@ -1425,11 +1421,7 @@ class SQLStore(
     async def refuse_request(self, request_id: int, note: str) -> None:
         request_id = request_id_checked("request_id", request_id)
         text = json.dumps(note_checked(note), ensure_ascii=False)
-        if self.read_only:
-            raise StoreError(
-                f"{self.where}: the store was opened with read_only=True: it "
-                "refuses no request"
-            )
+        self._refuse_read_only("refuses no request")
 
         def write(conn: _C) -> None:
             self._execute(
@@ -1517,7 +1509,7 @@ class SQLStore(
         self, breakpoint_id: int, *, by: str
     ) -> StoredBreak | None:
         breakpoint_id = request_id_checked("breakpoint_id", breakpoint_id)
-        remover = json.dumps(by_checked(by), ensure_ascii=False)
+        remover = json.dumps(by_checked(by, "removes it"), ensure_ascii=False)
         self._refuse_read_only("removes no breakpoint")
         update = (
             "UPDATE breakpoints SET removed = {now}, remover = :remover"
@@ -1594,6 +1586,7 @@ class SQLStore(
             ) from exc
 
     def _refuse_read_only(self, what: str) -> None:
+        """Raise `StoreError` if the store was opened to read only ("it `what`")."""
         if self.read_only:
             raise StoreError(
                 f"{self.where}: the store was opened with read_only=True: it {what}"

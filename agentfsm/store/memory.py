@@ -41,6 +41,7 @@ from ._base import (
     StoreError,
     StoreStatistics,
     UnreadableLoop,
+    by_checked,
     context_appended,
     ended_loop,
     loops_wanted,
@@ -56,7 +57,6 @@ from ._breaks import (
     StoredBreak,
     break_checked,
     breaks_wanted,
-    by_checked,
     ended_loop_break,
 )
 
@@ -450,7 +450,7 @@ class MemoryStore(LoopStore, EventArchive, SharedContexts, Requests, SharedBreak
         self, breakpoint_id: int, *, by: str
     ) -> StoredBreak | None:
         breakpoint_id = request_id_checked("breakpoint_id", breakpoint_id)
-        by = by_checked(by)
+        by = by_checked(by, "removes it")
         found = self._breaks.get(breakpoint_id)
         if found is None or found.removed_at is not None:
             return None

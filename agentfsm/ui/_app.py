@@ -160,37 +160,22 @@ def build_app(
                 error = "a replay is asked with POST (it runs the loop again)"
                 return _json({"error": error}, 405)
             return _json(await replaying.replay(replayed))
-        loop_id, of_requests = _target(request)
-        if of_requests:
+        asking = _tailed(request, _REQUESTS)
+        if asking is not None:
             if request.method == "POST":
-                return await submit(request, loop_id)
-            asked = await actions.requests(loop_id)
+                stored = await actions.submit(asking, await _limited_body(request))
+                return _json(stored.model_dump(mode="json"), 202)
+            asked = await actions.requests(asking)
             return _json({"requests": [r.model_dump(mode="json") for r in asked]})
         if request.method == "POST":
             error = "a loop's address takes no POST: act through its /requests"
             return _json({"error": error}, 405)
+        loop_id = _loop_id(request)
         after, items = _marks(request)
         found = await source.loop(loop_id, after=after, items=items)
         if found is None:
             return _json({"error": f"the store holds no loop {loop_id!r}"}, 404)
         return _json(found.data)
-
-    async def submit(request: Request, loop_id: str) -> Response:
-        too_big = _json(
-            {"error": f"the request's body is over {MAX_BODY} bytes", "field": "body"},
-            413,
-        )
-        length = request.headers.get("content-length", "")
-        if _COUNT.fullmatch(length) and int(length) > MAX_BODY:
-            return too_big  # said before it is read
-        body = bytearray()
-        async with contextlib.aclosing(request.stream()) as chunks:
-            async for chunk in chunks:
-                body += chunk
-                if len(body) > MAX_BODY:
-                    return too_big
-        stored = await actions.submit(loop_id, bytes(body))
-        return _json(stored.model_dump(mode="json"), 202)
 
     async def breakpoints(request: Request) -> Response:
         if request.method == "POST":
@@ -344,20 +329,6 @@ def _loop_id(request: Request) -> str:
     return loop_id or request.query_params.get("id", "")
 
 
-def _target(request: Request) -> tuple[str, bool]:
-    """The loop an `/api/loops/...` address names, and whether it names the
-    loop's requests: a literal `/requests` tail (as the raw path has it: an
-    id's own `/` is percent-encoded)."""
-    loop_id: str = request.path_params["loop_id"]
-    raw = request.scope.get("raw_path")
-    tail = loop_id.endswith(_REQUESTS) and (
-        not isinstance(raw, bytes) or raw.endswith(_REQUESTS.encode())
-    )
-    if tail:
-        loop_id = loop_id[: -len(_REQUESTS)]
-    return loop_id or request.query_params.get("id", ""), tail
-
-
 async def _limited_body(request: Request) -> bytes:
     """The request's body, refused past `MAX_BODY` bytes (before it is read
     when its length says so).
@@ -380,7 +351,8 @@ async def _limited_body(request: Request) -> bytes:
 
 def _tailed(request: Request, tail: str) -> str | None:
     """The loop an `/api/loops/...` address names if it ends with the literal
-    `tail` (as `_target` reads `/requests`), else None."""
+    `tail` (`/requests`, `/replay`: as the raw path has it, where an id's own `/`
+    is percent-encoded), else None."""
     loop_id: str = request.path_params["loop_id"]
     raw = request.scope.get("raw_path")
     if not loop_id.endswith(tail) or (

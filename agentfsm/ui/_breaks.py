@@ -11,15 +11,14 @@
 
 from __future__ import annotations
 
-import json
-from typing import Any, Final
+from typing import Final
 
 from agentfsm._arguments import ArgumentTypeError, ArgumentValueError
 from agentfsm.exceptions import LoopStateError, UnknownLoopError
 from agentfsm.states import LoopState
 from agentfsm.store import StoredBreak
 
-from ._actions import ActionError, Actions, parse_object
+from ._actions import ActionError, Actions, _bad, _only, _shown, parse_object
 
 __all__ = ("Breaks", "STATES")
 
@@ -30,10 +29,6 @@ STATES: Final = tuple(
 request too)."""
 
 _FIELDS: Final = frozenset({"loop_id", "agent_id", "state", "every"})
-
-
-def _bad(field: str, message: str) -> ActionError:
-    return ActionError(400, f"{field}: {message}", field)
 
 
 class Breaks:
@@ -59,11 +54,7 @@ class Breaks:
                 loop, 409 the loop has ended, 503 no store to write to.
         """
         data = parse_object(body)
-        for key in data:
-            if key not in _FIELDS:
-                raise _bad(
-                    key, f"not a field here (takes {', '.join(sorted(_FIELDS))})"
-                )
+        _only(data, _FIELDS, "")
         loop_id, agent_id = data.get("loop_id"), data.get("agent_id")
         if (loop_id is None) == (agent_id is None):
             raise _bad("loop_id", "give loop_id (one loop) or agent_id (its loops)")
@@ -114,12 +105,3 @@ class Breaks:
     def _poke(self) -> None:
         if self.actions.poke is not None:
             self.actions.poke()
-
-
-def _shown(value: Any) -> str:
-    text = (
-        json.dumps(value)
-        if isinstance(value, str | int | float | bool | None)
-        else type(value).__name__
-    )
-    return text if len(text) <= 80 else f"{text[:77]}..."
