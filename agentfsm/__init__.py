@@ -18,6 +18,7 @@ from .agent import Conversation as Conversation
 from .breakpoints import Break as Break
 from .exceptions import AgentFSMError as AgentFSMError
 from .exceptions import ConfigurationError as ConfigurationError
+from .exceptions import ImageNotSupported as ImageNotSupported
 from .exceptions import LoopAborted as LoopAborted
 from .exceptions import LoopFailedError as LoopFailedError
 from .exceptions import NoRuntimeError as NoRuntimeError
@@ -25,6 +26,7 @@ from .exceptions import ProviderError as ProviderError
 from .exceptions import ToolCancelled as ToolCancelled
 from .exceptions import ToolError as ToolError
 from .exceptions import TransitionRejected as TransitionRejected
+from .inference import ImageSupport as ImageSupport
 from .inference import InferenceInput as InferenceInput
 from .inference import InferenceOutput as InferenceOutput
 from .inference import ModelRequest as ModelRequest
@@ -40,9 +42,11 @@ from .interception import Rewrite as Rewrite
 from .interception import ToolBatch as ToolBatch
 from .messages import FunctionCallItem as FunctionCallItem
 from .messages import FunctionCallOutputItem as FunctionCallOutputItem
+from .messages import ImageBlock as ImageBlock
 from .messages import ModelContext as ModelContext
 from .messages import ModelMessageItem as ModelMessageItem
 from .messages import ReasoningItem as ReasoningItem
+from .messages import TextBlock as TextBlock
 from .messages import TokenUsage as TokenUsage
 from .messages import UserMessage as UserMessage
 from .options import DEFAULT_MAX_TURNS as DEFAULT_MAX_TURNS
@@ -135,6 +139,8 @@ __all__ = (
     # items
     "ModelContext",
     "UserMessage",
+    "TextBlock",
+    "ImageBlock",
     "ModelMessageItem",
     "ReasoningItem",
     "FunctionCallItem",
@@ -142,6 +148,7 @@ __all__ = (
     "TokenUsage",
     # providers and tools
     "InferenceInput",
+    "ImageSupport",
     "InferenceOutput",
     "Provider",
     "ProviderRegistry",
@@ -166,6 +173,7 @@ __all__ = (
     # errors
     "AgentFSMError",
     "ConfigurationError",
+    "ImageNotSupported",
     "NoRuntimeError",
     "TransitionRejected",
     "LoopAborted",

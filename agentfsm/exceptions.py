@@ -57,6 +57,7 @@ __all__ = (
     "EventLogError",
     "GraphvizError",
     "LeaseLostError",
+    "ImageNotSupported",
     "LoopDetachedError",
     "LoopIdTakenError",
     "LoopLockedError",
@@ -92,6 +93,28 @@ class AgentFSMError(Exception):
 
 class ConfigurationError(AgentFSMError):
     """The developer's mistake: an invalid table, option, tool or handler."""
+
+
+class ImageNotSupported(ConfigurationError):
+    """A model cannot take an image where a message puts it.
+
+    Raised before the message enters the context: nothing is appended and
+    nothing is sent.
+
+    Attributes:
+        model: the model that cannot take the image.
+        capability: what it lacks (`images in user messages`, `images by URL`,
+            `images over 5,242,880 bytes`).
+        block: which block, as text shows it (`content[1] [image: image/png, ...]`).
+    """
+
+    def __init__(
+        self, message: str, *, model: str, capability: str, block: str
+    ) -> None:
+        super().__init__(message)
+        self.model = model
+        self.capability = capability
+        self.block = block
 
 
 class NoRuntimeError(AgentFSMError):

@@ -8,6 +8,7 @@ These classes are re-exported from `agentfsm.providers` and `agentfsm`.
 
 import math
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Annotated, Any, Final, Literal, NamedTuple, TypeAlias, TypedDict
 
 from pydantic import (
@@ -25,6 +26,7 @@ from pydantic import (
 )
 from pydantic_core import CoreSchema, core_schema
 
+from agentfsm._images import MAX_IMAGE_BYTES
 from agentfsm.messages import (
     FunctionCallItem,
     FunctionCallOutputItem,
@@ -37,6 +39,8 @@ from agentfsm.messages import (
 from agentfsm.tools import Tool
 
 __all__ = (
+    "NO_IMAGES",
+    "ImageSupport",
     "InferenceInput",
     "InferenceOutput",
     "ItemSource",
@@ -353,6 +357,9 @@ class InferenceOutput(BaseModel):
     """The mode the request's structured output was asked in (what `auto`
     chose), as the built-in providers report it; `None` without a structured
     output, or from a provider that does not say."""
+    images_described: tuple[str, ...] = ()
+    """The tool-result images this request sent as a line of text each (their
+    digests, or URLs), the model taking none there (`ImageSupport`)."""
 
     @property
     def function_calls(self) -> tuple[FunctionCallItem, ...]:
@@ -435,6 +442,31 @@ StreamEvent: TypeAlias = (
     TextDelta | ReasoningDelta | ToolCallDelta | UsageUpdate | OutputCompleted
 )
 """What a provider's stream yields; the last one is `OutputCompleted`."""
+
+
+@dataclass(frozen=True, slots=True)
+class ImageSupport:
+    """Where a model takes images: what a provider's optional
+    `image_support(model)` returns. A provider without that method is sent
+    every image it is given.
+
+    The loop refuses a user message holding an image its model cannot take
+    before the message enters the context (`ImageNotSupported`); a tool
+    result's image the model cannot take is sent as a line of text instead.
+    """
+
+    user_messages: bool = True
+    """Images in user messages."""
+    tool_results: bool = True
+    """Images in tool results."""
+    urls: bool = True
+    """Images by URL (the server fetches them), beside images as bytes."""
+    max_bytes: int = MAX_IMAGE_BYTES
+    """The largest image it takes, in bytes."""
+
+
+NO_IMAGES: Final = ImageSupport(user_messages=False, tool_results=False, urls=False)
+"""A model that takes no image anywhere (a text-only model)."""
 
 
 class ItemSource(NamedTuple):

@@ -7,24 +7,44 @@ loops share one context (each append is a single list operation between
 checkpoints).
 """
 
+import base64
 from collections.abc import Iterable
-from typing import Annotated, Any, Literal, TypeAlias
+from pathlib import Path
+from typing import Annotated, Any, Literal, Self, TypeAlias
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    SerializationInfo,
+    Tag,
+    TypeAdapter,
+    field_serializer,
+    model_validator,
+)
 from pydantic_core import from_json
 
-from . import _models
+from . import _images, _models
+from ._images import IMAGE_MEDIA_TYPES, MAX_IMAGE_BYTES
 from ._text import EncodableStr
 
 __all__ = (
+    "IMAGE_MEDIA_TYPES",
+    "MAX_IMAGE_BYTES",
+    "REFERENCE",
+    "ContentBlock",
     "ContextItem",
     "ContextItemAdapter",
     "FunctionCallItem",
     "FunctionCallOutputItem",
+    "ImageBlock",
     "ModelContext",
     "ModelMessageItem",
     "OutputItem",
     "ReasoningItem",
+    "TextBlock",
     "TokenUsage",
     "UserMessage",
 )
@@ -32,14 +52,248 @@ __all__ = (
 _FROZEN = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
 
+REFERENCE: dict[str, Any] = {"images": "reference"}
+"""The serialization context that writes images by reference (digest, media
+type, size) without their bytes: `item.model_dump(mode="json", context=REFERENCE)`,
+what a view or a span shows. A dump without it holds the bytes (base64 in
+JSON), so that it reads back whole."""
+
+
+def _base64_or_bytes(value: Any) -> Any:
+    """An image's bytes from JSON data (base64 text), or as given."""
+    if isinstance(value, str):
+        try:
+            return base64.b64decode(value, validate=True)
+        except ValueError as exc:
+            raise ValueError(f"data is not valid base64: {exc}") from None
+    return value
+
+
+class TextBlock(BaseModel):
+    """Text in a user message's content."""
+
+    model_config = _FROZEN
+
+    type: Literal["text"] = "text"
+    text: EncodableStr
+
+
+class ImageBlock(BaseModel):
+    """An image in a user message's content or in a tool's result: its bytes
+    with their media type, or a URL (`http`, `https`; a `data:` URL is decoded
+    into bytes).
+
+    Validating a block checks it before it can reach a context: the bytes must
+    be the image type they claim (PNG, JPEG, GIF or WebP: `IMAGE_MEDIA_TYPES`;
+    without `media_type` the bytes say which), at most `MAX_IMAGE_BYTES`. Its
+    `digest` (SHA-256) and `size` are the bytes', computed here (or checked,
+    when the block is read back with them). Stores, event logs and views keep
+    an image once, by its digest.
+
+    Example:
+        ```python
+        message = UserMessage(content=["What is in this picture?", ImageBlock.from_path("cat.png")])
+        ```
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
+
+    type: Literal["image"] = "image"
+    data: Annotated[bytes | None, BeforeValidator(_base64_or_bytes)] = None
+    """The image's bytes (base64 in JSON), or None for an image by URL."""
+    media_type: str | None = None
+    """`image/png`, `image/jpeg`, `image/gif` or `image/webp` (None: an image by
+    URL whose type was not given)."""
+    url: str | None = None
+    """The image's `http(s)` URL, for an image the provider fetches itself."""
+    digest: str | None = None
+    """`sha256:<hex>` of the bytes (None for an image by URL)."""
+    size: int | None = None
+    """Length of the bytes (None for an image by URL)."""
+
+    @classmethod
+    def from_bytes(cls, data: bytes, media_type: str | None = None) -> Self:
+        """A block of these bytes (their type read from them unless given)."""
+        return cls(data=data, media_type=media_type)
+
+    @classmethod
+    def from_path(cls, path: str | Path, media_type: str | None = None) -> Self:
+        """A block of the file's bytes (refused over `MAX_IMAGE_BYTES` before
+        it is read whole)."""
+        path = Path(path)
+        size = path.stat().st_size
+        if size > MAX_IMAGE_BYTES:
+            raise ValueError(
+                f"image {str(path)!r} has {size:,} bytes, more than "
+                f"MAX_IMAGE_BYTES={MAX_IMAGE_BYTES:,}"
+            )
+        return cls(data=path.read_bytes(), media_type=media_type)
+
+    @classmethod
+    def from_url(cls, url: str, media_type: str | None = None) -> Self:
+        """A block of an `http(s)` URL, or of a `data:` URL's bytes."""
+        return cls(url=url, media_type=media_type)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _data_url(cls, value: Any) -> Any:
+        """A `data:` URL becomes the bytes it holds (stored by digest, like any)."""
+        if isinstance(value, dict):
+            url = value.get("url")
+            if isinstance(url, str) and url[:5].lower() == "data:":
+                if value.get("data") is not None:
+                    raise ValueError("an image block holds data or a url, not both")
+                media_type, data = _images.decoded_data_url(url)
+                claimed = value.get("media_type")
+                if claimed is not None and claimed != media_type:
+                    raise ValueError(
+                        f"the data: URL says {media_type}, media_type says {claimed}"
+                    )
+                value = {**value, "url": None, "data": data, "media_type": media_type}
+        return value
+
+    @model_validator(mode="after")
+    def _checked(self) -> Self:
+        fields = self.__dict__
+        data: bytes | None = fields["data"]
+        media_type = fields["media_type"]
+        if media_type is not None and media_type not in IMAGE_MEDIA_TYPES:
+            raise ValueError(
+                f"media type {media_type!r} is not supported "
+                f"(supported: {', '.join(IMAGE_MEDIA_TYPES)})"
+            )
+        url = fields["url"]
+        if data is None:
+            if url is None:
+                raise ValueError("an image block needs data (bytes) or a url")
+            scheme = url.partition(":")[0].lower() if ":" in url else ""
+            if scheme not in ("http", "https"):
+                raise ValueError(
+                    f"the URL scheme {scheme or '(none)'!r} is not allowed for an "
+                    "image (http, https or data)"
+                )
+            if fields["digest"] is not None or fields["size"] is not None:
+                raise ValueError("an image by URL has no digest or size")
+            return self
+        if url is not None:
+            raise ValueError("an image block holds data or a url, not both")
+        if len(data) > MAX_IMAGE_BYTES:
+            raise ValueError(
+                f"the image has {len(data):,} bytes, more than "
+                f"MAX_IMAGE_BYTES={MAX_IMAGE_BYTES:,}"
+            )
+        found = _images.sniffed(data)
+        if found is None:
+            raise ValueError(f"the data is {_images.kind_of(data)}")
+        if media_type is not None and found != media_type:
+            raise ValueError(
+                f"the data is {_images.kind_of(data)}, not {media_type} as claimed"
+            )
+        digest = _images.digest_of(data)
+        given = fields["digest"]
+        if given is not None and given != digest:
+            raise ValueError(f"the bytes do not match the digest {given!r}")
+        if fields["size"] is not None and fields["size"] != len(data):
+            raise ValueError(f"the bytes are {len(data):,}, not size={fields['size']}")
+        # Frozen: the derived fields are written as validation's own last step.
+        fields.update(media_type=found, digest=digest, size=len(data))
+        return self
+
+    @field_serializer("data")
+    def _data_out(self, data: bytes | None, info: SerializationInfo) -> Any:
+        if data is None:
+            return None
+        context = info.context
+        if context is not None and context.get("images") == "reference":
+            return None
+        if info.mode_is_json():
+            return base64.b64encode(data).decode("ascii")
+        return data
+
+    def __repr_args__(self) -> Any:
+        for name, value in super().__repr_args__():
+            if name == "data" and value is not None:
+                yield name, _Shown(f"<{len(value):,} bytes>")
+            elif value is not None or name in ("media_type",):
+                yield name, value
+
+    @property
+    def reference(self) -> str:
+        """The block as text shows it: `[image: image/png, 4,035 bytes, sha256:1a2b...]`."""
+        return _images.reference(self.media_type, self.size, self.digest, self.url)
+
+
+class _Shown(str):
+    """A string that repr() shows as it is."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def _blocks(value: Any) -> Any:
+    """A content list as blocks: a str in it is a text block."""
+    if isinstance(value, list | tuple):
+        return tuple(TextBlock(text=v) if isinstance(v, str) else v for v in value)
+    return value
+
+
+def _content_kind(value: Any) -> str:
+    return "text" if isinstance(value, str) else "blocks"
+
+
+ContentBlock: TypeAlias = Annotated[TextBlock | ImageBlock, Field(discriminator="type")]
+"""What a user message's content holds, when it is not plain text."""
+
+
 class UserMessage(BaseModel):
-    """A message from the user (or from whoever drives the loop)."""
+    """A message from the user (or from whoever drives the loop): text, or a
+    list of blocks of text and images (`ImageBlock`; image-only is fine).
+
+    A model that cannot take images is refused the message before it enters
+    the context (`ImageNotSupported`), naming the block.
+    """
 
     model_config = _FROZEN
 
     type: Literal["user_message"] = "user_message"
-    content: EncodableStr
-    """The text of the message."""
+    content: Annotated[
+        Annotated[EncodableStr, Tag("text")]
+        | Annotated[
+            tuple[ContentBlock, ...],
+            BeforeValidator(_blocks),
+            Field(min_length=1),
+            Tag("blocks"),
+        ],
+        Discriminator(_content_kind),
+    ]
+    """The text of the message, or its blocks (a str in a list is a text block)."""
+
+    @property
+    def text(self) -> str:
+        """The message's text: its content, or its text blocks a line each."""
+        content = self.content
+        if type(content) is str:
+            return content
+        return "\n".join(b.text for b in content if type(b) is TextBlock)
+
+    def shown(self) -> str:
+        """The message as a text view shows it: its blocks in order, an image
+        as its reference (`[image: image/png, 4,035 bytes, sha256:...]`)."""
+        content = self.content
+        if type(content) is str:
+            return content
+        return " ".join(
+            b.text if type(b) is TextBlock else b.reference  # type: ignore[union-attr]
+            for b in content
+        )
+
+    @property
+    def images(self) -> tuple[ImageBlock, ...]:
+        """The message's images, in order."""
+        content = self.content
+        if type(content) is str:
+            return ()
+        return tuple(b for b in content if type(b) is ImageBlock)
 
 
 class ModelMessageItem(BaseModel):
@@ -84,6 +338,11 @@ class FunctionCallItem(BaseModel):
         return from_json(self.arguments)
 
 
+def _empty(images: tuple[ImageBlock, ...]) -> bool:
+    """An output without images is written as one was before outputs had them."""
+    return not images
+
+
 class FunctionCallOutputItem(BaseModel):
     """The output of a tool call, written to the context after the call."""
 
@@ -96,6 +355,10 @@ class FunctionCallOutputItem(BaseModel):
     """What the tool returned, as text (JSON for non-string results), or the error."""
     is_error: bool = False
     """Whether the call failed (unknown tool, bad arguments, raised, timed out, denied)."""
+    images: tuple[ImageBlock, ...] = Field(default=(), exclude_if=_empty)
+    """Images the tool returned beside its text (`ToolResult.images`). A
+    provider that takes none in a tool result is sent a line of text for each
+    (`InferenceOutput.images_described` says which)."""
 
     @classmethod
     def error(cls, call_id: str, message: str) -> "FunctionCallOutputItem":

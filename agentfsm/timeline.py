@@ -243,7 +243,7 @@ def _summary(mine: Sequence[ev.AgentEvent]) -> LoopSummary:
         last_at=last.ts,
         question=next(
             (
-                e.message.content
+                e.message.shown()
                 for e in mine
                 if isinstance(e, ev.LoopStarted) and e.message is not None
             ),
@@ -399,7 +399,7 @@ def _describe(event: ev.AgentEvent, width: int) -> str | None:
             said = (
                 "continues its context"
                 if message is None
-                else _quote(message.content, width)
+                else _quote(message.shown(), width)
             )
             mode = ", streaming" if event.streaming else ""
             return f"{said} on {event.model}{mode}"
@@ -439,10 +439,10 @@ def _describe(event: ev.AgentEvent, width: int) -> str | None:
 
 def _payload(payload: ev.EventPayload, width: int) -> str:
     match payload:
-        case UserMessage(content=content):
-            return _quote(content, width)
+        case UserMessage():
+            return _quote(payload.shown(), width)
         case tuple():
-            return ", ".join(_quote(m.content, width) for m in payload)
+            return ", ".join(_quote(m.shown(), width) for m in payload)
         case ToolBatch():
             calls = ", ".join(
                 f"{c.name}({_short(c.arguments, width)})" for c in payload.calls

@@ -57,7 +57,7 @@ from .exceptions import (
     ToolError,
     ToolTimeout,
 )
-from .messages import FunctionCallItem
+from .messages import FunctionCallItem, ImageBlock
 
 if TYPE_CHECKING:
     from .reconcile import ReconcileFunction
@@ -128,6 +128,10 @@ class ToolResult(BaseModel):
     """Whether the call failed; the model sees the output as an error."""
     terminate: bool = False
     """Ask the loop to stop after this batch (it stops only if every call asks)."""
+    images: tuple[ImageBlock, ...] = ()
+    """Images beside the text (a tool may also return one `ImageBlock` alone).
+    A provider that takes none in a tool result is sent a line of text for
+    each instead (`InferenceOutput.images_described`)."""
 
     @classmethod
     def of(cls, value: Any) -> "ToolResult":
@@ -136,7 +140,9 @@ class ToolResult(BaseModel):
             return value
         text = _text.json_text(value)
         return _models.trusted(
-            cls, {"output": text, "is_error": False, "terminate": False}, _RESULT_FIELDS
+            cls,
+            {"output": text, "is_error": False, "terminate": False, "images": ()},
+            _RESULT_FIELDS,
         )
 
     @classmethod
@@ -402,6 +408,8 @@ class Tool:
             value, _TEXT_OR_RESULT
         ):  # a tuple: `str | ToolResult` builds a union per call
             return value
+        if isinstance(value, ImageBlock):
+            return ToolResult(output="", images=(value,))
         try:
             return _text.json_text(value)
         except ValueError as exc:  # PydanticSerializationError, circular references

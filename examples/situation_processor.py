@@ -57,7 +57,7 @@ def model(request: InferenceInput) -> InferenceOutput:
     """Call `lookup` for a new question; answer once its output is in the context."""
     last = request.context.items[-1]
     if isinstance(last, UserMessage):
-        key = last.content.removeprefix("What is the status of ").rstrip("?")
+        key = last.text.removeprefix("What is the status of ").rstrip("?")
         return calls(call("lookup", key=key))
     if isinstance(last, FunctionCallOutputItem):
         return text(f"Status: {last.output}.")

@@ -146,7 +146,7 @@ def audit(pending: PendingTransition) -> Rewrite | None:
     It rewrites the first user message, to show its decision is applied."""
     checked.append(str(pending.trigger))
     if pending.source is LoopState.idle and isinstance(pending.payload, UserMessage):
-        return Rewrite(payload=UserMessage(content=pending.payload.content + "!"))
+        return Rewrite(payload=UserMessage(content=pending.payload.text + "!"))
     return None
 
 

@@ -67,7 +67,7 @@ def _outputs(request: InferenceInput) -> list[FunctionCallOutputItem]:
 
 
 def _users(request: InferenceInput) -> list[str]:
-    return [i.content for i in request.context.items if isinstance(i, UserMessage)]
+    return [i.text for i in request.context.items if isinstance(i, UserMessage)]
 
 
 def approval_model(request: InferenceInput) -> InferenceOutput:

@@ -83,19 +83,19 @@ def counter_model(request: InferenceInput, tool_name: str = "step") -> Inference
     last_ask = max(
         i
         for i, item in enumerate(items)
-        if isinstance(item, UserMessage) and _STEPS.search(item.content)
+        if isinstance(item, UserMessage) and _STEPS.search(item.text)
     )
     asked = items[last_ask]
     assert isinstance(asked, UserMessage)
-    wanted = int(_STEPS.search(asked.content).group(1))  # type: ignore[union-attr]
+    wanted = int(_STEPS.search(asked.text).group(1))  # type: ignore[union-attr]
     taken = [i for i in items[last_ask:] if isinstance(i, FunctionCallOutputItem)]
     total = sum(isinstance(i, FunctionCallOutputItem) for i in items)
     if len(taken) < wanted:
         return calls(call(tool_name, call_id=f"s{total}", n=total), usage=USAGE)
     notes = [
-        i.content
+        i.text
         for i in items
-        if isinstance(i, UserMessage) and i.content.startswith("note ")
+        if isinstance(i, UserMessage) and i.text.startswith("note ")
     ]
     return text(f"took {total} steps; notes: {','.join(notes)}", usage=USAGE)
 
@@ -108,9 +108,9 @@ def payer_model(request: InferenceInput) -> InferenceOutput:
     if not paid:
         return calls(call("pay", call_id="p1", amount=7))
     notes = [
-        i.content
+        i.text
         for i in items
-        if isinstance(i, UserMessage) and i.content.startswith("note ")
+        if isinstance(i, UserMessage) and i.text.startswith("note ")
     ]
     return text(f"{paid[-1].output}; {len(notes)} notes: {','.join(notes)}")
 

@@ -30,7 +30,7 @@ from tests.helpers import add, wait_until
 
 def _echo(request: InferenceInput) -> InferenceOutput:
     """Answers with every user message of the request's context, joined by `|`."""
-    seen = [i.content for i in request.context.items if isinstance(i, UserMessage)]
+    seen = [i.text for i in request.context.items if isinstance(i, UserMessage)]
     return text("|".join(seen))
 
 

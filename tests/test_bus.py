@@ -487,7 +487,7 @@ def test_statistics() -> None:
 def _ask_for_sum(req: InferenceInput) -> InferenceOutput:
     first = req.context.items[0]
     assert first.type == "user_message"
-    n = int(first.content)
+    n = int(first.text)
     return calls(call("add", a=n, b=n))
 
 

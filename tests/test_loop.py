@@ -130,7 +130,7 @@ async def test_a_thousand_loops_at_once() -> None:
     def echo(req: InferenceInput) -> InferenceOutput:
         last = req.context.items[-1]
         if isinstance(last, UserMessage):
-            n = int(last.content)
+            n = int(last.text)
             return calls(call("add", a=n, b=n))
         assert isinstance(last, FunctionCallOutputItem)
         return text(f"answer {last.output}")

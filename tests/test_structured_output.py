@@ -183,7 +183,7 @@ class TestModes:
         retry = request.context.items[2]
         assert isinstance(retry, UserMessage)
         assert "celsius" in retry.content
-        assert retry.content.endswith(
+        assert retry.text.endswith(
             "Call the final answer tool again with corrected arguments."
         )
         assert [e.output.structured_output_mode for e in completed] == ["tool", "tool"]
@@ -230,7 +230,7 @@ class TestModes:
         assert result.output == Weather(city="Oslo", celsius=3)
         told = request.context.items[2]
         assert isinstance(told, UserMessage)
-        assert told.content.startswith(
+        assert told.text.startswith(
             "Your answer does not match the required output format: answer: Invalid JSON"
         )
 

@@ -322,8 +322,8 @@ class TestToolExecution:
             last = req.input.context.items[-1]
             assert isinstance(last, UserMessage)
             if last.content not in cache:
-                cache[last.content] = await next(req)
-            return cache[last.content]
+                cache[last.text] = await next(req)
+            return cache[last.text]
 
         async with Runtime(providers={"fn": FunctionProvider(model)}) as runtime:
             first = await runtime.wait(

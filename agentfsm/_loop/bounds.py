@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 from agentfsm import _text
-from agentfsm.exceptions import OutputLimitExceeded, ProviderError
+from agentfsm.exceptions import ConfigurationError, OutputLimitExceeded, ProviderError
 from agentfsm.inference import (
     InferenceOutput,
     ReasoningDelta,
@@ -39,8 +39,10 @@ from agentfsm.inference import (
 )
 from agentfsm.messages import (
     FunctionCallItem,
+    ImageBlock,
     ModelMessageItem,
     ReasoningItem,
+    TextBlock,
     TokenUsage,
     UserMessage,
 )
@@ -347,10 +349,65 @@ def checked_tool_output(
 
 
 def checked_user(message: UserMessage) -> UserMessage:
-    """A user's message as the context may hold it: its text encodable."""
+    """A user's message as the context may hold it: its text encodable, its
+    blocks validated ones (a handler may have built it without validation).
+
+    Raises:
+        ConfigurationError: its content is neither text nor blocks.
+    """
     content = message.content
-    safe = _text.encodable(content)
-    return message if safe is content else message.model_copy(update={"content": safe})
+    if type(content) is str:
+        safe = _text.encodable(content)
+        if safe is content:
+            return message
+        return message.model_copy(update={"content": safe})
+    blocks = checked_blocks("message", content)
+    if all(a is b for a, b in zip(blocks, content, strict=True)):
+        return message
+    return message.model_copy(update={"content": blocks})
+
+
+def checked_blocks(where: str, content: object) -> tuple[TextBlock | ImageBlock, ...]:
+    """A message's blocks as the context may hold them (see `checked_user`)."""
+    if type(content) is not tuple or not content:
+        raise ConfigurationError(
+            f"{where}.content must be a str or a non-empty tuple of blocks, "
+            f"got {type(content).__name__}"
+        )
+    blocks: list[TextBlock | ImageBlock] = []
+    for index, block in enumerate(content):
+        if type(block) is TextBlock:
+            text = block.text
+            if type(text) is not str:
+                raise ConfigurationError(
+                    f"{where}.content[{index}].text must be a str, got {type(text).__name__}"
+                )
+            safe = _text.encodable(text)
+            blocks.append(block if safe is text else TextBlock(text=safe))
+        elif type(block) is ImageBlock:
+            # Checked again: one built without validation may claim anything.
+            valid = ImageBlock.model_validate(block.__dict__)
+            blocks.append(block if valid == block else valid)
+        else:
+            raise ConfigurationError(
+                f"{where}.content[{index}] must be a TextBlock or an ImageBlock, "
+                f"got {type(block).__name__}"
+            )
+    return tuple(blocks)
+
+
+def checked_tool_images(
+    name: str, output: str, is_error: bool, images: Any
+) -> tuple[str, bool, tuple[ImageBlock, ...]]:
+    """A tool's images as the context may hold them: a tuple of validated
+    blocks (a `ToolResult` built without validation may hold anything), else
+    an error output naming what the tool returned."""
+    if type(images) is tuple and all(type(i) is ImageBlock for i in images):
+        return output, is_error, images
+    got = type(images).__name__
+    if isinstance(images, tuple | list):
+        got = ", ".join(sorted({type(i).__name__ for i in images}))
+    return f"tool {name!r} returned {got} as images, not ImageBlocks", True, ()
 
 
 def _checked(value: Any, kind: type[Any], model: str, where: str) -> tuple[Any, int]:

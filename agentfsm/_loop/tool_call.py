@@ -22,7 +22,7 @@ import anyio
 from agentfsm import _models, _text
 from agentfsm._errors import error_text
 from agentfsm.exceptions import ToolError, UnknownTool
-from agentfsm.messages import FunctionCallItem, FunctionCallOutputItem
+from agentfsm.messages import FunctionCallItem, FunctionCallOutputItem, ImageBlock
 from agentfsm.tools import (
     ToolCall,
     ToolCallContext,
@@ -32,7 +32,7 @@ from agentfsm.tools import (
 )
 
 from .batch import BatchPlan, PlannedCall, unknown
-from .bounds import checked_tool_output
+from .bounds import checked_tool_images, checked_tool_output
 from .journal import Halted
 from .wrappers import chain_wrappers
 
@@ -44,7 +44,7 @@ __all__ = ("INTERRUPTED", "CallResult", "chain_tool_wrappers", "run_batch")
 INTERRUPTED: Final = "the tool call was interrupted: the loop was cancelled"
 """The output of a call the loop stopped waiting for (or never started): a sync
 tool's thread may still have run on (see `tools.ToolCallContext`)."""
-_OUTPUT_FIELDS: Final = {"type", "call_id", "output", "is_error"}
+_OUTPUT_FIELDS: Final = {"type", "call_id", "output", "is_error", "images"}
 
 ToolChain = Callable[[ToolCall], Awaitable[ToolResult]]
 
@@ -109,38 +109,46 @@ async def run_call(loop: Loop, planned: PlannedCall) -> CallResult:
     started = time.perf_counter()
     call = planned.call
     if planned.output is not None:
-        out = _output(loop, call, planned.output, planned.is_error)
+        out = _output(loop, call, planned.output, planned.is_error, ())
         return _ended(loop, planned, out, started), False
     journal = loop.journal
     if journal is None:
-        output, is_error, terminate = await _invoke(loop, planned, None, None)
-        return _ended(loop, planned, _output(loop, call, output, is_error), started), (
-            terminate
-        )
+        output, is_error, terminate, images = await _invoke(loop, planned, None, None)
+        out = _output(loop, call, output, is_error, images)
+        return _ended(loop, planned, out, started), terminate
     entry = await journal.begin_call(loop, planned)
     if entry.status == "done" and entry.output is not None:
         loop.emit_call_completed(call, entry.output, time.perf_counter() - started)
         return entry.output, entry.terminate
-    output, is_error, terminate = await _invoke(
+    output, is_error, terminate, images = await _invoke(
         loop, planned, entry.key, journal.fencing_token
     )
-    out = _output(loop, call, output, is_error)
+    out = _output(loop, call, output, is_error, images)
     with anyio.CancelScope(shield=True):  # the output is known: record it
         await journal.end_call(loop, entry.key, out, terminate)
     return _ended(loop, planned, out, started), terminate
 
 
 def _output(
-    loop: Loop, call: FunctionCallItem, output: str, is_error: bool
+    loop: Loop,
+    call: FunctionCallItem,
+    output: str,
+    is_error: bool,
+    images: tuple[ImageBlock, ...],
 ) -> FunctionCallOutputItem:
     """The output item of a call: its text as the context may hold it (see
-    `bounds.checked_tool_output`)."""
+    `bounds.checked_tool_output`), and its images."""
     output, is_error = checked_tool_output(call.name, output, is_error, loop.options)
+    if images:
+        output, is_error, images = checked_tool_images(
+            call.name, output, is_error, images
+        )
     values = {
         "type": "function_call_output",
         "call_id": call.call_id,
         "output": output,
         "is_error": is_error,
+        "images": images,
     }
     return _models.trusted(FunctionCallOutputItem, values, _OUTPUT_FIELDS)
 
@@ -159,9 +167,9 @@ def _ended(
 
 async def _invoke(
     loop: Loop, planned: PlannedCall, key: str | None, token: int | None
-) -> tuple[str, bool, bool]:
+) -> tuple[str, bool, bool, tuple[ImageBlock, ...]]:
     """Run the tool (through the loop's tool wrappers) as the context's current
-    call: `(output, is_error, terminate)`."""
+    call: `(output, is_error, terminate, images)`."""
     call = planned.call
     tool = planned.tool
     chain = loop.tool_chain
@@ -187,6 +195,7 @@ async def _invoke(
     context = _current_call.set(running)
     returned = False
     output, is_error, terminate = "", False, False
+    images: tuple[ImageBlock, ...] = ()
     try:
         if chain is None:
             assert tool is not None
@@ -205,7 +214,7 @@ async def _invoke(
         if type(value) is str:  # the common case first: no class test
             output = value
         elif isinstance(value, ToolResult):
-            output, is_error = value.output, value.is_error
+            output, is_error, images = value.output, value.is_error, value.images
             asked: Any = value.terminate
             terminate = asked is True
             if type(asked) is not bool:  # built without validation
@@ -235,4 +244,4 @@ async def _invoke(
         if not returned:
             running._interrupt()
         _current_call.reset(context)
-    return output, is_error, terminate
+    return output, is_error, terminate, images

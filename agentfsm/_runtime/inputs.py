@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 
 from agentfsm import _models
 from agentfsm._arguments import ArgumentTypeError, ArgumentValueError, given
+from agentfsm._loop.bounds import checked_blocks
 from agentfsm._text import encodable
 from agentfsm.exceptions import ConfigurationError
 from agentfsm.inference import InferenceInput
@@ -57,13 +58,24 @@ def user_message_of(
 
 
 def checked_message(name: str, message: UserMessage) -> UserMessage:
-    """A caller's `UserMessage`, its content a str (one built without
-    validation may hold anything). Its text is made encodable where every
-    message enters the context (`states.context_update`)."""
+    """A caller's `UserMessage`, its content a str or blocks (one built without
+    validation may hold anything: its blocks are validated again). Its text is
+    made encodable where every message enters the context
+    (`states.context_update`)."""
     content = message.__dict__.get("content")
-    if type(content) is not str:
-        raise ArgumentTypeError(f"{name}.content must be a str, got {given(content)}")
-    return message
+    if type(content) is str:
+        return message
+    if type(content) is not tuple:
+        raise ArgumentTypeError(
+            f"{name}.content must be a str or a tuple of blocks, got {given(content)}"
+        )
+    try:
+        blocks = checked_blocks(name, content)
+    except ConfigurationError as exc:
+        raise ArgumentTypeError(str(exc)) from None
+    if all(a is b for a, b in zip(blocks, content, strict=True)):
+        return message
+    return message.model_copy(update={"content": blocks})
 
 
 def handlers_of(

@@ -35,6 +35,7 @@ from agentfsm._arguments import (
 from agentfsm._bus import EventBus, Subscription
 from agentfsm._loop import Loop
 from agentfsm._loop.driver import end_paused, expire_paused, halt
+from agentfsm._loop.images import refuse_unsupported_images
 from agentfsm._text import encodable
 from agentfsm.breakpoints import BREAKPOINT_HANDLER, Break, Breakpoints
 from agentfsm.exceptions import (
@@ -535,6 +536,10 @@ class Runtime:
             raise LoopStateError(_NOT_RUNNING)
         # An unknown provider fails here, loudly, before the loop exists.
         self.providers.resolve(inference_input.model)
+        if user_message is not None and type(user_message.content) is not str:
+            refuse_unsupported_images(
+                (user_message,), inference_input.model, self.providers
+            )
         if loop_id is None:
             loop_id = self._ids()
         primitives = self._primitives
@@ -1065,7 +1070,10 @@ class Runtime:
             raise LoopStateError(f"loop {loop_id} has ended; start a new loop instead")
         if isinstance(message, str):
             message = UserMessage(content=message)
-        loop.queue(checked_message("message", message), follow_up=follow_up)
+        message = checked_message("message", message)
+        if type(message.content) is not str:
+            refuse_unsupported_images((message,), loop.input.model, self.providers)
+        loop.queue(message, follow_up=follow_up)
         if loop.journal is not None and loop.status is LoopStatus.paused:
             loop.journal.queued(loop)  # stored with the pause, not only in memory
 

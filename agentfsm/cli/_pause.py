@@ -296,7 +296,7 @@ def _payload_line(pending: PendingTransition) -> str | None:
     if isinstance(payload, UserMessage):
         payload = (payload,)
     if isinstance(payload, tuple) and payload:
-        return "; ".join(f"user: {one_line(m.content, _SHOWN)}" for m in payload)
+        return "; ".join(f"user: {one_line(m.shown(), _SHOWN)}" for m in payload)
     return None
 
 

@@ -30,6 +30,8 @@ from typing import Final, Protocol, runtime_checkable
 
 from agentfsm.exceptions import ConfigurationError, UnknownProvider
 from agentfsm.inference import (
+    NO_IMAGES,
+    ImageSupport,
     InferenceInput,
     InferenceOutput,
     ItemSource,
@@ -47,6 +49,8 @@ from agentfsm.inference import (
 )
 
 __all__ = (
+    "NO_IMAGES",
+    "ImageSupport",
     "InferenceInput",
     "InferenceOutput",
     "ItemSource",
@@ -80,6 +84,10 @@ class Provider(Protocol):
     ) -> AbstractAsyncContextManager[AsyncIterator[StreamEvent]]:
         """Make the request streaming; the stream closes when the context exits."""
         ...
+
+    # Optional (not part of the protocol's check): `image_support(model: str)
+    # -> ImageSupport`, where the model takes images. Without it, a provider is
+    # sent every image it is given.
 
 
 def split_model(model: str) -> tuple[str, str]:

@@ -78,7 +78,7 @@ def messages_of(items: Sequence[ContextItem]) -> list[dict[str, Any]]:
 
 def _block(item: ContextItem) -> tuple[str, dict[str, Any] | None]:
     if isinstance(item, UserMessage):
-        return "user", _text(item.content)
+        return "user", _text(item.text)
     if isinstance(item, ModelMessageItem):
         return "assistant", _text(item.content or item.refusal or "")
     if isinstance(item, ReasoningItem):

@@ -1,0 +1,73 @@
+"""Whether a loop's model takes the images of a message, asked before the
+message enters the context (`states.context_update`, and `Runtime.run_loop`,
+`steer` and `follow_up` before a loop queues one)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from agentfsm.exceptions import ImageNotSupported
+from agentfsm.inference import ImageSupport
+from agentfsm.messages import ImageBlock, UserMessage
+from agentfsm.providers import Provider, ProviderRegistry
+
+__all__ = ("refuse_unsupported_images", "support_of")
+
+_ANY: ImageSupport = ImageSupport()
+
+
+def support_of(provider: Provider, model: str) -> ImageSupport:
+    """What `provider` says `model` takes (everything, when it does not say)."""
+    ask = getattr(provider, "image_support", None)
+    if ask is None:
+        return _ANY
+    support = ask(model)
+    if not isinstance(support, ImageSupport):
+        raise ImageNotSupported(
+            f"{type(provider).__name__}.image_support({model!r}) returned "
+            f"{type(support).__name__}, not an ImageSupport",
+            model=model,
+            capability="images",
+            block="",
+        )
+    return support
+
+
+def refuse_unsupported_images(
+    messages: Iterable[UserMessage], model: str, providers: ProviderRegistry
+) -> None:
+    """Raise when `model` cannot take an image of `messages` as a user message.
+
+    Raises:
+        ImageNotSupported: naming the model, the capability and the block.
+    """
+    support: ImageSupport | None = None
+    for message in messages:
+        content = message.content
+        if type(content) is str:
+            continue
+        for index, block in enumerate(content):
+            if type(block) is not ImageBlock:
+                continue
+            if support is None:
+                support = support_of(providers.resolve(model), model)
+            lacking = _lacking(block, support)
+            if lacking is not None:
+                where = f"content[{index}] {block.reference}"
+                raise ImageNotSupported(
+                    f"model {model!r} does not take {lacking}: the message's "
+                    f"{where} was refused before it entered the context",
+                    model=model,
+                    capability=lacking,
+                    block=where,
+                )
+
+
+def _lacking(block: ImageBlock, support: ImageSupport) -> str | None:
+    if not support.user_messages:
+        return "images in user messages"
+    if block.url is not None and not support.urls:
+        return "images by URL"
+    if block.size is not None and block.size > support.max_bytes:
+        return f"images over {support.max_bytes:,} bytes"
+    return None
