@@ -8,9 +8,9 @@ checkpoints).
 """
 
 import base64
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal, Self, TypeAlias
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Self, TypeAlias
 
 from pydantic import (
     BaseModel,
@@ -267,6 +267,16 @@ class UserMessage(BaseModel):
         Discriminator(_content_kind),
     ]
     """The text of the message, or its blocks (a str in a list is a text block)."""
+
+    if TYPE_CHECKING:
+        # What callers may pass (a list, with plain strings for text blocks);
+        # validation makes it the tuple of blocks the field holds.
+        def __init__(
+            self,
+            *,
+            content: str | Sequence[TextBlock | ImageBlock | str],
+            type: Literal["user_message"] = "user_message",
+        ) -> None: ...
 
     @property
     def text(self) -> str:

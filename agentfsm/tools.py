@@ -20,7 +20,7 @@ Example:
 
 import inspect
 import threading
-from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping, Sequence
 from contextvars import ContextVar
 from functools import partial
 from typing import (
@@ -132,6 +132,17 @@ class ToolResult(BaseModel):
     """Images beside the text (a tool may also return one `ImageBlock` alone).
     A provider that takes none in a tool result is sent a line of text for
     each instead (`InferenceOutput.images_described`)."""
+
+    if TYPE_CHECKING:
+        # Images may be given as any sequence; validation makes them a tuple.
+        def __init__(
+            self,
+            *,
+            output: str,
+            is_error: bool = False,
+            terminate: bool = False,
+            images: Sequence[ImageBlock] = (),
+        ) -> None: ...
 
     @classmethod
     def of(cls, value: Any) -> "ToolResult":

@@ -40,6 +40,7 @@ def test_the_docs_have_runnable_examples() -> None:
         "how-to/approval.md",
         "how-to/budgets.md",
         "how-to/streaming.md",
+        "how-to/images.md",
         "durability.md",
     } <= pages
 

@@ -29,6 +29,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
+from pydantic import ValidationError
+
 from agentfsm import _text
 from agentfsm.exceptions import ConfigurationError, OutputLimitExceeded, ProviderError
 from agentfsm.inference import (
@@ -386,7 +388,13 @@ def checked_blocks(where: str, content: object) -> tuple[TextBlock | ImageBlock,
             blocks.append(block if safe is text else TextBlock(text=safe))
         elif type(block) is ImageBlock:
             # Checked again: one built without validation may claim anything.
-            valid = ImageBlock.model_validate(block.__dict__)
+            try:
+                valid = ImageBlock.model_validate(block.__dict__)
+            except ValidationError as exc:
+                problem = exc.errors()[0]["msg"].removeprefix("Value error, ")
+                raise ConfigurationError(
+                    f"{where}.content[{index}] is not a valid image: {problem}"
+                ) from None
             blocks.append(block if valid == block else valid)
         else:
             raise ConfigurationError(
