@@ -30,6 +30,7 @@ from agentfsm._images import MAX_IMAGE_BYTES
 from agentfsm.messages import (
     FunctionCallItem,
     FunctionCallOutputItem,
+    ImageBlock,
     ModelContext,
     ModelMessageItem,
     OutputItem,
@@ -463,6 +464,20 @@ class ImageSupport:
     """Images by URL (the server fetches them), beside images as bytes."""
     max_bytes: int = MAX_IMAGE_BYTES
     """The largest image it takes, in bytes."""
+
+    def lacking(self, block: ImageBlock, *, tool_result: bool = False) -> str | None:
+        """What a model of this support lacks to take `block` in a user message
+        (or in a tool result), as `ImageNotSupported.capability` names it;
+        `None` when it takes it."""
+        if not (self.tool_results if tool_result else self.user_messages):
+            return (
+                "images in tool results" if tool_result else "images in user messages"
+            )
+        if block.url is not None and not self.urls:
+            return "images by URL"
+        if block.size is not None and block.size > self.max_bytes:
+            return f"images over {self.max_bytes:,} bytes"
+        return None
 
 
 NO_IMAGES: Final = ImageSupport(user_messages=False, tool_results=False, urls=False)

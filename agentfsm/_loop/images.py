@@ -51,7 +51,7 @@ def refuse_unsupported_images(
                 continue
             if support is None:
                 support = support_of(providers.resolve(model), model)
-            lacking = _lacking(block, support)
+            lacking = support.lacking(block)
             if lacking is not None:
                 where = f"content[{index}] {block.reference}"
                 raise ImageNotSupported(
@@ -61,13 +61,3 @@ def refuse_unsupported_images(
                     capability=lacking,
                     block=where,
                 )
-
-
-def _lacking(block: ImageBlock, support: ImageSupport) -> str | None:
-    if not support.user_messages:
-        return "images in user messages"
-    if block.url is not None and not support.urls:
-        return "images by URL"
-    if block.size is not None and block.size > support.max_bytes:
-        return f"images over {support.max_bytes:,} bytes"
-    return None

@@ -6,6 +6,7 @@ there; the module docstring there has the table of what maps where.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, assert_never
 
@@ -25,6 +26,7 @@ from agentfsm.messages import (
     ContextItem,
     FunctionCallItem,
     FunctionCallOutputItem,
+    ImageBlock,
     ModelMessageItem,
     OutputItem,
     ReasoningItem,
@@ -32,7 +34,12 @@ from agentfsm.messages import (
     UserMessage,
 )
 from agentfsm.providers import InferenceOutput
-from agentfsm.providers._common import count, structured_schema, tool_input
+from agentfsm.providers._common import (
+    ImageMapping,
+    count,
+    structured_schema,
+    tool_input,
+)
 
 __all__ = (
     "REDACTED_PREFIX",
@@ -59,24 +66,61 @@ _FINISH_REASONS: Final[Mapping[str, str]] = {
 # --------------------------------------------------------------------- requests
 
 
-def messages_of(items: Sequence[ContextItem]) -> list[dict[str, Any]]:
-    """The context as Messages API messages (consecutive items of a role merged)."""
+def messages_of(
+    items: Sequence[ContextItem], images: ImageMapping
+) -> list[dict[str, Any]]:
+    """The context as Messages API messages (consecutive items of a role merged).
+
+    Raises:
+        ImageNotSupported: a user message holds an image the model cannot take.
+    """
     messages: list[dict[str, Any]] = []
     for item in items:
-        role, block = _block(item)
-        if block is None:
+        if isinstance(item, UserMessage) and not isinstance(item.content, str):
+            role, blocks = "user", _user_blocks(item, images)
+        else:
+            role, block = _block(item, images)
+            blocks = [] if block is None else [block]
+        if not blocks:
             continue
         if messages and messages[-1]["role"] == role:
-            messages[-1]["content"].append(block)
+            messages[-1]["content"].extend(blocks)
         else:
-            messages.append({"role": role, "content": [block]})
+            messages.append({"role": role, "content": blocks})
     for message in messages:
         if message["role"] == "user":  # tool results go before any text
             message["content"].sort(key=lambda b: b["type"] != "tool_result")
     return messages
 
 
-def _block(item: ContextItem) -> tuple[str, dict[str, Any] | None]:
+def _user_blocks(message: UserMessage, images: ImageMapping) -> list[dict[str, Any]]:
+    """A message of text and image blocks, each as a block (blank text left out)."""
+    content = message.content
+    assert not isinstance(content, str)  # a text message is one block (`_block`)
+    images.check_user(message)
+    blocks: list[dict[str, Any]] = []
+    for block in content:
+        if isinstance(block, ImageBlock):
+            blocks.append(_image(block))
+        elif (text := _text(block.text)) is not None:
+            blocks.append(text)
+    return blocks
+
+
+def _image(block: ImageBlock) -> dict[str, Any]:
+    if block.data is None:
+        return {"type": "image", "source": {"type": "url", "url": block.url}}
+    source = {
+        "type": "base64",
+        "media_type": block.media_type,
+        "data": base64.b64encode(block.data).decode("ascii"),
+    }
+    return {"type": "image", "source": source}
+
+
+def _block(
+    item: ContextItem, images: ImageMapping
+) -> tuple[str, dict[str, Any] | None]:
     if isinstance(item, UserMessage):
         return "user", _text(item.text)
     if isinstance(item, ModelMessageItem):
@@ -103,10 +147,16 @@ def _block(item: ContextItem) -> tuple[str, dict[str, Any] | None]:
             "input": tool_input(item),
         }
     if isinstance(item, FunctionCallOutputItem):
+        text, sent = images.tool_output(item)
+        content: str | list[dict[str, Any]] = text
+        if sent:
+            # The API refuses an empty text block, here as anywhere.
+            content = [] if (part := _text(text)) is None else [part]
+            content.extend(_image(block) for block in sent)
         result: dict[str, Any] = {
             "type": "tool_result",
             "tool_use_id": item.call_id,
-            "content": item.output,
+            "content": content,
         }
         if item.is_error:
             result["is_error"] = True

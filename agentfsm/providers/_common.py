@@ -1,4 +1,4 @@
-"""Helpers the vendor providers share: schemas, tool choice, errors, call ids.
+"""Helpers the vendor providers share: schemas, tool choice, errors, call ids, images.
 
 Nothing here imports a vendor SDK; each provider module maps its SDK's types
 and exceptions onto these.
@@ -9,23 +9,39 @@ from __future__ import annotations
 import os
 import re
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Mapping
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Mapping,
+    Sequence,
+)
 from typing import Any, Final, Generic, Protocol, Self, TypeVar
 
 import anyio
 from pydantic import BaseModel
 from pydantic_core import from_json
 
-from agentfsm.exceptions import ConfigurationError, ProviderError
-from agentfsm.messages import FunctionCallItem
+from agentfsm import _images
+from agentfsm.exceptions import ConfigurationError, ImageNotSupported, ProviderError
+from agentfsm.inference import ImageSupport, InferenceOutput
+from agentfsm.messages import (
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    ImageBlock,
+    UserMessage,
+)
 
 __all__ = (
     "TOOL_CHOICE_MODES",
+    "ImageMapping",
     "OwnedClient",
     "close_stream",
     "count",
     "env",
     "error_detail",
+    "image_override",
+    "image_url",
     "new_call_id",
     "next_or_none",
     "refuse_unsupported",
@@ -35,6 +51,7 @@ __all__ = (
     "stream_error",
     "strict_compatible",
     "structured_schema",
+    "text_only",
     "tool_input",
 )
 
@@ -271,3 +288,121 @@ def tool_input(call: FunctionCallItem) -> dict[str, Any]:
     except ValueError:
         return {}
     return value if isinstance(value, dict) else {}
+
+
+# ----------------------------------------------------------------------- images
+
+
+def image_url(block: ImageBlock) -> str:
+    """The image as OpenAI's APIs take one: its URL, or its bytes as a `data:` URL."""
+    if block.data is None:
+        assert block.url is not None  # validation: an image has bytes or a URL
+        return block.url
+    assert block.media_type is not None  # validation sniffs it from the bytes
+    return _images.data_url(block.media_type, block.data)
+
+
+def text_only(model: str, names: Sequence[str]) -> bool:
+    """Whether `model` (`provider:model`, or the bare name) is one of `names`:
+    exact names, or prefixes ending with `*`."""
+    prefix, sep, name = model.partition(":")
+    name = name if sep else prefix
+    return any(name.startswith(n[:-1]) if n.endswith("*") else name == n for n in names)
+
+
+def image_override(images: ImageSupport | None) -> ImageSupport | None:
+    """A provider's `images=` argument, checked.
+
+    Raises:
+        ConfigurationError: it is not an `ImageSupport`.
+    """
+    if images is not None and not isinstance(images, ImageSupport):
+        raise ConfigurationError(
+            f"images must be an ImageSupport (or None), got {type(images).__name__}"
+        )
+    return images
+
+
+class ImageMapping:
+    """How one request sends its images: what its model takes, and the
+    tool-result images it sent as text instead.
+
+    A provider makes one per request, its mapping asks it about each image,
+    and the output takes the images described (`output`). A user message's
+    image the model cannot take is an error here (`check_user`): the loop
+    refuses such a message before it enters the context, so it can only come
+    from a context filled directly, or a model changed since (by a handler).
+    """
+
+    __slots__ = ("_described", "model", "support")
+
+    def __init__(self, model: str, support: ImageSupport) -> None:
+        self.model = model
+        """The request's model, as errors name it."""
+        self.support = support
+        self._described: list[str] = []
+
+    def check_user(self, message: UserMessage) -> None:
+        """Refuse a user message holding an image the model cannot take.
+
+        Raises:
+            ImageNotSupported: naming the model, what it lacks and the block.
+        """
+        content = message.content
+        if type(content) is str:
+            return
+        for index, block in enumerate(content):
+            if type(block) is not ImageBlock:
+                continue
+            lacking = self.support.lacking(block)
+            if lacking is not None:
+                where = f"content[{index}] {block.reference}"
+                raise ImageNotSupported(
+                    f"model {self.model!r} does not take {lacking}: a user "
+                    f"message of the context holds {where}, which cannot be sent "
+                    "to it (the message was put in the context directly, or the "
+                    "model changed after it entered)",
+                    model=self.model,
+                    capability=lacking,
+                    block=where,
+                )
+
+    def tool_output(
+        self, item: FunctionCallOutputItem, *, takes_images: bool = True
+    ) -> tuple[str, tuple[ImageBlock, ...]]:
+        """`(text, images to send)` of a tool's output.
+
+        An image the model cannot take in a tool result (any image, with
+        `takes_images=False`: an API whose tool outputs hold text only) is a
+        line of text after the output, its reference
+        (`[image: image/png, 70 bytes, sha256:...]`), and is recorded as
+        described.
+        """
+        images = item.images
+        if not images:
+            return item.output, ()
+        sent: list[ImageBlock] = []
+        lines: list[str] = []
+        for block in images:
+            if takes_images and self.support.lacking(block, tool_result=True) is None:
+                sent.append(block)
+                continue
+            lines.append(block.reference)
+            name = block.digest if block.digest is not None else block.url
+            assert name is not None  # validation: an image has bytes or a URL
+            self._described.append(name)
+        text = item.output
+        if lines:
+            text = "\n".join([text, *lines] if text else lines)
+        return text, tuple(sent)
+
+    @property
+    def described(self) -> tuple[str, ...]:
+        """The digests (or URLs) of the tool-result images sent as text, in order."""
+        return tuple(self._described)
+
+    def output(self, output: InferenceOutput) -> InferenceOutput:
+        """`output` with the images this request described (`images_described`)."""
+        if not self._described:
+            return output
+        return output.model_copy(update={"images_described": self.described})

@@ -23,13 +23,14 @@ from agentfsm.messages import (
     UserMessage,
 )
 from agentfsm.providers import (
+    NO_IMAGES,
     InferenceInput,
     InferenceOutput,
     StreamEvent,
     TextDelta,
     ToolCallDelta,
 )
-from agentfsm.providers._common import structured_schema
+from agentfsm.providers._common import ImageMapping, structured_schema
 from agentfsm.providers._structured import Plan, plan_of
 
 __all__ = (
@@ -50,7 +51,11 @@ model answers sensibly (at llama.cpp's server default, 0.8, SmolLM2-135M answers
 
 
 def chat_messages(
-    request: InferenceInput, *, instructions: str | None = None, tools: bool = False
+    request: InferenceInput,
+    *,
+    instructions: str | None = None,
+    tools: bool = False,
+    images: ImageMapping | None = None,
 ) -> list[dict[str, Any]]:
     """The request's instructions and context as OpenAI-shaped chat messages.
 
@@ -60,7 +65,16 @@ def chat_messages(
     With tools (the request's, or others: `tools=True`) there is always a
     system message, since the template lists the tools in it. Reasoning items
     are not sent. `instructions` replace the context's.
+
+    The template renders text only: a tool's images are each a line of text
+    after its output (their reference), recorded in `images` (made here when
+    not given).
+
+    Raises:
+        ImageNotSupported: a user message holds an image.
     """
+    if images is None:
+        images = ImageMapping(request.model, NO_IMAGES)
     messages: list[dict[str, Any]] = []
     system = instructions or request.context.instructions
     if system or request.tools or tools:
@@ -73,7 +87,8 @@ def chat_messages(
     told = bool(request.tools) and not tools and request.effective_tool_choice == "none"
     for item in request.context.items:
         if isinstance(item, UserMessage):
-            messages.append({"role": "user", "content": item.content})
+            images.check_user(item)
+            messages.append({"role": "user", "content": item.text})
         elif isinstance(item, ModelMessageItem):
             messages.append({"role": "assistant", "content": item.content})
         elif isinstance(item, FunctionCallItem) and told:
@@ -94,9 +109,8 @@ def chat_messages(
         elif isinstance(item, FunctionCallOutputItem):
             name = names.get(item.call_id, "the tool")
             what = "Error from" if item.is_error else "Result of"
-            messages.append(
-                {"role": "user", "content": f"{what} {name}: {item.output}"}
-            )
+            output, _ = images.tool_output(item, takes_images=False)
+            messages.append({"role": "user", "content": f"{what} {name}: {output}"})
         else:
             assert isinstance(item, ReasoningItem)
     return messages
@@ -182,14 +196,22 @@ def _sampling(extra_body: dict[str, Any]) -> dict[str, Any]:
     return dict(extra_body)
 
 
-def request_kwargs(request: InferenceInput, plan: Plan | None = None) -> dict[str, Any]:
+def request_kwargs(
+    request: InferenceInput,
+    plan: Plan | None = None,
+    *,
+    images: ImageMapping | None = None,
+) -> dict[str, Any]:
     """The keyword arguments of `Llama.create_chat_completion` for a request
-    (`plan`: how its structured output is asked for; default: `structured_plan`).
+    (`plan`: how its structured output is asked for; default: `structured_plan`;
+    `images`: records the tool-result images sent as text, see `chat_messages`).
 
     Raises:
         ConfigurationError: `tool_choice` names a tool the request does not
             offer, `parallel_tool_calls=False` (which llama.cpp cannot honour),
             or `extra_body` has a key that is not one of `SAMPLING_PARAMETERS`.
+        ImageNotSupported: a user message holds an image (a
+            `ConfigurationError` too).
     """
     if plan is None:
         plan = structured_plan(request)
@@ -199,6 +221,7 @@ def request_kwargs(request: InferenceInput, plan: Plan | None = None) -> dict[st
             request,
             instructions=None if plan is None else plan.instructions,
             tools=final is not None,
+            images=images,
         )
     }
     tool_choice: str | dict[str, Any] = "none"

@@ -8,11 +8,16 @@ ground and reads the `reasoning_content` / `reasoning` fields those servers add.
 | agentfsm                    | Chat Completions                                       |
 |-----------------------------|--------------------------------------------------------|
 | `ModelContext.instructions` | a `system` message, first                              |
-| `UserMessage`               | a `user` message                                       |
+| `UserMessage`               | a `user` message (text, or `text` / `image_url` parts) |
 | `ModelMessageItem`          | an `assistant` message                                 |
 | `FunctionCallItem`s of a turn | one `assistant` message's `tool_calls` (content `""`) |
-| `FunctionCallOutputItem`    | a `tool` message                                       |
+| `FunctionCallOutputItem`    | a `tool` message (text only: an image is a line of text) |
 | `ReasoningItem`             | not sent (the API has no place for it)                 |
+
+An image in a user message is an `image_url` part of its URL, or of its bytes
+as a `data:` URL. A `tool` message holds text only, so each image of a tool's
+output is sent as a line of text after it, its reference (`[image: image/png,
+70 bytes, sha256:...]`), and the output's `images_described` names it.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from agentfsm.messages import (
     ContextItem,
     FunctionCallItem,
     FunctionCallOutputItem,
+    ImageBlock,
     ModelMessageItem,
     OutputItem,
     ReasoningItem,
@@ -42,6 +48,7 @@ from agentfsm.messages import (
     UserMessage,
 )
 from agentfsm.providers import (
+    ImageSupport,
     InferenceInput,
     InferenceOutput,
     ReasoningDelta,
@@ -52,7 +59,9 @@ from agentfsm.providers import (
 )
 from agentfsm.providers._common import (
     TOOL_CHOICE_MODES,
+    ImageMapping,
     count,
+    image_url,
     new_call_id,
     schema_name,
     strict_compatible,
@@ -75,20 +84,27 @@ def request_params(
     max_tokens_field: str,
     plan: Plan | None = None,
     json_schema_in_json_object: bool = False,
+    images: ImageMapping | None = None,
 ) -> dict[str, Any]:
     """The keyword arguments of `client.chat.completions.create` for a request.
 
     `plan` says how its structured output is asked for (none: not at all);
     `json_schema_in_json_object` adds the schema to a prompted request's
     `json_object` format, which OpenAI refuses and llama.cpp's server turns
-    into a grammar.
+    into a grammar; `images` what the model takes (default: images in user
+    messages) and which tool-result images were described.
+
+    Raises:
+        ImageNotSupported: a user message holds an image the model cannot take.
     """
     instructions = request.context.instructions
     if plan is not None and plan.instructions is not None:
         instructions = plan.instructions
+    if images is None:
+        images = ImageMapping(request.model, ImageSupport(tool_results=False))
     params: dict[str, Any] = {
         "model": model,
-        "messages": chat_messages(instructions, request.context.items),
+        "messages": chat_messages(instructions, request.context.items, images),
     }
     if request.max_output_tokens is not None:
         params[max_tokens_field] = request.max_output_tokens
@@ -127,15 +143,19 @@ def request_params(
 
 
 def chat_messages(
-    instructions: str | None, items: Sequence[ContextItem]
+    instructions: str | None, items: Sequence[ContextItem], images: ImageMapping
 ) -> list[dict[str, Any]]:
-    """The instructions and the context as chat messages."""
+    """The instructions and the context as chat messages.
+
+    Raises:
+        ImageNotSupported: a user message holds an image the model cannot take.
+    """
     messages: list[dict[str, Any]] = []
     if instructions:
         messages.append({"role": "system", "content": instructions})
     for item in items:
         if isinstance(item, UserMessage):
-            messages.append({"role": "user", "content": item.content})
+            messages.append({"role": "user", "content": _user_content(item, images)})
         elif isinstance(item, ModelMessageItem):
             text = item.content or item.refusal or ""
             messages.append({"role": "assistant", "content": text})
@@ -155,12 +175,28 @@ def chat_messages(
                     {"role": "assistant", "content": "", "tool_calls": [call]}
                 )
         elif isinstance(item, FunctionCallOutputItem):
+            text, _ = images.tool_output(item, takes_images=False)
             messages.append(
-                {"role": "tool", "tool_call_id": item.call_id, "content": item.output}
+                {"role": "tool", "tool_call_id": item.call_id, "content": text}
             )
         elif not isinstance(item, ReasoningItem):  # reasoning has no place here
             assert_never(item)
     return messages
+
+
+def _user_content(
+    message: UserMessage, images: ImageMapping
+) -> str | list[dict[str, Any]]:
+    content = message.content
+    if isinstance(content, str):
+        return content
+    images.check_user(message)
+    return [
+        {"type": "image_url", "image_url": {"url": image_url(block)}}
+        if isinstance(block, ImageBlock)
+        else {"type": "text", "text": block.text}
+        for block in content
+    ]
 
 
 def _tool(definition: dict[str, Any]) -> dict[str, Any]:

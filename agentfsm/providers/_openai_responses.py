@@ -5,14 +5,17 @@ Imported only by `agentfsm.providers.openai`, after it checked the SDK is there.
 | agentfsm                         | Responses API                                         |
 |----------------------------------|-------------------------------------------------------|
 | `ModelContext.instructions`      | `instructions`                                        |
-| `UserMessage`                    | `{"role": "user", "content": ...}`                    |
+| `UserMessage`                    | `{"role": "user", "content": ...}` (text, or `input_text` / `input_image` parts) |
 | `ModelMessageItem`               | `{"role": "assistant", "content": ...}` / `message`   |
 | `ReasoningItem`                  | `reasoning` (summary text, `encrypted_content`)       |
 | `FunctionCallItem`               | `function_call`                                       |
-| `FunctionCallOutputItem`         | `function_call_output`                                |
+| `FunctionCallOutputItem`         | `function_call_output` (with images: `input_text` + `input_image` parts) |
 
 A `ReasoningItem` goes back only with its `encrypted_content`: without the server
-storing responses, that is the only form the API accepts it in.
+storing responses, that is the only form the API accepts it in. An image goes
+as an `input_image` of its URL, or of its bytes as a `data:` URL (detail
+`auto`); a tool-result image the model cannot take is a line of text instead
+(`ImageMapping.tool_output`).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from agentfsm.messages import (
     ContextItem,
     FunctionCallItem,
     FunctionCallOutputItem,
+    ImageBlock,
     ModelMessageItem,
     OutputItem,
     ReasoningItem,
@@ -57,6 +61,7 @@ from agentfsm.messages import (
     UserMessage,
 )
 from agentfsm.providers import (
+    ImageSupport,
     InferenceInput,
     InferenceOutput,
     ReasoningDelta,
@@ -66,7 +71,9 @@ from agentfsm.providers import (
 )
 from agentfsm.providers._common import (
     TOOL_CHOICE_MODES,
+    ImageMapping,
     count,
+    image_url,
     new_call_id,
     refuse_unsupported,
     schema_name,
@@ -95,13 +102,21 @@ def request_params(
     reasoning_summary: ReasoningSummary | None,
     include_encrypted_reasoning: bool | None,
     plan: Plan | None = None,
+    images: ImageMapping | None = None,
 ) -> dict[str, Any]:
     """The keyword arguments of `client.responses.create` for a request (`plan`:
-    how its structured output is asked for; none: not at all)."""
+    how its structured output is asked for; none: not at all; `images`: what
+    the model takes, default everything).
+
+    Raises:
+        ImageNotSupported: a user message holds an image the model cannot take.
+    """
     context = request.context
+    if images is None:
+        images = ImageMapping(request.model, ImageSupport())
     params: dict[str, Any] = {
         "model": model,
-        "input": input_items(context.items),
+        "input": input_items(context.items, images),
         "store": store,
     }
     instructions = context.instructions
@@ -154,12 +169,18 @@ def request_params(
     return params
 
 
-def input_items(items: Sequence[ContextItem]) -> list[dict[str, Any]]:
-    """The context as Responses API input items."""
+def input_items(
+    items: Sequence[ContextItem], images: ImageMapping
+) -> list[dict[str, Any]]:
+    """The context as Responses API input items.
+
+    Raises:
+        ImageNotSupported: a user message holds an image the model cannot take.
+    """
     result: list[dict[str, Any]] = []
     for item in items:
         if isinstance(item, UserMessage):
-            result.append({"role": "user", "content": item.content})
+            result.append({"role": "user", "content": _user_content(item, images)})
         elif isinstance(item, ModelMessageItem):
             text = item.content or item.refusal or ""
             if text:
@@ -188,16 +209,40 @@ def input_items(items: Sequence[ContextItem]) -> list[dict[str, Any]]:
                 }
             )
         elif isinstance(item, FunctionCallOutputItem):
+            text, sent = images.tool_output(item)
+            output: str | list[dict[str, Any]] = text
+            if sent:
+                parts = [{"type": "input_text", "text": text}] if text else []
+                output = parts + [_image(block) for block in sent]
             result.append(
                 {
                     "type": "function_call_output",
                     "call_id": item.call_id,
-                    "output": item.output,
+                    "output": output,
                 }
             )
         else:
             assert_never(item)
     return result
+
+
+def _user_content(
+    message: UserMessage, images: ImageMapping
+) -> str | list[dict[str, Any]]:
+    content = message.content
+    if isinstance(content, str):
+        return content
+    images.check_user(message)
+    return [
+        _image(block)
+        if isinstance(block, ImageBlock)
+        else {"type": "input_text", "text": block.text}
+        for block in content
+    ]
+
+
+def _image(block: ImageBlock) -> dict[str, Any]:
+    return {"type": "input_image", "image_url": image_url(block), "detail": "auto"}
 
 
 def _tool(definition: dict[str, Any]) -> dict[str, Any]:

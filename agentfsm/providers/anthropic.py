@@ -7,17 +7,26 @@ Install with `pip install 'agentfsm[anthropic]'`; `anthropic:<model>`
 | agentfsm                       | Messages API                                            |
 |--------------------------------|---------------------------------------------------------|
 | `ModelContext.instructions`    | `system`                                                |
-| `UserMessage`                  | a `text` block of a `user` message                      |
+| `UserMessage`                  | `text` (and `image`) blocks of a `user` message         |
 | `ModelMessageItem`             | a `text` block of an `assistant` message                |
 | `ReasoningItem`                | a `thinking` block (its `signature` is `encrypted_content`), or a `redacted_thinking` block |
 | `FunctionCallItem`             | a `tool_use` block of an `assistant` message            |
-| `FunctionCallOutputItem`       | a `tool_result` block of a `user` message               |
+| `FunctionCallOutputItem`       | a `tool_result` block of a `user` message (its content `text` and `image` blocks, with images) |
 
 Consecutive items of one role form one message, so a turn's thinking, text and
 tool calls are one assistant message, and the outputs of its calls one user
 message of `tool_result` blocks (before any text the user adds). Empty text is
 left out, since the API rejects empty text blocks. A `ReasoningItem` without
 `encrypted_content` is not sent: the API accepts thinking only with its signature.
+
+Images ([Images][images-in-messages-and-tool-results]): an `image` block of
+the bytes (`base64` source) or of the URL (`url` source), in a user message
+or in a tool result, up to 5 MiB each (`IMAGE_SUPPORT`); the models in
+`TEXT_ONLY_MODELS` take none (`NO_IMAGES`), and `images=` overrides the answer
+for every model. A request holding a user message's image its model cannot
+take raises `ImageNotSupported` before anything is sent; a tool's image it
+cannot take (over 5 MiB, say) is sent as a line of text, its reference, and
+named by the output's `images_described`.
 
 Request settings:
 
@@ -86,6 +95,8 @@ from anthropic.types import TextDelta as AnthropicTextDelta
 
 from agentfsm.exceptions import ConfigurationError, ProviderError, ProviderTimeout
 from agentfsm.providers import (
+    NO_IMAGES,
+    ImageSupport,
     InferenceInput,
     InferenceOutput,
     OutputCompleted,
@@ -98,18 +109,23 @@ from agentfsm.providers import (
 )
 from agentfsm.providers import _anthropic_messages as mapping
 from agentfsm.providers._common import (
+    ImageMapping,
     OwnedClient,
     close_stream,
     env,
     error_detail,
+    image_override,
     next_or_none,
     status_error,
     stream_error,
+    text_only,
 )
 from agentfsm.providers._structured import NATIVE_FIRST, Mode, Modes, Plan
 
 __all__ = (
     "DEFAULT_MAX_TOKENS",
+    "IMAGE_SUPPORT",
+    "TEXT_ONLY_MODELS",
     "THINKING_BUDGETS",
     "AnthropicProvider",
     "ThinkingMode",
@@ -127,6 +143,14 @@ THINKING_BUDGETS: Final[Mapping[str, int]] = {
     "max": 32768,
 }
 """Thinking budget in tokens per `reasoning_effort` (`thinking="budget"`)."""
+
+IMAGE_SUPPORT: Final = ImageSupport(max_bytes=5 * 1024 * 1024)
+"""Where Claude takes images: in user messages and tool results, by bytes or
+URL, up to 5 MiB each (the Messages API's limit per image)."""
+
+TEXT_ONLY_MODELS: Final = ("claude-2*", "claude-instant*")
+"""Models that take no image (a trailing `*`: every name that starts so), for
+which `image_support` answers `NO_IMAGES`: Claude 2 and Claude Instant."""
 
 ThinkingMode: TypeAlias = Literal["budget", "adaptive"]
 """How `reasoning_effort` turns into thinking: a token budget, or adaptive thinking."""
@@ -154,6 +178,9 @@ class AnthropicProvider(OwnedClient[AsyncAnthropic]):
             errors, so the default is none.
         default_max_tokens: `max_tokens` for requests without `max_output_tokens`.
         thinking: how `reasoning_effort` maps onto thinking (see the module).
+        images: where every model takes images, instead of what
+            `image_support` knows of Claude (`IMAGE_SUPPORT`; `NO_IMAGES` for
+            `TEXT_ONLY_MODELS`), e.g. for a proxy with limits of its own.
 
     Example:
         ```python
@@ -163,7 +190,7 @@ class AnthropicProvider(OwnedClient[AsyncAnthropic]):
         ```
     """
 
-    __slots__ = ("_default_max_tokens", "_modes", "_thinking")
+    __slots__ = ("_default_max_tokens", "_images", "_modes", "_thinking")
 
     def __init__(
         self,
@@ -175,7 +202,9 @@ class AnthropicProvider(OwnedClient[AsyncAnthropic]):
         max_retries: int = 0,
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
         thinking: ThinkingMode = "budget",
+        images: ImageSupport | None = None,
     ) -> None:
+        self._images = image_override(images)
         if default_max_tokens <= 0:
             raise ConfigurationError(
                 f"default_max_tokens must be positive, got {default_max_tokens}"
@@ -208,6 +237,19 @@ class AnthropicProvider(OwnedClient[AsyncAnthropic]):
             NATIVE_FIRST, vendor=self._client.base_url.host == _ANTHROPIC_HOST
         )
 
+    def image_support(self, model: str) -> ImageSupport:
+        """Where `model` (`provider:model`) takes images: the `images=` given to
+        the provider, else `NO_IMAGES` for the models in `TEXT_ONLY_MODELS`,
+        else `IMAGE_SUPPORT`."""
+        if self._images is not None:
+            return self._images
+        if text_only(model, TEXT_ONLY_MODELS):
+            return NO_IMAGES
+        return IMAGE_SUPPORT
+
+    def _image_mapping(self, request: InferenceInput) -> ImageMapping:
+        return ImageMapping(request.model, self.image_support(request.model))
+
     def request_params(
         self, request: InferenceInput, *, mode: Mode | None = None
     ) -> dict[str, Any]:
@@ -218,13 +260,17 @@ class AnthropicProvider(OwnedClient[AsyncAnthropic]):
         Raises:
             ConfigurationError: `reasoning_effort` is not one this provider knows,
                 or its budget does not fit under `max_output_tokens`.
+            ImageNotSupported: a user message holds an image the model cannot take.
         """
-        return self._params(request, self._modes.plan(request, mode))
+        plan = self._modes.plan(request, mode)
+        return self._params(request, plan, self._image_mapping(request))
 
-    def _params(self, request: InferenceInput, plan: Plan | None) -> dict[str, Any]:
+    def _params(
+        self, request: InferenceInput, plan: Plan | None, images: ImageMapping
+    ) -> dict[str, Any]:
         params: dict[str, Any] = {
             "model": split_model(request.model)[1],
-            "messages": mapping.messages_of(request.context.items),
+            "messages": mapping.messages_of(request.context.items, images),
         }
         max_tokens = request.max_output_tokens or self._default_max_tokens
         instructions = request.context.instructions
@@ -320,10 +366,11 @@ class AnthropicProvider(OwnedClient[AsyncAnthropic]):
     async def _complete(
         self, request: InferenceInput, plan: Plan | None
     ) -> InferenceOutput:
-        params = self._params(request, plan)
+        images = self._image_mapping(request)
+        params = self._params(request, plan, images)
         with _mapped_errors():
             message = await self._client.messages.create(**params)
-        return mapping.output_of(message)
+        return images.output(mapping.output_of(message))
 
     @asynccontextmanager
     async def stream(
@@ -342,10 +389,11 @@ class AnthropicProvider(OwnedClient[AsyncAnthropic]):
     async def _open(
         self, request: InferenceInput, plan: Plan | None
     ) -> AsyncIterator[AsyncIterator[StreamEvent]]:
-        params = self._params(request, plan)
+        images = self._image_mapping(request)
+        params = self._params(request, plan, images)
         with _mapped_errors():
             async with self._client.messages.stream(**params) as events:
-                deltas = _deltas(events)
+                deltas = _deltas(events, images)
                 try:
                     yield deltas
                 finally:
@@ -369,7 +417,7 @@ def _budget(effort: str) -> int:
 
 
 async def _deltas(
-    events: AsyncMessageStream[Any],
+    events: AsyncMessageStream[Any], images: ImageMapping
 ) -> AsyncGenerator[StreamEvent, None]:
     calls: dict[int, int] = {}  # content block index -> call index, for tool_use
     with _mapped_errors():
@@ -397,7 +445,7 @@ async def _deltas(
                 if usage is not None:
                     yield UsageUpdate(usage=usage)
         message = await events.get_final_message()
-    yield OutputCompleted(output=mapping.output_of(message))
+    yield OutputCompleted(output=images.output(mapping.output_of(message)))
 
 
 @contextmanager

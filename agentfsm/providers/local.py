@@ -35,6 +35,12 @@ grammar too), `prompted` the schema in the instructions with any-JSON grammar.
 The grammars apply only when no tool may be called, so `auto` is native then,
 and tool when the request offers tools the model may call.
 
+Images ([Images][images-in-messages-and-tool-results]): the chat format
+renders text only, so `image_support` answers `NO_IMAGES`. A request holding a
+user message's image raises `ImageNotSupported` before the model loads; a
+tool's images are each sent as a line of text after its output (their
+reference), named by the output's `images_described`.
+
 Every request streams internally, so `complete` and `stream` share one path.
 
 Example:
@@ -74,12 +80,15 @@ from agentfsm._logging import get_logger
 from agentfsm.exceptions import ConfigurationError, ProviderError
 from agentfsm.messages import TokenUsage
 from agentfsm.providers import (
+    NO_IMAGES,
+    ImageSupport,
     InferenceInput,
     InferenceOutput,
     OutputCompleted,
     StreamEvent,
     split_model,
 )
+from agentfsm.providers._common import ImageMapping
 from agentfsm.providers._llama_chat import (
     SAMPLING_PARAMETERS,
     ChunkAssembler,
@@ -446,17 +455,26 @@ class LocalProvider:
         if self.on_progress is not None:
             self.on_progress(progress)
 
+    def image_support(self, model: str) -> ImageSupport:
+        """`NO_IMAGES`, for every model: the chat format renders text only."""
+        return NO_IMAGES
+
     async def _prepare(
-        self, request: InferenceInput, plan: Plan | None
+        self, request: InferenceInput, plan: Plan | None, images: ImageMapping
     ) -> tuple[_Slot, dict[str, Any]]:
-        kwargs = request_kwargs(request, plan)
+        kwargs = request_kwargs(request, plan, images=images)
         path = await self.load(request.model)
         return _slot(path, self.n_ctx, self.n_threads), kwargs
 
     async def complete(self, request: InferenceInput, /) -> InferenceOutput:
-        """Generate the whole output in a worker thread."""
+        """Generate the whole output in a worker thread.
+
+        Raises:
+            ImageNotSupported: a user message holds an image (before the model loads).
+        """
         plan = structured_plan(request)
-        slot, kwargs = await self._prepare(request, plan)
+        images = ImageMapping(request.model, NO_IMAGES)
+        slot, kwargs = await self._prepare(request, plan, images)
         cancelled = threading.Event()
         work = partial(
             _generate, slot, kwargs, request.max_output_tokens, None, cancelled
@@ -470,20 +488,32 @@ class LocalProvider:
         finally:
             # An abandoned thread stops at its next token and frees the model.
             cancelled.set()
+        output = images.output(output)
         return output if plan is None else answer_of(output, plan)
 
     @asynccontextmanager
     async def stream(
         self, request: InferenceInput, /
     ) -> AsyncIterator[AsyncIterator[StreamEvent]]:
-        """Generate in a worker thread, yielding deltas as tokens come."""
+        """Generate in a worker thread, yielding deltas as tokens come.
+
+        Raises:
+            ImageNotSupported: a user message holds an image (before the model loads).
+        """
         plan = structured_plan(request)
-        slot, kwargs = await self._prepare(request, plan)
+        images = ImageMapping(request.model, NO_IMAGES)
+        slot, kwargs = await self._prepare(request, plan, images)
         send, receive = anyio.create_memory_object_stream[StreamEvent | _Failure](64)
         cancelled = threading.Event()
         async with anyio.create_task_group() as tg:
             tg.start_soon(
-                _produce, slot, kwargs, request.max_output_tokens, send, cancelled
+                _produce,
+                slot,
+                kwargs,
+                request.max_output_tokens,
+                send,
+                cancelled,
+                images,
             )
             events = _relay(receive, request.model)
             try:
@@ -501,6 +531,7 @@ async def _produce(
     max_tokens: int | None,
     send: MemoryObjectSendStream[StreamEvent | _Failure],
     cancelled: threading.Event,
+    images: ImageMapping,
 ) -> None:
     def emit(delta: StreamEvent) -> None:
         anyio.from_thread.run(send.send, delta)
@@ -516,7 +547,7 @@ async def _produce(
             # in an ExceptionGroup).
             await send.send(_Failure(exc))
             return
-        await send.send(OutputCompleted(output=output))
+        await send.send(OutputCompleted(output=images.output(output)))
 
 
 async def _relay(

@@ -53,6 +53,19 @@ A pydantic model sent natively is strict, through the SDK's own schema
 transform; a JSON schema given as a dict is sent as given, strict only when it
 already meets strict mode. Tools are strict when their schema does.
 
+Images ([Images][images-in-messages-and-tool-results]): `image_support(model)`
+says where a model takes them. On the Responses API a user message's images
+are `input_image` parts and a tool's images go in its `function_call_output`
+beside its text (up to 20 MiB each, by bytes or URL); on Chat Completions a
+user message's images are `image_url` parts, and a `tool` message holds text
+only, so a tool's images are each sent as a line of text (their reference),
+named by the output's `images_described`. The models in `TEXT_ONLY_MODELS`
+take no image (`NO_IMAGES`); `images=` on either provider overrides the
+answer for every model (a vision model of your own behind Chat Completions,
+say). A request holding a user message's image its model cannot take raises
+`ImageNotSupported` before anything is sent; a tool's image it cannot take is
+sent as text.
+
 A 404 from the Responses API of a server that is not OpenAI's (Ollama, vLLM,
 llama.cpp's server have none) raises a `ProviderError` naming the URL and
 suggesting the `openai-chat:` prefix.
@@ -75,12 +88,15 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
 
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import replace
 from typing import Any, Final, Literal, Protocol, TypeAlias, TypeVar
 
 from openai import AsyncOpenAI, AsyncStream
 
 from agentfsm.exceptions import ConfigurationError, ProviderError, ProviderTimeout
 from agentfsm.providers import (
+    NO_IMAGES,
+    ImageSupport,
     InferenceInput,
     InferenceOutput,
     OutputCompleted,
@@ -92,13 +108,16 @@ from agentfsm.providers import (
 from agentfsm.providers import _openai_chat as chat
 from agentfsm.providers import _openai_responses as responses
 from agentfsm.providers._common import (
+    ImageMapping,
     OwnedClient,
     close_stream,
     env,
     error_detail,
+    image_override,
     next_or_none,
     status_error,
     stream_error,
+    text_only,
 )
 from agentfsm.providers._openai_responses import ReasoningSummary
 from agentfsm.providers._structured import (
@@ -112,6 +131,7 @@ from agentfsm.providers._structured import (
 )
 
 __all__ = (
+    "TEXT_ONLY_MODELS",
     "MaxTokensField",
     "OpenAIChatProvider",
     "OpenAIResponsesProvider",
@@ -128,11 +148,37 @@ _OPENAI_HOST: Final = "api.openai.com"
 _PLACEHOLDER_KEY: Final = "EMPTY"
 """Sent to compatible servers when no key is set: they take any key, the SDK wants one."""
 
+TEXT_ONLY_MODELS: Final = (
+    "gpt-3.5-turbo*",
+    "gpt-4",
+    "gpt-4-0314",
+    "gpt-4-0613",
+    "gpt-4-32k*",
+    "gpt-4-0125-preview",
+    "gpt-4-1106-preview",
+    "gpt-4-turbo-preview",
+    "o1-mini*",
+    "o1-preview*",
+    "o3-mini*",
+)
+"""OpenAI models that take no image, for which both providers' `image_support`
+answers `NO_IMAGES` (a trailing `*`: every name that starts so). Any other
+model is taken to take images; `images=` overrides the answer."""
+
+_RESPONSES_IMAGES: Final = ImageSupport()
+"""The Responses API: images in user messages and tool results, by bytes or
+URL, up to 20 MiB each."""
+_CHAT_IMAGES: Final = ImageSupport(tool_results=False)
+"""Chat Completions: images in user messages (a `tool` message holds text only)."""
+
 
 class _OpenAIProvider(OwnedClient[AsyncOpenAI]):
-    """The client and error handling the two OpenAI providers share."""
+    """The client, error handling and image support the two OpenAI providers share."""
 
-    __slots__ = ()
+    __slots__ = ("_images",)
+
+    _DEFAULT_IMAGES: ImageSupport = _RESPONSES_IMAGES
+    """What a model not in `TEXT_ONLY_MODELS` takes."""
 
     def __init__(
         self,
@@ -142,7 +188,9 @@ class _OpenAIProvider(OwnedClient[AsyncOpenAI]):
         base_url: str | None,
         timeout: float | None,
         max_retries: int,
+        images: ImageSupport | None,
     ) -> None:
+        self._images = image_override(images)
         if self._given(client, api_key, base_url):
             return
         api_key = api_key or env("OPENAI_API_KEY")
@@ -162,6 +210,19 @@ class _OpenAIProvider(OwnedClient[AsyncOpenAI]):
                 max_retries=max_retries,
             )
         )
+
+    def image_support(self, model: str) -> ImageSupport:
+        """Where `model` (`provider:model`) takes images: the `images=` given to
+        the provider, else `NO_IMAGES` for the models in `TEXT_ONLY_MODELS`,
+        else what the API takes (see the module)."""
+        if self._images is not None:
+            return self._images
+        if text_only(model, TEXT_ONLY_MODELS):
+            return NO_IMAGES
+        return self._DEFAULT_IMAGES
+
+    def _image_mapping(self, request: InferenceInput) -> ImageMapping:
+        return ImageMapping(request.model, self.image_support(request.model))
 
 
 class OpenAIResponsesProvider(_OpenAIProvider):
@@ -187,6 +248,10 @@ class OpenAIResponsesProvider(_OpenAIProvider):
         include_encrypted_reasoning: ask for encrypted reasoning (default: when
             `reasoning_effort` is set and `store` is off; non-reasoning models
             reject it).
+        images: where every model takes images, instead of what
+            `image_support` knows of OpenAI's models (images in user messages
+            and tool results, by bytes or URL, up to 20 MiB; `NO_IMAGES` for
+            `TEXT_ONLY_MODELS`).
 
     Example:
         ```python
@@ -210,6 +275,7 @@ class OpenAIResponsesProvider(_OpenAIProvider):
         store: bool = False,
         reasoning_summary: ReasoningSummary | None = "auto",
         include_encrypted_reasoning: bool | None = None,
+        images: ImageSupport | None = None,
     ) -> None:
         super().__init__(
             client=client,
@@ -217,6 +283,7 @@ class OpenAIResponsesProvider(_OpenAIProvider):
             base_url=base_url,
             timeout=timeout,
             max_retries=max_retries,
+            images=images,
         )
         self._store = store
         self._summary: ReasoningSummary | None = reasoning_summary
@@ -230,10 +297,17 @@ class OpenAIResponsesProvider(_OpenAIProvider):
     ) -> dict[str, Any]:
         """The arguments `client.responses.create` gets for `request`, its
         structured output asked for in `mode` (default: the first mode the
-        provider tries)."""
-        return self._params(request, self._modes.plan(request, mode))
+        provider tries).
 
-    def _params(self, request: InferenceInput, plan: Plan | None) -> dict[str, Any]:
+        Raises:
+            ImageNotSupported: a user message holds an image the model cannot take.
+        """
+        plan = self._modes.plan(request, mode)
+        return self._params(request, plan, self._image_mapping(request))
+
+    def _params(
+        self, request: InferenceInput, plan: Plan | None, images: ImageMapping
+    ) -> dict[str, Any]:
         return responses.request_params(
             request,
             split_model(request.model)[1],
@@ -241,6 +315,7 @@ class OpenAIResponsesProvider(_OpenAIProvider):
             reasoning_summary=self._summary,
             include_encrypted_reasoning=self._encrypted,
             plan=plan,
+            images=images,
         )
 
     async def complete(self, request: InferenceInput, /) -> InferenceOutput:
@@ -256,10 +331,11 @@ class OpenAIResponsesProvider(_OpenAIProvider):
     async def _complete(
         self, request: InferenceInput, plan: Plan | None
     ) -> InferenceOutput:
-        params = self._params(request, plan)
+        images = self._image_mapping(request)
+        params = self._params(request, plan, images)
         with _mapped_errors(), self._not_found_hint():
             response = await self._client.responses.create(**params)
-        return responses.output_of(response)
+        return images.output(responses.output_of(response))
 
     @asynccontextmanager
     async def stream(
@@ -279,10 +355,11 @@ class OpenAIResponsesProvider(_OpenAIProvider):
     async def _open(
         self, request: InferenceInput, plan: Plan | None
     ) -> AsyncIterator[AsyncIterator[StreamEvent]]:
-        params = self._params(request, plan)
+        images = self._image_mapping(request)
+        params = self._params(request, plan, images)
         with _mapped_errors(), self._not_found_hint():
             events = await self._client.responses.create(**params, stream=True)
-        deltas = _deltas(events, responses.ResponsesStream())
+        deltas = _deltas(events, responses.ResponsesStream(), images)
         try:
             yield deltas
         finally:
@@ -332,6 +409,12 @@ class OpenAIChatProvider(_OpenAIProvider):
         max_tokens_field: the field for `max_output_tokens` (default:
             `max_completion_tokens` on OpenAI, whose reasoning models reject
             `max_tokens`, and `max_tokens`, which every server knows, elsewhere).
+        images: where every model takes images, instead of what
+            `image_support` assumes (images in user messages, by bytes or URL,
+            up to 20 MiB; `NO_IMAGES` for `TEXT_ONLY_MODELS`): e.g.
+            `NO_IMAGES` for a server of text-only models, or a `max_bytes` of
+            its own. Its `tool_results` is taken as False whatever it says: a
+            `tool` message holds text only.
 
     Example:
         ```python
@@ -342,6 +425,8 @@ class OpenAIChatProvider(_OpenAIProvider):
 
     __slots__ = ("_max_tokens_field", "_modes", "_on_openai")
 
+    _DEFAULT_IMAGES = _CHAT_IMAGES
+
     def __init__(
         self,
         *,
@@ -351,13 +436,18 @@ class OpenAIChatProvider(_OpenAIProvider):
         timeout: float | None = None,
         max_retries: int = 0,
         max_tokens_field: MaxTokensField | None = None,
+        images: ImageSupport | None = None,
     ) -> None:
+        images = image_override(images)
+        if images is not None and images.tool_results:
+            images = replace(images, tool_results=False)
         super().__init__(
             client=client,
             api_key=api_key,
             base_url=base_url,
             timeout=timeout,
             max_retries=max_retries,
+            images=images,
         )
         self._on_openai = self._client.base_url.host == _OPENAI_HOST
         if max_tokens_field is None:
@@ -376,16 +466,24 @@ class OpenAIChatProvider(_OpenAIProvider):
     ) -> dict[str, Any]:
         """The arguments `client.chat.completions.create` gets for `request`,
         its structured output asked for in `mode` (default: the first mode the
-        provider tries)."""
-        return self._params(request, self._modes.plan(request, mode))
+        provider tries).
 
-    def _params(self, request: InferenceInput, plan: Plan | None) -> dict[str, Any]:
+        Raises:
+            ImageNotSupported: a user message holds an image the model cannot take.
+        """
+        plan = self._modes.plan(request, mode)
+        return self._params(request, plan, self._image_mapping(request))
+
+    def _params(
+        self, request: InferenceInput, plan: Plan | None, images: ImageMapping
+    ) -> dict[str, Any]:
         return chat.request_params(
             request,
             split_model(request.model)[1],
             max_tokens_field=self._max_tokens_field,
             plan=plan,
             json_schema_in_json_object=not self._on_openai,
+            images=images,
         )
 
     async def complete(self, request: InferenceInput, /) -> InferenceOutput:
@@ -400,10 +498,11 @@ class OpenAIChatProvider(_OpenAIProvider):
     async def _complete(
         self, request: InferenceInput, plan: Plan | None
     ) -> InferenceOutput:
-        params = self._params(request, plan)
+        images = self._image_mapping(request)
+        params = self._params(request, plan, images)
         with _mapped_errors():
             completion = await self._client.chat.completions.create(**params)
-        return chat.output_of(completion)
+        return images.output(chat.output_of(completion))
 
     @asynccontextmanager
     async def stream(
@@ -422,12 +521,13 @@ class OpenAIChatProvider(_OpenAIProvider):
     async def _open(
         self, request: InferenceInput, plan: Plan | None
     ) -> AsyncIterator[AsyncIterator[StreamEvent]]:
-        params = self._params(request, plan)
+        images = self._image_mapping(request)
+        params = self._params(request, plan, images)
         with _mapped_errors():
             chunks = await self._client.chat.completions.create(
                 **params, stream=True, stream_options={"include_usage": True}
             )
-        deltas = _deltas(chunks, chat.ChatStream())
+        deltas = _deltas(chunks, chat.ChatStream(), images)
         try:
             yield deltas
         finally:
@@ -443,13 +543,13 @@ class _Feed(Protocol[_E_contra]):
 
 
 async def _deltas(
-    events: AsyncStream[_E], state: _Feed[_E]
+    events: AsyncStream[_E], state: _Feed[_E], images: ImageMapping
 ) -> AsyncGenerator[StreamEvent, None]:
     with _mapped_errors():
         while (event := await next_or_none(events)) is not None:
             for delta in state.feed(event):
                 yield delta
-    yield OutputCompleted(output=state.output())
+    yield OutputCompleted(output=images.output(state.output()))
 
 
 @contextmanager
