@@ -25,7 +25,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from agentfsm._errors import error_text
-from agentfsm._loop.bounds import checked_tool_output
+from agentfsm._loop.bounds import checked_tool_images, checked_tool_output
 from agentfsm._loop.intercept import call_handler
 from agentfsm.events import ToolSpec
 from agentfsm.exceptions import ProviderError
@@ -36,7 +36,12 @@ from agentfsm.inference import (
     UsageUpdate,
 )
 from agentfsm.interception import Decision, PendingTransition
-from agentfsm.messages import ContextItem, FunctionCallOutputItem, ModelContext
+from agentfsm.messages import (
+    ContextItem,
+    FunctionCallOutputItem,
+    ImageBlock,
+    ModelContext,
+)
 from agentfsm.options import LoopOptions
 from agentfsm.providers import Provider, ProviderRegistry
 from agentfsm.tools import (
@@ -52,6 +57,7 @@ from .contexts import StoreContexts
 from .rebuild import carried_prefix, history_prefix, holds
 from .wire import (
     CONTEXT_MISSING,
+    IMAGE_MISSING,
     MAX_ERROR_TEXT,
     MAX_MODEL_OUTPUT,
     MAX_PAYLOAD,
@@ -62,20 +68,27 @@ from .wire import (
     CarriedPage,
     ContextArgs,
     ErrorData,
+    ImagesArgs,
+    ImagesHeld,
     InferArgs,
     InferResult,
     ToolArgs,
     ToolOutcome,
     clipped,
     dump,
+    image_reference,
+    image_referred,
+    images_of,
     output_reference,
     payload_size,
     referenced,
+    with_images,
 )
 
 __all__ = (
     "Chunk",
     "ContextStore",
+    "ImageStore",
     "MemoryContextStore",
     "SharedContextStore",
     "activities_for",
@@ -164,6 +177,29 @@ class SharedContextStore(ContextStore, Protocol):
     async def output(self, key: str) -> str | None:
         """The tool output kept under `key`, or None."""
         ...
+
+
+@runtime_checkable
+class ImageStore(Protocol):
+    """A `SharedContextStore` that keeps images (`StoreContexts`): each
+    image's bytes are kept once, by their digest, and the workflow's payloads
+    carry a reference instead (`wire.image_reference`). With any other store,
+    images go inline, in the payloads that first carry them."""
+
+    async def put_image(self, block: ImageBlock) -> None:
+        """Keep a block's bytes under its digest (writing it again is harmless)."""
+        ...
+
+    async def image(self, digest: str) -> ImageBlock | None:
+        """The image kept under `digest`, or None."""
+        ...
+
+
+def _image_store(store: ContextStore) -> ImageStore | None:
+    """`store`, when it keeps images for every worker."""
+    if isinstance(store, SharedContextStore) and isinstance(store, ImageStore):
+        return store
+    return None
 
 
 class Chunk(Protocol):
@@ -350,6 +386,7 @@ def activities_for(
             found.append(_infer(agent, providers, store, on_chunk))
             found.append(_hand_over(agent, store))
             found.append(_carried(agent, store))
+            found.append(_images(agent, store))
         for t in agent.tools:
             routed = agent.activity_options(t).task_queue
             if (
@@ -378,6 +415,7 @@ def _infer(
     async def infer(data: dict[str, Any]) -> dict[str, Any]:
         args = InferArgs.model_validate(data)
         items = await _resolve(await _context(args, store), args.loop_id, store)
+        items = await _with_bytes(items, args.loop_id, store)
         request = InferenceInput(
             model=args.model,
             context=ModelContext(instructions=args.instructions, items=items),
@@ -501,15 +539,41 @@ def _tool(agent: TemporalAgent, tool: Tool, store: ContextStore) -> Callable[...
             if not returned:  # cancelled: a sync tool's thread may run on
                 running._interrupt()
             _current_call.reset(token)
+        output, is_error, images = result.output, result.is_error, result.images
+        if images:  # checked here too: they cross the boundary before the loop's check
+            output, is_error, images = checked_tool_images(
+                args.name, output, is_error, images
+            )
+        try:
+            images = await _referred(images, store)
+        except Exception as exc:  # noqa: BLE001 - the model sees why, the loop goes on
+            # Not raised: a retried activity would run the tool again.
+            output = (
+                f"tool {args.name!r} returned {len(images)} image(s), which could "
+                f"not be stored by reference: {clipped(error_text(exc))}"
+            )
+            is_error, images = True, ()
         outcome = ToolOutcome(
-            output=result.output,
-            is_error=result.is_error,
-            terminate=result.terminate,
+            output=output, is_error=is_error, terminate=result.terminate, images=images
         )
         fitted = await _fit(outcome, args, store, limits)
         return fitted.model_dump(mode="json", exclude_none=True)
 
     return activity.defn(name=f"agentfsm.{agent.name}.tool.{tool.name}")(run)
+
+
+async def _referred(
+    images: tuple[ImageBlock, ...], store: ContextStore
+) -> tuple[ImageBlock, ...]:
+    """A tool's images as they cross to the workflow: kept in a store that
+    keeps images, and references to them returned; as they are, otherwise."""
+    keeper = _image_store(store)
+    if keeper is None or not images:
+        return images
+    for block in images:
+        if block.data is not None:
+            await keeper.put_image(block)
+    return tuple(image_reference(block) for block in images)
 
 
 async def _fit(
@@ -530,7 +594,10 @@ async def _fit(
             args.name, outcome.output, outcome.is_error, limits
         )
         checked = ToolOutcome(
-            output=output, is_error=is_error, terminate=outcome.terminate
+            output=output,
+            is_error=is_error,
+            terminate=outcome.terminate,
+            images=outcome.images,
         )
         if payload_size(output) <= store.by_reference and (
             payload_size(dump(checked)) <= MAX_PAYLOAD
@@ -550,9 +617,23 @@ async def _fit(
             is_error=is_error,
             terminate=outcome.terminate,
             stored=len(output.encode()),
+            images=outcome.images,
         )
     if fits:
         return outcome
+    if (
+        outcome.images
+        and payload_size(dump(outcome.model_copy(update={"images": ()}))) <= MAX_PAYLOAD
+    ):
+        pictured = sum(b.size or 0 for b in outcome.images)
+        return ToolOutcome(
+            output=f"tool {args.name!r} returned {len(outcome.images)} image(s) of "
+            f"{pictured:,} bytes in all, over the {MAX_PAYLOAD:,} bytes one "
+            "Temporal payload may carry with its output; the images were "
+            "dropped. With a context store every worker reads (StoreContexts), "
+            "images go by reference instead.",
+            is_error=True,
+        )
     return ToolOutcome(
         output=f"tool {args.name!r} returned {size:,} bytes (as JSON), over the "
         f"{MAX_PAYLOAD:,} bytes one Temporal payload may carry; the output was "
@@ -598,6 +679,74 @@ async def _resolve(
             item = item.model_copy(update={"output": output})
         resolved.append(item)
     return resolved
+
+
+async def _with_bytes(
+    items: list[ContextItem], loop_id: str, store: ContextStore
+) -> list[ContextItem]:
+    """The context with each image by reference (`wire.image_reference`) put
+    back as its bytes, read from the store by digest (the store keeps the
+    references, as it keeps the items the workflow sent).
+
+    Never the reference in place of the image: one this worker cannot read
+    (its store keeps no images; the store lost it, or its bytes no longer
+    match their digest) fails the request, saying why."""
+    wanted = {
+        referred[0]: block
+        for item in items
+        for block in images_of(item)
+        if (referred := image_referred(block)) is not None
+    }
+    if not wanted:
+        return items
+    keeper = _image_store(store)
+    if keeper is None:
+        raise ApplicationError(
+            f"loop {loop_id}: the context holds {len(wanted)} image(s) kept by "
+            "reference in a context store every worker reads, but this "
+            f"worker's store ({type(store).__name__}) keeps no images: give "
+            "every worker of the loop's agent the same StoreContexts",
+            type=IMAGE_MISSING,
+            non_retryable=True,
+        )
+    found: dict[str, ImageBlock] = {}
+    for digest, reference in wanted.items():
+        try:
+            block = await keeper.image(digest)
+        except Exception as exc:  # noqa: BLE001 - named with the image, not retried
+            raise ApplicationError(
+                f"loop {loop_id}: image {digest} could not be read from the "
+                f"context store: {clipped(error_text(exc), 2000)}",
+                type=IMAGE_MISSING,
+                non_retryable=True,
+            ) from None
+        if block is None:
+            raise ApplicationError(
+                f"loop {loop_id}: the context store does not hold image {digest} "
+                f"({reference.url})",
+                type=IMAGE_MISSING,
+                non_retryable=True,
+            )
+        found[reference.url or digest] = block
+    return with_images(items, lambda b: found.get(b.url or "", b))
+
+
+def _images(agent: TemporalAgent, store: ContextStore) -> Callable[..., Any]:
+    """The `images` activity: which of the images the workflow holds the
+    bytes of the store holds already, and those it did not, kept
+    (`ImagesArgs`), so that requests carry references to them."""
+
+    async def images(data: dict[str, Any]) -> dict[str, Any]:
+        args = ImagesArgs.model_validate(data)
+        keeper = _image_store(store)
+        if keeper is None:
+            return dump(ImagesHeld(keeps=False))
+        for block in args.images:
+            await keeper.put_image(block)
+        held = [d for d in args.digests if await keeper.image(d) is not None]
+        return dump(ImagesHeld(keeps=True, held=tuple(held)))
+
+    return activity.defn(name=f"agentfsm.{agent.name}.images")(images)
 
 
 def _hand_over(agent: TemporalAgent, store: ContextStore) -> Callable[..., Any]:

@@ -27,24 +27,30 @@ from agentfsm._replay.wire import request_data
 from agentfsm.exceptions import ProviderError, ToolTimeout
 from agentfsm.inference import InferenceInput, InferenceOutput, OutputCompleted
 from agentfsm.interception import Decision, Pause, PendingTransition
-from agentfsm.messages import ContextItem
+from agentfsm.messages import ContextItem, ImageBlock
 from agentfsm.states import LoopState
 from agentfsm.tools import ToolCall, ToolNext, ToolResult, _current_call
 
 from .agent import LocalActivityHandler, TemporalAgent
 from .wire import (
     CONTEXT_MISSING,
+    IMAGE_MISSING,
     MAX_PAYLOAD,
     NOT_SHARED,
     OUTPUT_MISSING,
     ContextArgs,
+    ImagesArgs,
+    ImagesHeld,
     InferArgs,
     InferResult,
     ToolArgs,
     ToolOutcome,
     chain_digest,
     dump,
+    image_reference,
+    images_of,
     payload_size,
+    with_images,
 )
 
 if TYPE_CHECKING:
@@ -89,9 +95,13 @@ class _ContextRef:
         self.digests: list[str] = []
 
     def split(
-        self, items: Sequence[ContextItem], whole: bool
+        self,
+        items: Sequence[ContextItem],
+        whole: bool,
+        wire: Callable[[Sequence[ContextItem]], list[ContextItem]],
     ) -> tuple[int, str, tuple[ContextItem, ...], tuple[str, ...]]:
-        """`(base, base_digest, new items, their digests)` of a request."""
+        """`(base, base_digest, new items, their digests)` of a request: the
+        new items as they cross (`wire`), digested so."""
         base = 0
         if not whole:
             sent = self.sent
@@ -100,7 +110,7 @@ class _ContextRef:
                 base += 1
         digests = self.digests[:base]
         previous = digests[-1] if digests else ""
-        fresh = tuple(items[base:])
+        fresh = tuple(wire(items[base:]))
         for item in fresh:
             previous = chain_digest(previous, item)
             digests.append(previous)
@@ -114,6 +124,109 @@ class _ContextRef:
         )
 
 
+class Images:
+    """The images of the workflow's context whose bytes the inference
+    activities' context store holds, so that they cross as references
+    (`wire.image_reference`), never inline; when the store keeps no images (a
+    worker's own store), they cross inline.
+
+    An image the workflow holds the bytes of (a start's message, a signal's, a
+    tool's with a store of the worker's own) is handed to the store by the
+    `images` activity before the first payload that would carry it; one that
+    arrived as a reference (a tool's, a carried context's) is one already.
+    """
+
+    def __init__(self, provider: ActivityProvider) -> None:
+        self.provider = provider
+        self.held: set[str] = set()
+        """Digests of images the store holds (checked or kept by this run)."""
+        self.inline = False
+        """The store keeps no images (so the `images` activity said): they
+        cross inline for the rest of the run."""
+
+    async def keep(self, items: Sequence[ContextItem]) -> bool:
+        """Hand the store the images of `items` it may not hold yet: asked
+        by digest first, so that an image it holds costs no bytes. Whether
+        there were any (and so activities ran).
+
+        Raises:
+            ProviderError: the `images` activity failed, or an image does not
+                fit in a payload.
+        """
+        if self.inline:
+            return False
+        new: dict[str, ImageBlock] = {}
+        for item in items:
+            for block in images_of(item):
+                digest = block.digest
+                if block.data is not None and digest and digest not in self.held:
+                    new.setdefault(digest, block)
+        if not new:
+            return False
+        held = await self._call(
+            ImagesArgs(loop_id=self.provider.owner.loop_id, digests=tuple(new)),
+            len(new),
+        )
+        if not held.keeps:
+            self.inline = True
+            return True
+        self.held.update(held.held)
+        missing = [b for d, b in new.items() if d not in self.held]
+        while missing:
+            part = [missing.pop(0)]
+            while missing and _images_size(part + missing[:1]) <= MAX_PAYLOAD:
+                part.append(missing.pop(0))
+            args = ImagesArgs(loop_id=self.provider.owner.loop_id, images=tuple(part))
+            size = payload_size(dump(args))
+            if size > MAX_PAYLOAD:
+                raise ProviderError(
+                    f"image {part[0].digest} of loop {args.loop_id} is {size:,} "
+                    f"bytes as JSON, over the {MAX_PAYLOAD:,} bytes one Temporal "
+                    "payload may carry",
+                    retryable=False,
+                )
+            await self._call(args, len(part))
+            self.held.update(b.digest for b in part if b.digest is not None)
+        return True
+
+    def wire(self, items: Sequence[ContextItem]) -> list[ContextItem]:
+        """`items` as they cross: each image the store holds as its reference."""
+        held = self.held
+
+        def swap(block: ImageBlock) -> ImageBlock:
+            if block.data is not None and block.digest in held:
+                return image_reference(block)
+            return block
+
+        return with_images(items, swap) if held else list(items)
+
+    async def _call(self, args: ImagesArgs, count: int) -> ImagesHeld:
+        provider = self.provider
+        what = "looked for" if args.digests else "kept"
+        try:
+            raw = await run_activity(
+                workflow.start_activity(
+                    f"agentfsm.{provider.agent.name}.images",
+                    dump(args),
+                    start_to_close_timeout=provider.timeout,
+                    retry_policy=provider.agent.model_retry,
+                    summary=f"{count} image(s) {what}",
+                )
+            )
+        except ActivityError as exc:
+            raise ProviderError(
+                f"loop {args.loop_id}: images could not be handed to the context "
+                f"store: {exc.cause or exc}",
+                retryable=False,
+            ) from exc
+        return ImagesHeld.model_validate(raw)
+
+
+def _images_size(blocks: list[ImageBlock]) -> int:
+    """About the bytes `blocks` take in an `ImagesArgs` payload."""
+    return sum(4 * ((b.size or 0) + 2) // 3 + 400 for b in blocks) + 200
+
+
 class ActivityProvider:
     """The workflow's provider: each request is an inference activity."""
 
@@ -121,6 +234,7 @@ class ActivityProvider:
         self.agent = agent
         self.owner = owner
         self.context = _ContextRef()
+        self.images = Images(self)
         self.requests = 0
         options = agent.options
         timeout = options.get("inference_timeout")
@@ -155,9 +269,12 @@ class ActivityProvider:
         settings = dict(data.settings)
         settings.pop("streaming", None)
         items = request.context.items
+        await self.images.keep(items)  # so that its images cross as references
         whole = False
         while True:
-            base, digest, fresh, digests = self.context.split(items, whole)
+            base, digest, fresh, digests = self.context.split(
+                items, whole, self.images.wire
+            )
             args = InferArgs(
                 loop_id=self.owner.loop_id,
                 request=self.requests,
@@ -218,6 +335,7 @@ class ActivityProvider:
                 if isinstance(cause, ApplicationError) and cause.type in (
                     NOT_SHARED,
                     OUTPUT_MISSING,
+                    IMAGE_MISSING,
                 ):
                     raise ProviderError(cause.message, retryable=False) from exc
                 raise ProviderError(
@@ -387,6 +505,7 @@ class ToolActivities:
             output=outcome.output,
             is_error=outcome.is_error,
             terminate=outcome.terminate,
+            images=outcome.images,
         )
 
     def pause_after_lost(self, pending: PendingTransition) -> Decision | None:

@@ -121,6 +121,8 @@ class Carry:
         """The last request failed: the next is the loop's retry of it."""
         self._length = 0
         """The run's history length once it had its loop (`begin`)."""
+        self._unkept = False
+        """The queued messages' images could not be handed to the store."""
 
     def provider(self) -> Boundary:
         """The run's provider: the inference activities, behind the boundary."""
@@ -266,7 +268,39 @@ class Carry:
             if ended.done():
                 return ended.result()
             if self._due(runtime, loop_id):
+                if await self._keep_queued():
+                    continue  # activities ran: whether it is still due, anew
                 self._hand_over(runtime, loop_id, ended)
+
+    async def keep_images(self, items: Sequence[ContextItem]) -> bool:
+        """Hand the context store the images of `items` and of the messages
+        the loop has queued (a hand-over carries those in its record), so
+        that what the next run is handed refers to them (`calls.Images`).
+        Whether activities ran."""
+        loop = self.activities.owner.loop
+        queued: list[ContextItem] = []
+        if loop is not None:
+            queued.extend(loop.steering or ())
+            queued.extend(loop.follow_ups or ())
+        return await self.activities.images.keep([*items, *queued])
+
+    async def _keep_queued(self) -> bool:
+        """`keep_images` of the queued messages, before a hand-over; whether
+        activities ran (or failed: then they are not asked again this run,
+        and the images go inline)."""
+        if self._unkept:
+            return False
+        try:
+            return await self.keep_images(())
+        except ProviderError as exc:
+            # A hand-over is not worth failing the loop for.
+            self._unkept = True
+            workflow.logger.warning(
+                "agentfsm: loop %s hands its queued messages' images over inline: %s",
+                self.start.loop_id,
+                exc,
+            )
+            return True
 
     def _due(self, runtime: Runtime, loop_id: str) -> bool:
         """Whether the loop should go on in a new run now."""
@@ -325,6 +359,15 @@ class Carry:
         limit = min(len(ref.sent), len(items))
         while sent < limit and items[sent] is ref.sent[sent]:
             sent += 1
+        # The images the store holds go as references, as in a request.
+        wire = self.activities.images.wire
+        items = wire(items)
+        record = record.model_copy(
+            update={
+                "steering": tuple(wire(record.steering)),
+                "follow_ups": tuple(wire(record.follow_ups)),
+            }
+        )
         carried = Carried(
             record=record,
             items=tuple(items),
@@ -386,6 +429,8 @@ class Boundary:
 
     async def complete(self, request: InferenceInput, /) -> InferenceOutput:
         carry = self.carry
+        # First: what a hand-over at the boundary carries refers to the images.
+        await carry.keep_images(request.context.items)
         await carry.boundary()
         carry.sent += 1
         try:
@@ -401,6 +446,7 @@ class Boundary:
         self, request: InferenceInput, /
     ) -> AsyncIterator[AsyncIterator[StreamEvent]]:
         carry = self.carry
+        await carry.keep_images(request.context.items)
         await carry.boundary()
         carry.sent += 1
         try:

@@ -210,7 +210,10 @@ class LoopClient:
 
         Args:
             agent: the `TemporalAgent`'s name.
-            message: the first message (None: the loop starts on its context).
+            message: the first message (None: the loop starts on its context);
+                a `UserMessage`'s images go in the start's input, their bytes
+                within its payload limit (the workflow hands them to the
+                workers' context store before its first request).
             loop_id: the loop's id (default: a new one).
             agent_id: who the loop runs for (default: the agent's name).
             context: a prior conversation to start on: a `ModelContext` or its
@@ -223,7 +226,7 @@ class LoopClient:
             ConfigurationError: bad arguments; `context` and `from_loop` both
                 given; the namespace lacks a search attribute the client sets.
             ArgumentValueError: the start input would exceed Temporal's payload
-                limit (it names its size and the limit).
+                limit (it names its size and the limit), images included.
             LoopStateError: `from_loop` names no loop.
             TemporalTimeout: no answer within the client's timeout.
         """
@@ -383,7 +386,9 @@ class LoopClient:
         """The loop's context (a query, page by page): its instructions and
         every item, as the model saw them; an ended loop's too, while a worker
         is up (it replays the history to answer). A tool output kept by
-        reference in the worker's context store appears as its reference.
+        reference in the worker's context store appears as its reference, and
+        so does an image (a block by URL on `agentfsm.invalid`, which the
+        workers read by digest: a loop started `from_loop=` on it sees it).
 
         Raises:
             LoopStateError: no loop of that id, or it has not started yet.

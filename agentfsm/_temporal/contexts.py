@@ -8,7 +8,9 @@ whole prefix is equal). The cost of a request stays linear in what it adds,
 not in the context's size, and history never carries the whole context.
 
 It also keeps tool outputs too large to go inline (by reference, under a
-digest of the loop's id and the output), beside the contexts.
+digest of the loop's id and the output), and the bytes of images (by their
+digest: one copy for every loop, request and run that refers to one),
+beside the contexts.
 """
 
 from __future__ import annotations
@@ -16,7 +18,12 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from agentfsm.exceptions import ConfigurationError
-from agentfsm.messages import ContextItem, FunctionCallOutputItem
+from agentfsm.messages import (
+    ContextItem,
+    FunctionCallOutputItem,
+    ImageBlock,
+    UserMessage,
+)
 from agentfsm.store import LoopStore, SharedContexts
 
 __all__ = ("StoreContexts",)
@@ -24,6 +31,8 @@ __all__ = ("StoreContexts",)
 
 _HELD_KEPT = 4096
 _OUTPUTS_KEPT = 8
+_IMAGE_BYTES_KEPT = 64 * 1024 * 1024
+_IMAGES_HELD_KEPT = 65_536
 
 BY_REFERENCE = 256 * 1024
 """`StoreContexts`' default `by_reference`: Temporal's own external payload
@@ -44,7 +53,9 @@ class StoreContexts:
     instead of inline in Temporal's payloads: a tool output over
     `by_reference` bytes (default 256 KiB) is kept here by the tool's activity,
     which returns a reference, and context items that would make a request's
-    arguments too large are handed to it ahead of the request.
+    arguments too large are handed to it ahead of the request. Every image
+    goes by reference, whatever its size: its bytes are kept here once, by
+    their digest (`put_image`, `image`).
     """
 
     def __init__(self, store: LoopStore, *, by_reference: int = BY_REFERENCE) -> None:
@@ -69,6 +80,13 @@ class StoreContexts:
         """What this worker last saw the store hold of a loop: its length and
         its last digest (a hint; the store decides), for the `_HELD_KEPT`
         loops it saw last (a long-lived worker sees loops without end)."""
+        self._images: OrderedDict[str, ImageBlock] = OrderedDict()
+        """The images this worker read or wrote last, at most
+        `_IMAGE_BYTES_KEPT` bytes of them (a digest names one content)."""
+        self._image_bytes = 0
+        self._images_held: OrderedDict[str, None] = OrderedDict()
+        """Digests of images this worker knows the store holds (not written
+        again)."""
         self.misses = 0
         """How many requests referred to a prefix the store did not hold."""
         self.rebuilt = 0
@@ -128,6 +146,63 @@ class StoreContexts:
             kept.popitem(last=False)
         return item.output
 
+    async def put_image(self, block: ImageBlock) -> None:
+        """Keep an image's bytes under its digest (writing it again is
+        harmless: a retried activity may; one this worker wrote or read is
+        not written again)."""
+        digest = block.digest
+        if block.data is None or digest is None:
+            raise ConfigurationError(
+                "put_image() keeps an image's bytes: this block is by URL "
+                f"({block.url!r})"
+            )
+        if digest in self._images_held:
+            return
+        await self._open()
+        message = UserMessage(content=(block,))
+        await self._contexts.append_context(_image_id(digest), 0, [message], [digest])
+        self._held_image(digest)
+        self._keep(block)
+
+    async def image(self, digest: str) -> ImageBlock | None:
+        """The image kept under `digest` (its bytes checked against it as
+        they are read back), or None."""
+        kept = self._images.get(digest)
+        if kept is not None:
+            self._images.move_to_end(digest)
+            return kept
+        await self._open()
+        held = await self._contexts.context(_image_id(digest))
+        if held is None or not held[0]:
+            return None
+        item = held[0][0]
+        images = item.images if isinstance(item, UserMessage) else ()
+        if len(images) != 1 or images[0].digest != digest:
+            return None
+        self._held_image(digest)
+        self._keep(images[0])
+        return images[0]
+
+    def _held_image(self, digest: str) -> None:
+        held = self._images_held
+        held[digest] = None
+        held.move_to_end(digest)
+        if len(held) > _IMAGES_HELD_KEPT:
+            held.popitem(last=False)
+
+    def _keep(self, block: ImageBlock) -> None:
+        assert block.digest is not None  # a block of bytes has both
+        assert block.size is not None
+        if block.size > _IMAGE_BYTES_KEPT // 4:
+            return  # a few large images would push every other one out
+        kept = self._images
+        if block.digest not in kept:
+            kept[block.digest] = block
+            self._image_bytes += block.size
+        while self._image_bytes > _IMAGE_BYTES_KEPT:
+            _, oldest = kept.popitem(last=False)
+            self._image_bytes -= oldest.size or 0
+
     def _remember(self, loop_id: str, digests: list[str]) -> None:
         held = self._held
         held.pop(loop_id, None)  # the most recent last
@@ -139,3 +214,8 @@ class StoreContexts:
 def _output_id(key: str) -> str:
     # Beside the loops' contexts, which are kept under the loops' ids.
     return f"agentfsm.output/{key}"
+
+
+def _image_id(digest: str) -> str:
+    # One for every loop: an image's bytes are named by their digest alone.
+    return f"agentfsm.image/{digest}"

@@ -7,6 +7,14 @@ The model request's context goes by reference (`InferArgs.base`,
 seen are sent, so each context item enters the workflow's history once, not
 once per model request (temporalio/sdk-python#1890: the history, and the
 payloads, would otherwise grow quadratically with the number of requests).
+
+An image goes by reference too, once a context store that keeps images
+(`StoreContexts`) holds its bytes: a block by URL on the reserved host
+`agentfsm.invalid` that names the bytes' digest and size (`image_reference`),
+which the inference activity reads back from the store (`image_referred`).
+A block by URL is an image block like any other (it validates wherever the
+workflow's data is read back: a start, a record, a transcript), so nothing
+else needs to know.
 """
 
 from __future__ import annotations
@@ -14,18 +22,26 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Callable, Sequence
 from typing import Any, Final, Self
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
 from agentfsm.events import ToolSpec
 from agentfsm.inference import InferenceOutput
-from agentfsm.messages import ContextItem, ModelContext, UserMessage
+from agentfsm.messages import (
+    ContextItem,
+    FunctionCallOutputItem,
+    ImageBlock,
+    ModelContext,
+    UserMessage,
+)
 from agentfsm.record import LoopRecord
 from agentfsm.results import LoopResult
 
 __all__ = (
     "CONTEXT_MISSING",
+    "IMAGE_MISSING",
     "Carried",
     "CarriedArgs",
     "CarriedPage",
@@ -38,6 +54,8 @@ __all__ = (
     "MAX_ERROR_TEXT",
     "MAX_RESULT",
     "ErrorData",
+    "ImagesArgs",
+    "ImagesHeld",
     "InferArgs",
     "InferResult",
     "StartLoop",
@@ -47,9 +65,13 @@ __all__ = (
     "clipped",
     "dump",
     "fitted_result",
+    "image_reference",
+    "image_referred",
+    "images_of",
     "output_reference",
     "payload_size",
     "referenced",
+    "with_images",
 )
 
 CONTEXT_MISSING: Final = "agentfsm.ContextMissing"
@@ -66,6 +88,11 @@ OUTPUT_MISSING: Final = "agentfsm.OutputMissing"
 store does not hold a tool output its context refers to, or cannot read it (a
 store of the worker's own: the output was stored by a worker with
 `StoreContexts`); the loop fails, saying so."""
+
+IMAGE_MISSING: Final = "agentfsm.ImageMissing"
+"""The `ApplicationError` type an inference activity raises when its context
+store does not hold an image the context refers to (`image_reference`), or
+keeps no images (a store of the worker's own); the loop fails, saying so."""
 
 MAX_PAYLOAD: Final = 2_000_000
 """The most bytes agentfsm puts in one Temporal payload (an activity's
@@ -101,6 +128,11 @@ _REFERENCE = re.compile(
     r"\(([0-9a-f]{64})\); the model receives it whole\]"
 )
 _PREVIEW = 1000
+
+_IMAGE_URL = "https://agentfsm.invalid/images/sha256/"
+_IMAGE_REFERENCE = re.compile(
+    r"\Ahttps://agentfsm\.invalid/images/sha256/([0-9a-f]{64})\?size=(\d+)\Z"
+)
 
 
 def payload_size(data: Any) -> int:
@@ -191,6 +223,63 @@ def referenced(text: str) -> str | None:
     return None if found is None else found.group(2)
 
 
+def image_reference(block: ImageBlock) -> ImageBlock:
+    """The block that stands in the workflow for an image a context store
+    holds (`ImageStore`): by URL on the reserved host `agentfsm.invalid`
+    (RFC 2606: it never resolves), naming the bytes' digest and size, with
+    the image's media type. A block by URL already (none of agentfsm's bytes)
+    stands for itself."""
+    if block.data is None:
+        return block
+    assert block.digest is not None  # a block of bytes has its digest
+    hexdigest = block.digest.removeprefix("sha256:")
+    return ImageBlock(
+        url=f"{_IMAGE_URL}{hexdigest}?size={block.size}", media_type=block.media_type
+    )
+
+
+def image_referred(block: ImageBlock) -> tuple[str, int] | None:
+    """`(digest, size)` of the image `block` stands for, when it is a
+    reference made by `image_reference`, else None."""
+    url = block.url
+    if url is None or not url.startswith(_IMAGE_URL):
+        return None
+    found = _IMAGE_REFERENCE.match(url)
+    if found is None:
+        return None
+    return "sha256:" + found.group(1), int(found.group(2))
+
+
+def images_of(item: ContextItem) -> tuple[ImageBlock, ...]:
+    """The image blocks of a context item (a user message's, a tool output's)."""
+    if type(item) is UserMessage:
+        return item.images
+    if type(item) is FunctionCallOutputItem:
+        return item.images
+    return ()
+
+
+def with_images(
+    items: Sequence[ContextItem], swap: Callable[[ImageBlock], ImageBlock]
+) -> list[ContextItem]:
+    """`items` with each image block replaced by `swap(block)`; an item none
+    of whose blocks changed is itself (a copy is made without validation:
+    `swap` gives valid blocks)."""
+    swapped: list[ContextItem] = []
+    for item in items:
+        if type(item) is UserMessage and type(item.content) is tuple:
+            content = item.content
+            blocks = tuple(swap(b) if type(b) is ImageBlock else b for b in content)
+            if any(a is not b for a, b in zip(blocks, content, strict=True)):
+                item = item.model_copy(update={"content": blocks})
+        elif type(item) is FunctionCallOutputItem and item.images:
+            images = tuple(swap(b) for b in item.images)
+            if any(a is not b for a, b in zip(images, item.images, strict=True)):
+                item = item.model_copy(update={"images": images})
+        swapped.append(item)
+    return swapped
+
+
 def dump(model: BaseModel) -> dict[str, Any]:
     """A model as the JSON data Temporal's default converter carries."""
     return model.model_dump(mode="json")
@@ -199,7 +288,8 @@ def dump(model: BaseModel) -> dict[str, Any]:
 def chain_digest(previous: str, item: ContextItem) -> str:
     """The digest of a context prefix ending with `item`: the previous prefix's
     digest chained with the item's JSON. The workflow and the activity's store
-    compare these to agree on a prefix without sending it."""
+    compare these to agree on a prefix without sending it; both digest the
+    items as they crossed (an image by reference as its reference)."""
     text = previous + item.model_dump_json()
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
@@ -360,6 +450,33 @@ class ContextArgs(BaseModel):
     a store of the worker's own gives)."""
 
 
+class ImagesArgs(BaseModel):
+    """Images of the workflow's context handed to the context store (the
+    `images` activity), so that requests carry references to them: `digests`
+    to look for, `images` to keep. The activity answers `ImagesHeld`."""
+
+    model_config = _FROZEN
+
+    loop_id: str
+    digests: tuple[str, ...] = ()
+    """Images to look for in the store (their bytes are not sent)."""
+    images: tuple[ImageBlock, ...] = ()
+    """Images to keep (the bytes, which the store did not hold)."""
+
+
+class ImagesHeld(BaseModel):
+    """The `images` activity's result."""
+
+    model_config = _FROZEN
+
+    keeps: bool
+    """Whether the worker's context store keeps images at all (False: a store
+    of the worker's own, or one without `put_image` and `image`); the
+    workflow then sends images inline."""
+    held: tuple[str, ...] = ()
+    """The digests of `ImagesArgs.digests` the store holds."""
+
+
 class ErrorData(BaseModel):
     """A provider error, carried back as data so that the loop's own retry
     rules (`max_retries`, `retryable`) decide, not Temporal's retry policy
@@ -416,3 +533,6 @@ class ToolOutcome(BaseModel):
     stored: int | None = None
     """The size in bytes of the output the context store holds, when it went
     by reference (too large to carry inline)."""
+    images: tuple[ImageBlock, ...] = Field(default=(), exclude_if=lambda v: not v)
+    """The tool's images: references to those the context store keeps
+    (`image_reference`), or the bytes, with a store of the worker's own."""

@@ -48,7 +48,7 @@ from agentfsm.events import AgentEvent
 from agentfsm.exceptions import AgentFSMError, ConfigurationError, LoopStateError
 from agentfsm.inference import InferenceInput
 from agentfsm.interception import Decision, Rewrite, ToolBatch
-from agentfsm.messages import UserMessage
+from agentfsm.messages import ContextItem, UserMessage
 from agentfsm.providers import _OneProviderRegistry
 from agentfsm.results import LoopResult, LoopStatus, LoopView
 from agentfsm.states import LoopState, Outcome, Trigger
@@ -130,12 +130,23 @@ _TRACE: Final = 16 * 1024
 _decisions: TypeAdapter[Decision] = TypeAdapter(Decision)
 
 
-def view_data(view: LoopView) -> dict[str, Any]:
+def view_data(
+    view: LoopView,
+    wire: Callable[[Sequence[UserMessage]], Sequence[ContextItem]] | None = None,
+) -> dict[str, Any]:
     """A `LoopView` as JSON data (a pending request's tools are objects: its
-    payload is left out; the request's metadata too)."""
+    payload is left out; the request's metadata too). A pending message's
+    images go as `wire` has them (references, for those the context store
+    holds): an update's result is in the history."""
     pending = view.pending
     if pending is not None and isinstance(pending.payload, InferenceInput):
         pending = pending.model_copy(update={"payload": None})
+    elif pending is not None and wire is not None:
+        payload = pending.payload
+        if isinstance(payload, UserMessage):
+            pending = pending.model_copy(update={"payload": wire((payload,))[0]})
+        elif isinstance(payload, tuple) and payload:
+            pending = pending.model_copy(update={"payload": tuple(wire(payload))})
     if pending is not view.pending:
         view = view.model_copy(update={"pending": pending})
     return view.model_dump(mode="json", exclude={"pending": {"metadata"}})
@@ -359,7 +370,8 @@ class LoopWorkflow:
     @workflow.signal
     def steer(self, *args: Any) -> None:
         """Queue a steering message (`Runtime.steer`): a `UserMessage` as JSON
-        data, a plain string (its text), or `{"role": "user", "content": str}`."""
+        data (text, or text and image blocks), a plain string (its text), or
+        `{"role": "user", "content": str}`."""
         msg = self._message("steer", args)
         if msg is not None:
             self._when_running(lambda rt: _ignore_ended(rt.steer, self.loop_id, msg))
@@ -402,7 +414,8 @@ class LoopWorkflow:
             self._drop(
                 signal,
                 "the message must be a string, a UserMessage "
-                '({"type": "user_message", "content": str}) or '
+                '({"type": "user_message", "content": str or a list of text '
+                "and image blocks}) or "
                 f'{{"role": "user", "content": str}}, got {_kind(data)}'
                 + (f": {problem}" if isinstance(data, dict) else ""),
             )
@@ -442,7 +455,7 @@ class LoopWorkflow:
         default `Proceed`)."""
         runtime = await self._started()
         runtime.resume(self.loop_id, _decision_of(decision, self.loop_id))
-        return view_data(self._view())
+        return view_data(self._view(), self.provider.images.wire)
 
     @resume.validator
     def _check_resume(self, decision: Any = None) -> None:
@@ -462,7 +475,7 @@ class LoopWorkflow:
         for call_id in approved:
             batch = batch.approve(call_id)
         runtime.resume(self.loop_id, Rewrite(payload=batch))
-        return view_data(self._view())
+        return view_data(self._view(), self.provider.images.wire)
 
     @approve.validator
     def _check_approve(self, call_ids: Any, denied: Any = None) -> None:
@@ -518,7 +531,7 @@ class LoopWorkflow:
     @workflow.query
     def view(self) -> dict[str, Any]:
         """The loop's `LoopView`: state, status, pending transition, totals."""
-        return view_data(self._view())
+        return view_data(self._view(), self.provider.images.wire)
 
     @workflow.query
     def transcript(
@@ -532,7 +545,9 @@ class LoopWorkflow:
         context = self.loop.request.context
         items: list[Any] = []
         size = 0
-        for item in context.items[first:]:
+        # The images the context store holds as their references (as requests
+        # send them): an answer over gRPC's limit would fail the query.
+        for item in self.provider.images.wire(context.items[first:]):
             data = item.model_dump(mode="json")
             size += payload_size(data)
             if items and size > max_bytes:
