@@ -40,32 +40,81 @@ How the writer keeps every event:
   goes on taking events without writing them, and the exit says how many
   were written and which were not (`EventLogError`; a warning when a
   cancellation or another error is what leaves the runtime).
+
+Images are kept once, beside the log: a line holds an image by reference
+(`"data": null` with its digest, media type and size, as
+`context=messages.REFERENCE` dumps it), and its bytes are a file of the
+directory `<log>.images/`, named by their digest (`<sha256 hex>.png`),
+written (whole, under a temporary name, then renamed) before the first line
+that refers to it. An image a loop's message, its context, a tool's output and
+the transitions carry is one file, whatever number of events name it, and
+the log stays a file of text lines. `read_events` gives the events back with
+the bytes, read from that directory: copy it with the log. An image whose
+file is missing, or whose bytes are not those of its digest, is an
+`EventLogError` naming the line, the digest and the file (the event cannot be
+given back without it: an image block holds its bytes).
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import itertools
 import os
+import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from functools import lru_cache
 from types import TracebackType
-from typing import IO, ClassVar, Self
+from typing import IO, Any, ClassVar, Final, Self
 
 import anyio
 from anyio.abc import TaskGroup
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticSerializationError
 
 from ._arguments import ArgumentValueError, check, file_mode_of
 from ._bus import EventBus, Subscription
 from ._logging import get_logger
-from ._text import model_json
+from ._models import json_of
+from ._text import json_text
 from .events import AgentEvent, AgentEventAdapter
 from .exceptions import EventLogError, LoopStateError
+from .messages import REFERENCE, ImageBlock
 
-__all__ = ("EventLogWriter", "read_events")
+__all__ = ("EventLogWriter", "images_dir", "read_events")
 
 _BATCH = 1000
 """At most this many events per write (one worker-thread hop)."""
+
+_EXTENSIONS: Final = {
+    "image/png": "png",
+    "image/jpeg": "jpg",
+    "image/gif": "gif",
+    "image/webp": "webp",
+}
+"""An image file's name ends with its type's extension (`IMAGE_MEDIA_TYPES`)."""
+
+_IMAGE_MARK: Final = b',"data":null,"media_type":"image/'
+"""What a line that holds an image by reference holds (a quick test)."""
+
+_IMAGE_REFERENCE: Final = re.compile(
+    rb'"type":"image","data":null,"media_type":"(image/[a-z]+)","url":null,'
+    rb'"digest":"sha256:([0-9a-f]{64})"'
+)
+"""An image block by reference, as the writer dumps it (its fields in their
+order, compact). Inside a JSON string a quote is escaped, so these bytes are
+an image block of the event and never text a user wrote."""
+
+
+def images_dir(path: str | os.PathLike[str]) -> str:
+    """The directory that keeps the images of the event log `path`:
+    `<path>.images`."""
+    return os.fspath(path) + ".images"
+
+
+def _image_file(directory: str, media_type: str, digest_hex: str) -> str:
+    return os.path.join(directory, f"{digest_hex}.{_EXTENSIONS[media_type]}")
 
 
 class EventLogWriter:
@@ -148,6 +197,10 @@ class EventLogWriter:
         self._lock = threading.Lock()
         self._writing = False
         self._abandoned = threading.Event()
+        self._images_dir = images_dir(self.path)
+        self._kept: set[str] = set()
+        """The digests of the images whose files are in `_images_dir` (written
+        by this writer, or found there). Used in the worker thread only."""
 
     async def __aenter__(self) -> Self:
         if self._subscription is not None:
@@ -292,7 +345,9 @@ class EventLogWriter:
             self._writing = True
         try:
             assert self._file is not None
-            lines = [model_json(event).encode() + b"\n" for event in batch]
+            # An event's images are written (each once) as its line is made:
+            # before any line of the batch.
+            lines = [self._line(event) for event in batch]
             data = memoryview(b"".join(lines))
             done = 0
             ends = itertools.accumulate(len(line) for line in lines)
@@ -307,6 +362,51 @@ class EventLogWriter:
                 self._writing = False
                 if self._abandoned.is_set() and self._file is not None:
                     self._file.close()
+
+    def _line(self, event: AgentEvent) -> bytes:
+        """The event's line, its images by reference (their files written)."""
+        try:
+            text = json_of(event, context=REFERENCE)
+        except PydanticSerializationError:
+            # Text that did not enter through a loop: its lone surrogates escaped.
+            text = json_text(event.model_dump(mode="json", context=REFERENCE))
+        line = text.encode()
+        if _IMAGE_MARK in line:
+            for image in _images_of(event):
+                self._keep(image)
+        return line + b"\n"
+
+    def _keep(self, image: ImageBlock) -> None:
+        """Write the image's file, unless it is there: whole, under a temporary
+        name renamed into place, so that a file of its name is never torn."""
+        digest = image.digest
+        data = image.data
+        if digest is None or data is None or digest in self._kept:
+            return
+        media_type = image.media_type
+        if media_type not in _EXTENSIONS:
+            return  # not a valid block (built without validation): no file
+        directory = self._images_dir
+        final = _image_file(directory, media_type, digest.removeprefix("sha256:"))
+        try:
+            there = os.path.getsize(final) == len(data)
+        except FileNotFoundError:
+            there = False
+        if not there:  # (a file of another size is not the image: replaced)
+            # Searchable as the file's is readable: 0o600 gives 0o700.
+            os.makedirs(
+                directory,
+                mode=self._file_mode | (self._file_mode & 0o444) >> 2,
+                exist_ok=True,
+            )
+            temporary = f"{final}.{os.getpid()}.{threading.get_ident()}.tmp"
+            fd = os.open(
+                temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self._file_mode
+            )
+            with open(fd, "wb") as file:
+                file.write(data)
+            os.replace(temporary, final)
+        self._kept.add(digest)
 
     def _close_file(self) -> None:
         assert self._file is not None
@@ -383,21 +483,28 @@ def read_events(
     as an `event_log_line_skipped` warning of the agentfsm logger, naming the
     file and the line.
 
+    An image a line holds by reference is given back with its bytes, from its
+    file in `<path>.images/` (see the module).
+
     Args:
         path: the event log.
         on_skip: called with the number (from 1) of each torn line skipped,
             instead of the warning.
 
     Raises:
-        EventLogError: a line is JSON but not an agentfsm event (the error names
-            the line).
+        EventLogError: a line is JSON but not an agentfsm event, or refers to
+            an image whose file is missing or damaged (the error names the
+            line, and the image's digest and file).
         OSError: the file cannot be read.
     """
     name = os.fspath(path)
+    images = _ImageFiles(name)
     with open(name, "rb") as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
                 continue
+            if _IMAGE_MARK in line:
+                line = images.inlined(line, number)
             try:
                 yield AgentEventAdapter.validate_json(line)
             except ValidationError as exc:
@@ -418,6 +525,76 @@ def read_events(
                 glued = _glued_event(line)
                 if glued is not None:
                     yield glued
+
+
+class _ImageFiles:
+    """The images of an event log, read from their files as its lines name
+    them (the last few read kept: an image is named by several events)."""
+
+    def __init__(self, log: str) -> None:
+        self.log = log
+        self.directory = images_dir(log)
+        self._base64 = lru_cache(maxsize=16)(self._read)
+
+    def inlined(self, line: bytes, number: int) -> bytes:
+        """`line` with each image it holds by reference given its bytes.
+
+        Raises:
+            EventLogError: an image's file is missing or damaged.
+        """
+
+        def bytes_of(found: re.Match[bytes]) -> bytes:
+            media_type, digest_hex = found[1].decode(), found[2].decode()
+            try:
+                data = self._base64(media_type, digest_hex)
+            except _ImageFileError as exc:
+                raise EventLogError(
+                    f"{self.log}, line {number}: the image sha256:{digest_hex} {exc}"
+                ) from None
+            return found[0].replace(b'"data":null', b'"data":"' + data + b'"', 1)
+
+        return _IMAGE_REFERENCE.sub(bytes_of, line)
+
+    def _read(self, media_type: str, digest_hex: str) -> bytes:
+        """The image's bytes, as base64, checked against its digest."""
+        if media_type not in _EXTENSIONS:
+            raise _ImageFileError(f"has the unknown media type {media_type!r}")
+        file = _image_file(self.directory, media_type, digest_hex)
+        try:
+            with open(file, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            raise _ImageFileError(
+                f"is missing: no file {file} (an event log keeps its images "
+                f"beside it, in {self.directory}: copy it with the log)"
+            ) from None
+        if hashlib.sha256(data).hexdigest() != digest_hex:
+            raise _ImageFileError(
+                f"is damaged: the {len(data):,} bytes of {file} are not those "
+                "of its digest"
+            )
+        return base64.b64encode(data)
+
+
+class _ImageFileError(Exception):
+    """An image's file cannot give its bytes (`_ImageFiles` names the line)."""
+
+
+def _images_of(value: Any) -> Iterator[ImageBlock]:
+    """The image blocks of bytes in `value` (an event: models, sequences,
+    mappings of them)."""
+    if type(value) is ImageBlock:
+        if value.data is not None:
+            yield value
+    elif isinstance(value, BaseModel):
+        for item in value.__dict__.values():
+            yield from _images_of(item)
+    elif isinstance(value, tuple | list):
+        for item in value:
+            yield from _images_of(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _images_of(item)
 
 
 _EVENT_START = b'{"event_id":"'

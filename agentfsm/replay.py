@@ -42,6 +42,11 @@ in the events, and nor is a `Runtime.cancel` mid-run; a recording that has
 them diverges there. A resume that rewrote a request is replayed as a rewrite
 without a payload (only the request's summary is recorded).
 
+Images replay with their recorded bytes: a loop's message and its context
+hold them, and a recorded tool returns the images it returned (a store reads
+them from its blobs, an event log from its images' directory); events are
+compared with each image as its digest.
+
 A source is anything with `async def loop_events(loop_id) -> Sequence[AgentEvent]`
 (`ReplaySource`): `EventLogSource` reads a log, and a durable store can serve
 its events the same way (`store.events(loop_id, after_seq=0)`).

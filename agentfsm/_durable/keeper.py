@@ -472,6 +472,7 @@ class Keeper:
                 0,
                 len(stored.items),
                 events=events,
+                large=is_large(ended),  # (its queued messages may hold one)
             )
         )
         for event in events:

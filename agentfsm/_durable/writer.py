@@ -226,9 +226,9 @@ class Durable:
         self.events = events
         """The loop's events since the last commit (a store that keeps events)."""
         self.large = False
-        """A string over `_outline.LARGE` has entered the loop: its commits may
-        carry it (its records may, for as long as it runs), and say so
-        (`Commit.large`)."""
+        """A string over `_outline.LARGE`, or an image's bytes, has entered the
+        loop: its commits may carry it (its records may, for as long as it
+        runs), and say so (`Commit.large`)."""
 
     # ------------------------------------------------------------ the journal
 
@@ -346,6 +346,8 @@ class Durable:
         # run's first: a recovered loop's), again by the next commit, which
         # does not count on this one.
         path = loop.path
+        if not self.large:
+            self.large = is_large(loop.steering, loop.follow_ups)  # (an image)
         commit = Commit(
             loop.loop_id,
             self.lease,
@@ -354,6 +356,7 @@ class Durable:
             path[self.path_written :],
             self.path_written,
             self.written,
+            large=self.large,
         )
         self.flusher.submit(commit, background=True)
 
@@ -401,7 +404,7 @@ class Durable:
     ) -> None:
         known = self.ledger[key]
         done = _entry(known, status="done", output=output, terminate=terminate)
-        if len(output.output) > LARGE:
+        if len(output.output) > LARGE or output.images:
             self.large = True
         self.ledger[key] = done
         self.unfinished -= 1
@@ -628,7 +631,8 @@ class Durable:
         for entry in entries:
             self.ledger[entry.key] = entry
             self.ended.append(entry)
-            if entry.output is not None and len(entry.output.output) > LARGE:
+            output = entry.output
+            if output is not None and (len(output.output) > LARGE or output.images):
                 self.large = True
 
     async def write_ledger(self, loop: Loop) -> None:
@@ -680,11 +684,16 @@ def _large_output(output: InferenceOutput) -> bool:
 
 def _large(loop: Loop, items: Sequence[ContextItem]) -> bool:
     """Whether a commit's record, or its new items, hold a string over `LARGE`
-    that no check before found (model outputs and tool outputs are checked as
-    they are taken: `state_ran`, `end_call`): the user's messages, the
-    instructions, queued messages, a structured answer."""
+    or an image that no check before found (model outputs and the tools'
+    outputs are checked as they are taken: `state_ran`, `end_call`): the
+    user's messages, the instructions, queued messages, a structured answer,
+    an output a decision or a handler gave."""
     for item in items:
-        if type(item) is UserMessage and len(item.content) > LARGE:
+        if type(item) is UserMessage:
+            content = item.content
+            if len(content) > LARGE if type(content) is str else is_large(content):
+                return True
+        elif type(item) is FunctionCallOutputItem and item.images:
             return True
     instructions = loop.input.context.instructions
     if instructions is not None and len(instructions) > LARGE:

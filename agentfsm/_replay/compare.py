@@ -1,6 +1,7 @@
 """The first place a replayed loop's events differ from the recorded ones.
 
-Events are compared as JSON data without what differs from run to run by
+Events are compared as JSON data (an image by its digest, media type and
+size: the digest is its bytes') without what differs from run to run by
 design: the envelope's `event_id`, `loop_id` and `ts`, a call's `duration`, and
 `loop.started`'s `options`, `handlers` and `forked_from` (a replay is made to
 run with other ones). A handler's `proceed` is left out on both sides (it
@@ -38,6 +39,7 @@ from agentfsm.events import (
     LoopTransition,
     TransitionIntercepted,
 )
+from agentfsm.messages import REFERENCE
 from agentfsm.results import PathStep
 from agentfsm.states import LoopState, Trigger
 
@@ -64,9 +66,13 @@ class Mismatch(NamedTuple):
 
 
 def comparable(event: AgentEvent) -> dict[str, Any]:
-    """An event as the JSON data that is compared."""
+    """An event as the JSON data that is compared: its images by reference
+    (their digests stand for their bytes, and a difference names them, not
+    their base64)."""
     left_out = _ENVELOPE | _LEFT_OUT.get(event.type, set())
-    data: dict[str, Any] = event.model_dump(mode="json", exclude=left_out)
+    data: dict[str, Any] = event.model_dump(
+        mode="json", exclude=left_out, context=REFERENCE
+    )
     return data
 
 

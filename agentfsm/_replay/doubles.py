@@ -5,7 +5,8 @@
   model the request names (`providers._OneProviderRegistry` serves every
   model from it).
 - `RecordedTool` is a tool with the recorded tool's spec (or the given tool's)
-  whose calls return the recorded outputs: the first unused output of a call of
+  whose calls return the recorded outputs (their images too, the recorded
+  bytes): the first unused output of a call of
   that tool with the same call id and arguments, else with the same arguments,
   else with the same call id (a call with other arguments: a handler changed
   them); after reporting the progress that call reported.
@@ -181,7 +182,10 @@ class RecordedTool(Tool):
         for progress in match.progress:
             report_progress(progress)
         return ToolResult(
-            output=match.output, is_error=match.is_error, terminate=match.terminate
+            output=match.output,
+            is_error=match.is_error,
+            terminate=match.terminate,
+            images=match.images,
         )
 
 

@@ -46,6 +46,7 @@ from agentfsm.events import (
 from agentfsm.exceptions import ConfigurationError
 from agentfsm.inference import InferenceOutput, StreamingDelta
 from agentfsm.interception import Abort, Decision, Pause, Proceed, Rewrite, ToolBatch
+from agentfsm.messages import ImageBlock
 from agentfsm.states import LoopState, Trigger
 
 __all__ = ("Invocation", "Recording", "loop_events", "resolved")
@@ -59,6 +60,8 @@ class Invocation:
     arguments: str
     output: str = ""
     is_error: bool = False
+    images: tuple[ImageBlock, ...] = ()
+    """The images it returned beside its text (the same blocks: their bytes)."""
     terminate: bool = False
     """Not an event field: inferred when the batch ended the loop (`stop`,
     reason `terminated`: every call of the batch asked to)."""
@@ -181,6 +184,7 @@ class Recording:
                 if pending:  # a call that ran (denied ones never started)
                     pending[0].output = event.output.output
                     pending[0].is_error = event.output.is_error
+                    pending[0].images = event.output.images
                     pending[0].used = True
                 elif recovering:
                     # Its output from the ledger (or from the decision that
@@ -192,6 +196,7 @@ class Recording:
                         call.arguments,
                         event.output.output,
                         event.output.is_error,
+                        event.output.images,
                         used=True,
                     )
                     self.invocations.setdefault(call.name, []).append(invocation)

@@ -252,8 +252,9 @@ class Commit:
     """The first commit of a loop `run_loop` made: the store holds no loop of
     its id (else it refuses the commit: `LoopIdTakenError`)."""
     large: bool = False
-    """It may carry a string over 64 KiB: a SQL store writes each such string
-    once, out of line (`store._outline`)."""
+    """It may carry a string over 64 KiB or an image's bytes: a SQL store
+    writes each such string, and each image, once, out of line
+    (`store._outline`)."""
     requests: Sequence[int] = ()
     """Ids of the loop's requests (`LoopRequest`) this commit applies: marked
     `applied` in its transaction, those still pending (a commit refused marks

@@ -17,6 +17,18 @@ carries is over `LARGE`) takes this path: it serializes through Python data
 every other commit uses. A row written so is marked (its `outlined` column)
 and read back through `inline`.
 
+Images too: an image block's bytes (`ImageBlock.data`, base64 in the data)
+go out of line whatever their size, and any commit that carries one is
+`large` (`is_large`). An image reaches a store many times over (the user's
+message in the context and in `loop.started`, a tool's output in the ledger,
+the context and `function_call.completed`, a transition's payload, a request's
+copy of the context), and each time a row holds only its reference (`$blob`,
+beside the block's digest, media type and size) while `blobs` holds its
+base64 once. The blob is the base64 text, keyed by that text's digest like any
+other: a value of the data shaped like an image block (a structured answer,
+say) reads back exactly as it was, whatever digest it claims; the block's own
+validation, as it is read back, checks the bytes against the block's digest.
+
 A dict of the data whose one key is a marker's (`$blob`, or `$literal`: a
 user's own value) is wrapped as `{"$literal": ...}`, so that no value is
 taken for a reference.
@@ -31,6 +43,8 @@ from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 from pydantic import BaseModel
+
+from agentfsm.messages import ImageBlock
 
 __all__ = ("CHUNK", "LARGE", "Outline", "chunks", "digest_of", "inline", "is_large")
 
@@ -63,11 +77,13 @@ def digest_of(text: str) -> tuple[str, int]:
 
 def is_large(*values: Any) -> bool:
     """Whether any of `values` (models, sequences of them, strings) holds a
-    string over `LARGE` characters (what a journal checks of what a commit
-    carries: a few items, a model output, ledger entries)."""
+    string over `LARGE` characters or an image's bytes (what a journal checks
+    of what a commit carries: a few items, a model output, ledger entries)."""
     for value in values:
         if isinstance(value, str):
             found = len(value) > LARGE
+        elif type(value) is ImageBlock:
+            found = value.data is not None
         elif isinstance(value, BaseModel):
             found = is_large(*value.__dict__.values())
         elif isinstance(value, tuple | list | deque):
@@ -82,15 +98,23 @@ def is_large(*values: Any) -> bool:
 
 
 class Outline:
-    """The large strings of what one commit serializes: `text` gives a model's
-    JSON with references in their place; `blobs` lists the new ones, each
-    once. `known` (by the string's identity, the store's for the loop's run)
-    spares hashing a string a run wrote already."""
+    """The large strings (and images' bytes) of what one commit serializes:
+    `text` gives a model's JSON with references in their place; `blobs` lists
+    those the loop's run has not written yet, each once. `known` (by the
+    string's identity, the store's for the loop's run) spares hashing a string
+    a run wrote already; `written` (the store's for the run too, added to as
+    each commit lands) holds the digests its commits wrote, which later ones
+    refer to without sending them again."""
 
-    def __init__(self, known: dict[int, tuple[str, str, int]]) -> None:
+    def __init__(
+        self,
+        known: dict[int, tuple[str, str, int]],
+        written: set[str] | frozenset[str] = frozenset(),
+    ) -> None:
         self.known = known
+        self.written = written
         self.blobs: list[tuple[str, str, int]] = []
-        """`(digest, text, bytes)` of each large string met, once each."""
+        """`(digest, text, bytes)` of each new large string met, once each."""
         self._met: set[str] = set()
 
     def text(self, model: BaseModel, **options: Any) -> str:
@@ -106,6 +130,17 @@ class Outline:
         if kind is str:
             return {_BLOB: self._digest(value)} if len(value) > LARGE else value
         if kind is dict:
+            data = value.get("data")
+            if type(data) is str and value.get("type") == "image":
+                # An image block's base64: out of line whatever its size. Its
+                # text is made anew by each dump, so it is hashed, not `known`
+                # (which would keep every copy for as long as the run).
+                return {
+                    key: {_BLOB: self._new(data, *digest_of(data))}
+                    if key == "data"
+                    else self.data(item)
+                    for key, item in value.items()
+                }
             out = {key: self.data(item) for key, item in value.items()}
             if len(out) == 1 and (_BLOB in out or _LITERAL in out):
                 return {_LITERAL: out}
@@ -118,8 +153,11 @@ class Outline:
         known = self.known.get(id(text))
         if known is None or known[0] is not text:
             known = self.known[id(text)] = (text, *digest_of(text))
-        _, digest, size = known
-        if digest not in self._met:
+        return self._new(*known)
+
+    def _new(self, text: str, digest: str, size: int) -> str:
+        """`digest`, its blob listed if the run has not written it."""
+        if digest not in self._met and digest not in self.written:
             self._met.add(digest)
             self.blobs.append((digest, text, size))
         return digest

@@ -37,6 +37,7 @@ store, the loop and the cause.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import threading
@@ -212,7 +213,9 @@ def ledger_entry(call: CallRecord, outline: Outline | None = None) -> str:
     JSON (what `json.dumps` of the list gives, ensure_ascii off: checked by
     tests/internals/test_sqlite_log.py)."""
     if outline is not None:
-        output_data = None if call.output is None else call.output.model_dump()
+        output_data = (
+            None if call.output is None else call.output.model_dump(mode="json")
+        )
         return outline.dumps(
             [
                 call.status,
@@ -323,6 +326,10 @@ class SQLStore(
         self._outlined: dict[str, dict[int, tuple[str, str, int]]] = {}
         """The large strings each loop's run wrote out of line, by identity
         (`_outline.Outline`'s `known`). Used in the store's thread only."""
+        self._blobs: dict[str, set[str]] = {}
+        """The digests of the blobs each loop's run has written (its commits
+        that landed): later commits refer to them without sending them again
+        (`_outline.Outline`'s `written`). Used in the store's thread only."""
         self._texts = ModelTexts()
         """The JSON of models the records share (`_rows.ModelTexts`). Used in
         the store's thread only."""
@@ -508,6 +515,10 @@ class SQLStore(
                 # validation): written as the loop would have escaped it.
                 row = self.log_row(encodable_data(commit))
             self._write_commit(conn, row, run_status)
+            if row.blobs:
+                self._blobs.setdefault(loop_id, set()).update(
+                    digest for digest, _, _ in row.blobs
+                )
         except BaseException as exc:
             self._forget(loop_id)
             if isinstance(exc, self._driver_error):
@@ -530,10 +541,12 @@ class SQLStore(
         out of line): the run ended, or another may have written meanwhile."""
         self._statuses.pop(loop_id, None)
         self._outlined.pop(loop_id, None)
+        self._blobs.pop(loop_id, None)
 
     def _forget_all(self) -> None:
         self._statuses.clear()
         self._outlined.clear()
+        self._blobs.clear()
 
     def _fence(self, conn: _C, commit: Commit) -> StoreError:
         """Why the loop's row refused `commit` (its fence did not hold)."""
@@ -564,7 +577,10 @@ class SQLStore(
         outline = None
         enc: Callable[[Any], str] = json_of
         if commit.large:
-            outline = Outline(self._outlined.setdefault(loop_id, {}))
+            outline = Outline(
+                self._outlined.setdefault(loop_id, {}),
+                self._blobs.get(loop_id, frozenset()),
+            )
             enc = outline.text
         written = 0
         seq = text = steps = shared = path_from = None
@@ -1035,13 +1051,25 @@ class SQLStore(
         return _Changes.model_validate(self._decoded(conn, text, outlined))
 
     def _blob(self, conn: _C, digest: str) -> str:
-        """A large string written out of line (see `_outline`)."""
+        """A large string (or an image's base64) written out of line (see
+        `_outline`), checked against its digest.
+
+        Raises:
+            KeyError, ValueError: the store holds no such blob, or one whose
+                bytes are not those of its digest (a damaged file or row).
+        """
         row = self._row(
             conn, "SELECT data FROM blobs WHERE digest = :digest", {"digest": digest}
         )
         if row is None:
             raise KeyError(f"no blob {digest}")
-        return bytes(row[0]).decode("utf-8", "surrogatepass")
+        data = bytes(row[0])
+        found = hashlib.sha256(data).hexdigest()
+        if found != digest:
+            raise ValueError(
+                f"the blob {digest} is damaged: its {len(data):,} bytes hash to {found}"
+            )
+        return data.decode("utf-8", "surrogatepass")
 
     async def _read(self, fn: Callable[[_C], _T]) -> _T:
         """`fn`, reads of several statements, in one read transaction: they see
