@@ -186,7 +186,9 @@ class MCPTool(Tool):
     Built by `MCPToolset`. Its arguments are checked against the server's
     schema before they are sent; the server's result becomes a `ToolResult`:
     `is_error` an error output; the text blocks, or the structured content
-    (as JSON) when the tool declares an output schema. The server's progress
+    (as JSON) when the tool declares an output schema; its image blocks
+    `ToolResult.images` (an image refused, one whose bytes are not the type
+    it claims say, is a line of the output saying why). The server's progress
     notifications for the call are published as `function_call.progress`.
 
     Raises:

@@ -25,6 +25,11 @@ place. Text is recorded with its lone surrogates escaped (`\\udcff`), and a
 tracer, span processor or exporter that fails is logged (`otel_failed`): the
 loop goes on as it would untraced.
 
+A span never holds an image's bytes. With content capture on, an image is its
+reference: a `file` part (`modality: image`, `mime_type`, `file_id`: its
+`sha256:` digest, `size`) in the messages, and a tool's images as such parts
+in `agentfsm.tool.call.images`; an image by URL is a `uri` part.
+
 With no tracer provider configured (OpenTelemetry's default, a proxy until one
 is set) a loop costs two dictionary lookups more and makes no span; the first
 loop started once a provider is set is traced.

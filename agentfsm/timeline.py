@@ -12,6 +12,10 @@ print(format_table(summarize(events)))
 timeline = build_timeline(events, find_loop(events, "4454f1a2"))
 print(format_timeline(timeline))
 ```
+
+An image (a user message's, a tool output's) is shown by its reference in
+text, `[image: image/png, 4,035 bytes, sha256:1a2b3c4d5e6f]`, never by its
+bytes; the page shows it as a thumbnail too (`thumbnails`).
 """
 
 from __future__ import annotations
@@ -23,11 +27,12 @@ from datetime import datetime
 from typing import Final, NamedTuple, final
 
 from . import events as ev
+from ._images import data_url
 from ._paths import LoopPath
 from ._text import clip, printable, xml_text
 from .exceptions import EventLogError
 from .interception import ToolBatch
-from .messages import TokenUsage, UserMessage
+from .messages import FunctionCallOutputItem, ImageBlock, TokenUsage, UserMessage
 from .results import LoopStatus
 from .states import LoopState, Outcome
 
@@ -46,6 +51,7 @@ __all__ = (
     "render_html",
     "short_ids",
     "summarize",
+    "thumbnails",
 )
 
 
@@ -87,6 +93,9 @@ class TimelineRow(NamedTuple):
     """`started`, `intercepted`, `paused`, `resumed`, `transition`, `inference`,
     `tool`, `progress`, `answer`, `failed` or `idle`."""
     text: str
+    images: tuple[ImageBlock, ...] = ()
+    """The images the row's text refers to (a message's, a tool output's), in
+    order: the text shows each by its reference, a page as a thumbnail."""
 
 
 class StateTime(NamedTuple):
@@ -327,7 +336,11 @@ def build_timeline(
         if text is not None:
             elapsed = (event.ts - start).total_seconds()
             # A row quotes model and tool names and call ids as the log has them.
-            rows.append(TimelineRow(event.seq, elapsed, _kind(event), _field(text)))
+            rows.append(
+                TimelineRow(
+                    event.seq, elapsed, _kind(event), _field(text), _images(event)
+                )
+            )
     summary = _summary(mine)
     if summary.status is not LoopStatus.done:  # still in `state` when the log ends
         spent = (mine[-1].ts - entered).total_seconds()
@@ -384,6 +397,8 @@ def _inference(event: ev.InferenceCompleted, chunks: int, width: int) -> str:
         )
     if output.message is not None and output.message.content:
         parts.append("message " + _quote(output.message.content, width))
+    if output.images_described:
+        parts.append(f"{_count(len(output.images_described), 'image')} sent as text")
     u = output.token_usage
     if u is None:
         parts.append("tokens unknown (not reported)")
@@ -424,7 +439,7 @@ def _describe(event: ev.AgentEvent, width: int) -> str | None:
             return None  # shown with its output, once completed
         case ev.FunctionCallCompleted():
             call, out = event.call, event.output
-            result = ("error: " if out.is_error else "") + _short(out.output, width)
+            result = ("error: " if out.is_error else "") + _output(out, width)
             args = _short(call.arguments, width)
             return f"{call.name}({args}) -> {result}  [{_seconds(event.duration)}]"
         case ev.FunctionCallProgress():
@@ -454,6 +469,28 @@ def _payload(payload: ev.EventPayload, width: int) -> str:
         case ev.RequestSummary():
             return f"request to {payload.model}"
     return _quote(payload.content, width)
+
+
+def _output(out: FunctionCallOutputItem, width: int) -> str:
+    """A tool's output as a row shows it: its text cut to `width`, then each
+    of its images by its reference (never cut: a reference is short)."""
+    shown = [_short(out.output, width)] if out.output or not out.images else []
+    return " ".join((*shown, *(image.reference for image in out.images)))
+
+
+def _images(event: ev.AgentEvent) -> tuple[ImageBlock, ...]:
+    """The images the event's row refers to (its message's, its output's)."""
+    match event:
+        case ev.LoopStarted(message=UserMessage() as message):
+            return message.images
+        case ev.FunctionCallCompleted():
+            return event.output.images
+        case ev.TransitionIntercepted(decision="rewrite", payload=payload):
+            if isinstance(payload, UserMessage):
+                return payload.images
+            if isinstance(payload, tuple):
+                return tuple(image for m in payload for image in m.images)
+    return ()
 
 
 def _field(text: str) -> str:
@@ -646,7 +683,24 @@ th { color: #555; font-weight: 600; } .num { text-align: right; }
 .k-failed { color: #b00020; } .k-answer, .k-idle { color: #087f23; }
 figure { margin: 0; overflow-x: auto; } figure svg { max-width: 100%; height: auto; }
 pre { white-space: pre-wrap; background: #f6f6f6; padding: .8em; }
+.thumbs { display: flex; flex-wrap: wrap; gap: .4em; margin-top: .3em; }
+.thumbs img { max-width: 160px; max-height: 160px; border: 1px solid #ccc; }
 """
+
+
+def thumbnails(images: Iterable[ImageBlock]) -> str:
+    """The images as a page shows them: each held as bytes a thumbnail of its
+    own (a `data:` URL: the page is one file), its reference as its alt text
+    and title; an image by URL is left to the reference the text shows (a
+    page read from a file fetches nothing)."""
+    # base64 in a data: URL holds nothing an attribute would need escaped.
+    shown = "".join(
+        f'<img src="{data_url(image.media_type, image.data)}" '
+        f'alt="{xml_text(image.reference)}" title="{xml_text(image.reference)}">'
+        for image in images
+        if image.data is not None and image.media_type is not None
+    )
+    return f"<div class=thumbs>{shown}</div>" if shown else ""
 
 
 def render_html(timeline: Timeline, svg: str) -> str:
@@ -679,7 +733,7 @@ def render_html(timeline: Timeline, svg: str) -> str:
     )
     rows = "".join(
         f'<tr class="k-{e(r.kind)}"><td class=num>+{e(_seconds(r.elapsed))}</td>'
-        f"<td>{e(r.kind)}</td><td>{e(r.text)}</td></tr>"
+        f"<td>{e(r.kind)}</td><td>{e(r.text)}{thumbnails(r.images)}</td></tr>"
         for r in timeline.rows
     )
     answer = (

@@ -8,6 +8,12 @@ and `gen_ai.tool.definitions` are JSON strings: a message is
 `{"type": "reasoning", "content": ...}`. Consecutive items of one role make one
 message (a model's output is one assistant message, whatever it holds).
 
+An image is never in a span: a part holds its reference, as a file part
+named by its digest, `{"type": "file", "modality": "image", "mime_type",
+"file_id": "sha256:...", "size"}` (an image by URL is a `uri` part). A user
+message's blocks are parts in their order; a tool output's images follow its
+`tool_call_response`.
+
 Every text from a model, a tool, a user or an MCP server that a span holds
 outside these opt-in attributes (an error output, an exception's message, a
 failed loop's reason) goes through `untrusted`, which withholds it unless
@@ -27,6 +33,7 @@ from agentfsm.messages import (
     ContextItem,
     FunctionCallItem,
     FunctionCallOutputItem,
+    ImageBlock,
     ModelMessageItem,
     ReasoningItem,
     UserMessage,
@@ -37,6 +44,8 @@ __all__ = (
     "WITHHELD",
     "answer_messages",
     "finish_reason",
+    "image_part",
+    "images",
     "input_messages",
     "output_messages",
     "system_instructions",
@@ -65,16 +74,46 @@ def _arguments(text: str) -> Any:
         return text
 
 
-def _part(item: ContextItem) -> tuple[str, dict[str, Any]]:
-    """The role an item belongs to, and the item as a part."""
+def image_part(image: ImageBlock) -> dict[str, Any]:
+    """An image as a part: its reference (digest, media type, size), never
+    its bytes; an image by URL, its URL."""
+    if image.url is not None:
+        part: dict[str, Any] = {"type": "uri", "modality": "image", "uri": image.url}
+        if image.media_type is not None:
+            part["mime_type"] = image.media_type
+        return part
+    return {
+        "type": "file",
+        "modality": "image",
+        "mime_type": image.media_type,
+        "file_id": image.digest,
+        "size": image.size,
+    }
+
+
+def images(blocks: Iterable[ImageBlock]) -> str:
+    """`agentfsm.tool.call.images`: a tool result's images, as parts."""
+    return json_text([image_part(block) for block in blocks])
+
+
+def _parts(item: ContextItem) -> tuple[str, list[dict[str, Any]]]:
+    """The role an item belongs to, and the item as parts."""
     if isinstance(item, UserMessage):
-        return "user", {"type": "text", "content": item.content}
+        content = item.content
+        if isinstance(content, str):
+            return "user", [{"type": "text", "content": content}]
+        return "user", [
+            image_part(block)
+            if isinstance(block, ImageBlock)
+            else {"type": "text", "content": block.text}
+            for block in content
+        ]
     if isinstance(item, ModelMessageItem):
         if item.refusal is not None:
-            return "assistant", {"type": "refusal", "content": item.refusal}
-        return "assistant", {"type": "text", "content": item.content}
+            return "assistant", [{"type": "refusal", "content": item.refusal}]
+        return "assistant", [{"type": "text", "content": item.content}]
     if isinstance(item, ReasoningItem):
-        return "assistant", {"type": "reasoning", "content": item.content}
+        return "assistant", [{"type": "reasoning", "content": item.content}]
     if isinstance(item, FunctionCallItem):
         part = {
             "type": "tool_call",
@@ -82,23 +121,24 @@ def _part(item: ContextItem) -> tuple[str, dict[str, Any]]:
             "name": item.name,
             "arguments": _arguments(item.arguments),
         }
-        return "assistant", part
+        return "assistant", [part]
     assert isinstance(item, FunctionCallOutputItem)
-    return "tool", {
+    response = {
         "type": "tool_call_response",
         "id": item.call_id,
         "response": item.output,
     }
+    return "tool", [response, *map(image_part, item.images)]
 
 
 def _messages(items: Iterable[ContextItem]) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = []
     for item in items:
-        role, part = _part(item)
+        role, parts = _parts(item)
         if messages and messages[-1]["role"] == role:
-            messages[-1]["parts"].append(part)
+            messages[-1]["parts"].extend(parts)
         else:
-            messages.append({"role": role, "parts": [part]})
+            messages.append({"role": role, "parts": parts})
     return messages
 
 

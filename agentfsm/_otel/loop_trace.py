@@ -379,7 +379,11 @@ class LoopTrace:
             set_attributes(span, {"error.type": "tool_error"})
             set_error(span, output)
         if self.capture_content:
-            set_attributes(span, {"gen_ai.tool.call.result": output})
+            captured = {"gen_ai.tool.call.result": output}
+            if result.images:
+                # By reference, as the messages hold them: never the bytes.
+                captured["agentfsm.tool.call.images"] = content.images(result.images)
+            set_attributes(span, captured)
 
 
 def _usage(now: TokenUsage, before: TokenUsage) -> dict[str, int]:

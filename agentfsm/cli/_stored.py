@@ -21,6 +21,7 @@ from agentfsm.results import LoopStatus
 from agentfsm.states import LoopState
 from agentfsm.store import CallRecord, StoredLoopSummary
 from agentfsm.store._sql import SQLStore
+from agentfsm.timeline import thumbnails
 
 from ._text import one_line
 from .loops import age, detail, lease, tokens
@@ -143,6 +144,8 @@ def _requests(report: StoredReport, width: int) -> list[str]:
         message = output.message
         if message is not None and message.content:
             parts.append(f'message "{one_line(message.content, width)}"')
+        if described := len(output.images_described):
+            parts.append(f"{_count(described, 'image')} sent as text")
         usage = output.token_usage
         parts.append(
             "usage unknown"
@@ -181,7 +184,13 @@ def _calls(report: StoredReport, width: int) -> list[str]:
             text += f" (settled by {call.by})"
         if call.attempt > 1:
             text += f" (attempt {call.attempt})"
-        rows.append(one_line(text, width * 2))
+        # The images' references after the cut: a long output keeps them shown.
+        images = call.output.images if call.output is not None else ()
+        rows.append(
+            " ".join(
+                (one_line(text, width * 2), *(one_line(i.reference) for i in images))
+            )
+        )
     return rows
 
 
@@ -248,6 +257,8 @@ ol { font-family: ui-monospace, monospace; padding-left: 2em; }
 li { white-space: pre-wrap; word-break: break-word; }
 figure { margin: 0; overflow-x: auto; } figure svg { max-width: 100%; height: auto; }
 pre { white-space: pre-wrap; background: #f6f6f6; padding: .8em; }
+.thumbs { display: flex; flex-wrap: wrap; gap: .4em; margin-top: .3em; }
+.thumbs img { max-width: 160px; max-height: 160px; border: 1px solid #ccc; }
 """
 
 
@@ -272,9 +283,20 @@ def stored_html(report: StoredReport, svg: str, now: datetime, width: int = 400)
         f"<p class=note>{e(NO_EVENTS)}</p>\n",
         f"<h2>Path</h2>\n<figure>\n{figure.strip()}\n</figure>\n",
     ]
+    calls = {
+        "tool calls": [
+            thumbnails(c.output.images if c.output is not None else ())
+            for c in report.calls
+        ]
+    }
     for title, rows in _sections(report, width):
         if rows:
-            items = "".join(f"<li>{e(row)}</li>" for row in rows)
+            # A tool call's row shows its output's images (one row per call).
+            shown = calls.get(title, [""] * len(rows))
+            items = "".join(
+                f"<li>{e(row)}{more}</li>"
+                for row, more in zip(rows, shown, strict=True)
+            )
             parts.append(f"<h2>{e(title.capitalize())}</h2>\n<ol>{items}</ol>\n")
     answer = _answer(report.record)
     if answer is not None:

@@ -180,10 +180,14 @@ class RunView:
                     self.line(f"  {name}: {progress}")
             case FunctionCallCompleted():
                 self._running.pop(event.call.call_id, None)
-                status = "error" if event.output.is_error else "->"
+                output = event.output
+                status = "error" if output.is_error else "->"
+                # An image is shown by its reference line, never its bytes.
+                references = (one_line(i.reference) for i in output.images)
+                shown = " ".join(filter(None, (printable(output.output), *references)))
                 self.line(
                     f"  {one_line(event.call.name)} {status} "
-                    f"{printable(event.output.output)} ({event.duration * 1000:.0f} ms)"
+                    f"{shown} ({event.duration * 1000:.0f} ms)"
                 )
             case ModelAnswer():
                 if not self._streamed:

@@ -16,7 +16,9 @@ store kept them (the timeline an event log gives), else from its records
 are not text, text without one event) is an error saying so.
 
 The work is done by `agentfsm.timeline`; this module only parses arguments,
-reads and prints. Torn lines of a log (a writer killed mid-line) are skipped,
+reads and prints. An image is printed as its reference line, never its bytes;
+the `--html` page shows it as a thumbnail (a `data:` URL: the page is one
+file). Torn lines of a log (a writer killed mid-line) are skipped,
 and stderr says which.
 """
 

@@ -5,6 +5,7 @@ agentfsm run "What is 2 + 3?" --tool agentfsm.demo_tools:add --tool-choice add
 agentfsm run "What is 2 + 3?" --mcp "python examples/mcp_calc_server.py"
 agentfsm run "What is 2 + 3?" --tool agentfsm.demo_tools:add --needs-approval add
 agentfsm run "What is 2 + 3?" --tool agentfsm.demo_tools:add --break function_call
+agentfsm run "What is in this picture?" --model openai:gpt-4.1 --image cat.png
 ```
 
 The answer streams to the terminal as it comes; each transition and tool call
@@ -21,6 +22,15 @@ transition), and the prompt resumes or aborts it there (see
 nobody can answer: the pause and how to resume a loop are printed, and the
 command exits 3.
 
+`--image PATH` (repeatable) sends images with the question: the message is
+the question's text, then each image in order (the images alone, when the
+question is empty). A file that is not an image the library takes (PNG,
+JPEG, GIF or WebP, its bytes saying which, at most 20 MiB) is refused, named,
+when the command line is read, before anything starts; a model that takes
+no image refuses the message before the loop starts (exit 2). A tool's
+images are shown by their reference (`[image: image/png, 4,035 bytes,
+sha256:...]`).
+
 Ctrl-C says at once that the loop is stopping, stops it and tells how far it
 got. A tool still running in a thread (interrupted, or past its timeout) is
 left to finish on its own, and the process does not wait for it, however the
@@ -32,7 +42,8 @@ read from a file: `@args.json`.
 
 Exit codes: 0 the loop answered; 1 it ended any other way (the outcome and
 the error are printed); 2 a bad command line (an empty question, an unknown
-model or tool, a missing extra, an MCP server that cannot be reached); 3 the
+model or tool, an image refused, a missing extra, an MCP server that cannot
+be reached); 3 the
 loop paused with no terminal to ask; 130 interrupted (Ctrl-C).
 """
 
@@ -64,7 +75,7 @@ from agentfsm import (
 from agentfsm._text import printable, printable_log
 from agentfsm.events import LoopDetached, LoopIdle, LoopPaused
 from agentfsm.exceptions import ConfigurationError, ProviderError
-from agentfsm.messages import TokenUsage
+from agentfsm.messages import ImageBlock, TokenUsage, UserMessage
 from agentfsm.providers import Provider, split_model
 from agentfsm.providers._common import TOOL_CHOICE_MODES
 from agentfsm.providers.local import DEFAULT_MODEL, LocalProvider
@@ -81,7 +92,9 @@ __all__ = (
     "PAUSED_EXIT",
     "add_parser",
     "breakpoints_of",
+    "image_file",
     "load_tool",
+    "message_of",
     "run",
     "with_mcp_tools",
 )
@@ -101,6 +114,15 @@ def add_parser(commands: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("question", help="the user message the loop starts with")
+    parser.add_argument(
+        "--image",
+        action="append",
+        default=[],
+        type=image_file,
+        metavar="PATH",
+        help="send an image file (PNG, JPEG, GIF or WebP) after the question's "
+        "text; repeatable, in order",
+    )
     parser.add_argument(
         "--model",
         default=DEFAULT_MODEL,
@@ -221,7 +243,7 @@ ask, {INTERRUPTED_EXIT} interrupted"""
 
 def run(args: argparse.Namespace) -> int:
     """Run the loop; returns the exit code."""
-    if not args.question.strip():
+    if not args.question.strip() and not args.image:
         return _error(
             "error: the question is empty: give the message the loop starts "
             "with, e.g. agentfsm run 'What is 2 + 3?'",
@@ -260,6 +282,38 @@ def run(args: argparse.Namespace) -> int:
     # otherwise hold the process at exit (`threading._shutdown`).
     leave_threads(code, before)
     return code
+
+
+def image_file(path: str) -> ImageBlock:
+    """`--image PATH`: the file as an image block, read and checked now.
+
+    Raises:
+        argparse.ArgumentTypeError: it cannot be read, or is not an image the
+            library takes (its type, its size); the message names it.
+    """
+    shown = one_line(path)
+    try:
+        return ImageBlock.from_path(path)
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(
+            f"{shown}: cannot be read: {exc.strerror or exc}"
+        ) from None
+    except ValidationError as exc:
+        why = "; ".join(
+            str(e["msg"]).removeprefix("Value error, ")
+            for e in exc.errors(include_url=False)
+        )
+        raise argparse.ArgumentTypeError(f"{shown}: not an image: {why}") from None
+    except ValueError as exc:  # over MAX_IMAGE_BYTES (it names the file)
+        raise argparse.ArgumentTypeError(one_line(str(exc))) from None
+
+
+def message_of(args: argparse.Namespace) -> str | UserMessage:
+    """The message the loop starts with: the question, then its `--image`s."""
+    if not args.image:
+        return str(args.question)
+    text = [args.question] if args.question.strip() else []
+    return UserMessage(content=[*text, *args.image])
 
 
 def breakpoints_of(args: argparse.Namespace) -> list[Break]:
@@ -541,7 +595,7 @@ async def _watch(
     with runtime.bus.subscribe("*", backpressure=True) as events:
         loop_id = runtime.run_loop(
             "cli",
-            args.question,
+            message_of(args),
             request,
             max_turns=args.max_turns,
         )

@@ -338,11 +338,14 @@ def decision_of(
 
 def _rewritten(payload: object, text: str, seq: int) -> ModelMessageItem | UserMessage:
     """The paused transition's message (the model's answer, a user's
-    message) with the form's text in place of its own.
+    message) with the form's text in place of its own (a user's images kept,
+    after it).
 
     Raises:
         ActionError: 400, the pause holds no single message.
     """
+    if isinstance(payload, UserMessage) and payload.images:
+        return UserMessage(content=[encodable(text), *payload.images])
     if isinstance(payload, ModelMessageItem | UserMessage):
         return payload.model_copy(update={"content": encodable(text)})
     raise _bad(
@@ -405,11 +408,12 @@ def offered(record: LoopRecord, ledger: list[CallRecord]) -> dict[str, Any] | No
         "text": None,
     }
     batch = pause.payload
-    if isinstance(batch, ModelMessageItem | UserMessage) and isinstance(
-        batch.content, str
-    ):
+    if isinstance(batch, ModelMessageItem):
         # (its text, rewritable: the model's answer or a person's message)
         resume["text"] = {"of": batch.type, "content": batch.content}
+    elif isinstance(batch, UserMessage):
+        # A message's images stay as they are: its text is what is rewritten.
+        resume["text"] = {"of": batch.type, "content": batch.text}
     if isinstance(batch, ToolBatch):
         uncertain = uncertain_of(record, ledger)
         resume["calls"] = [

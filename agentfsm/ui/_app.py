@@ -6,6 +6,9 @@ GET /loop/{loop_id}            one loop (static page; loop.js draws it)
 GET /api/loops                 the loops list as JSON (?status=&agent=)
 GET /api/loops/{loop_id}       one loop's page as JSON (?after=&items=)
 GET /api/loops/{id}/requests   the loop's requests (the decision inbox)
+GET /api/loops/{id}/images/sha256:<hex>
+                               the bytes of an image the loop holds (its
+                               pages show images by reference, this by digest)
 POST /api/loops/{id}/requests  act on the loop: store a request (202), which
                                the runtime holding the loop applies
 POST /api/loops/{id}/replay    replay the ended loop from its recording: its
@@ -25,7 +28,7 @@ or a newline among them), or, for `.` and `..`, which URLs resolve away as
 dot segments, `?id=` after the route's `/` (`/loop/?id=..`,
 `/api/loops//requests?id=..`). A loop's requests are the literal tail
 `/requests` after its id's segment: an id ending in `/requests` is written
-`%2Frequests` (`raw_path` tells the two apart).
+`%2Frequests` (`raw_path` tells the two apart); so is an image's tail.
 
 The store is polled (every `poll` seconds, per open stream): a SQLite store
 written by another process says nothing when it changes, and polling one
@@ -64,7 +67,7 @@ from ._actions import MAX_BODY, ActionError, Actions
 from ._breaks import Breaks
 from ._replays import Replays
 from ._security import Guard
-from ._source import StoreSource
+from ._source import StoreSource, data_of
 
 __all__ = ("build_app",)
 
@@ -84,6 +87,15 @@ _REQUESTS: Final = "/requests"
 
 _REPLAY: Final = "/replay"
 """The tail of a loop's address that replays it."""
+
+_IMAGE: Final = re.compile(r"(.*)/images/(sha256:[0-9a-f]{64})", re.DOTALL)
+"""A loop's address that names one of its images, by digest."""
+
+_IMAGE_RAW: Final = re.compile(rb"/images/sha256(?::|%3[aA])[0-9a-f]{64}\Z")
+"""The same tail as the raw path has it (a page may percent-encode the `:`)."""
+
+_IMAGE_CSP: Final = "default-src 'none'; sandbox"
+"""An image opened by itself runs nothing and loads nothing."""
 
 _REFRESH: Final = 5.0
 """Seconds after which the loops list is read whole even if the store's
@@ -154,6 +166,24 @@ def build_app(
         return _json(await source.loops(status, agent))
 
     async def loop_or_requests(request: Request) -> Response:
+        imaged = _image_of(request)
+        if imaged is not None and request.method != "POST":
+            loop_id, digest = imaged
+            block = await source.image(loop_id, digest)
+            if block is None or block.data is None:
+                error = f"the loop {loop_id!r} holds no image {digest}"
+                return _json({"error": error}, 404)
+            return Response(
+                block.data,
+                media_type=block.media_type,
+                headers={
+                    # Images are the loop's content: kept out of the disk
+                    # cache, as every answer of the UI is.
+                    "cache-control": "no-store",
+                    "content-security-policy": _IMAGE_CSP,
+                    "x-content-type-options": "nosniff",
+                },
+            )
         replayed = _tailed(request, _REPLAY)
         if replayed is not None:
             if request.method != "POST":
@@ -164,9 +194,9 @@ def build_app(
         if asking is not None:
             if request.method == "POST":
                 stored = await actions.submit(asking, await _limited_body(request))
-                return _json(stored.model_dump(mode="json"), 202)
+                return _json(data_of(stored), 202)
             asked = await actions.requests(asking)
-            return _json({"requests": [r.model_dump(mode="json") for r in asked]})
+            return _json({"requests": [data_of(r) for r in asked]})
         if request.method == "POST":
             error = "a loop's address takes no POST: act through its /requests"
             return _json({"error": error}, 405)
@@ -360,6 +390,18 @@ def _tailed(request: Request, tail: str) -> str | None:
     ):
         return None
     return loop_id[: -len(tail)] or request.query_params.get("id", "")
+
+
+def _image_of(request: Request) -> tuple[str, str] | None:
+    """The loop and the digest an `/api/loops/<id>/images/sha256:<hex>`
+    address names (its `/images/` literal in the raw path, as `_tailed`
+    reads a tail), else None."""
+    found = _IMAGE.fullmatch(request.path_params["loop_id"])
+    raw = request.scope.get("raw_path")
+    if found is None or (isinstance(raw, bytes) and not _IMAGE_RAW.search(raw)):
+        return None
+    loop_id, digest = found.groups()
+    return loop_id or request.query_params.get("id", ""), digest
 
 
 def _past(due: float | None) -> bool:

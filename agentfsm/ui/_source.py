@@ -6,6 +6,10 @@ inspect` use (`StoredLoopSummary`, `build_timeline`, `path_graph`), so that
 the UI and the command line never tell two stories. Everything read is the
 store's text, untrusted: it leaves here as JSON strings, which the pages put
 into the document as text, never as markup.
+
+Images leave by reference (`messages.REFERENCE`: digest, media type, size,
+no bytes): a page asks for an image's bytes by its digest (`image`), once,
+when it shows it.
 """
 
 from __future__ import annotations
@@ -15,9 +19,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from pydantic import BaseModel
+
 from agentfsm._paths import LoopPath
 from agentfsm.diagrams import path_graph
 from agentfsm.events import AgentEvent
+from agentfsm.messages import REFERENCE, ImageBlock
 from agentfsm.results import LoopStatus
 from agentfsm.store import LoopRequest, StoredLoopSummary, UnreadableLoop
 from agentfsm.store._sql import SQLStore
@@ -39,6 +46,11 @@ def _now() -> datetime:
 
 def summary_data(loop: StoredLoopSummary) -> dict[str, Any]:
     return loop.model_dump(mode="json")
+
+
+def data_of(model: BaseModel) -> dict[str, Any]:
+    """A model as a page reads it: JSON data, its images by reference."""
+    return model.model_dump(mode="json", context=REFERENCE)
 
 
 @dataclass(slots=True)
@@ -117,18 +129,16 @@ class StoreSource:
             "now": _now().isoformat(),
             "summary": summary_data(summary),
             "graph": path_graph(LoopPath.of(record)),
-            "pause": None
-            if record.pause is None
-            else record.pause.model_dump(mode="json"),
+            "pause": None if record.pause is None else data_of(record.pause),
             "answer": None if record.answer is None else record.answer.content,
             "error": None
             if record.error is None
             else record.error.model_dump(mode="json"),
-            "steering": [m.content for m in record.steering],
-            "follow_ups": [m.content for m in record.follow_ups],
-            "ledger": [c.model_dump(mode="json") for c in calls],
-            "decisions": [d.model_dump(mode="json") for d in decisions],
-            "requests": [r.model_dump(mode="json") for r in requests],
+            "steering": [data_of(m)["content"] for m in record.steering],
+            "follow_ups": [data_of(m)["content"] for m in record.follow_ups],
+            "ledger": [data_of(c) for c in calls],
+            "decisions": [data_of(d) for d in decisions],
+            "requests": [data_of(r) for r in requests],
             "fork": await fork_data(
                 self.store, loop_id, events, requests, enabled=self.actions.enabled
             ),
@@ -136,7 +146,7 @@ class StoreSource:
             "actions": offered(record, calls) if self.actions.enabled else None,
             "user": self.actions.user,
             "items_from": items,
-            "items": [i.model_dump(mode="json") for i in stored.items[items:]],
+            "items": [data_of(i) for i in stored.items[items:]],
             "rows": rows,
             "events_kept": self.store.keeps_events,
         }
@@ -159,6 +169,24 @@ class StoreSource:
             lease_due=until.timestamp() if until and summary.lease_live else None,
         )
 
+    async def image(self, loop_id: str, digest: str) -> ImageBlock | None:
+        """The image of digest `digest` (`sha256:<hex>`) that the loop's data
+        holds, bytes and all: in its context, its ledger, its record, its
+        requests or its events. None: the store holds no such loop, or the
+        loop no such image (a page asks only for what the loop shows)."""
+        stored = await self.store.load(loop_id)
+        if stored is None:
+            return None
+        # The likeliest places first; the events, the most to read, last.
+        found = (
+            _image_in((stored.items, stored.record), digest)
+            or _image_in(await self.store.calls(loop_id), digest)
+            or _image_in(await self.actions.requests(loop_id), digest)
+        )
+        if found is None and self.store.keeps_events:
+            found = _image_in(await self.store.events(loop_id), digest)
+        return found
+
     async def mark(self, loop_id: str | None = None) -> tuple[Any, ...]:
         """The store's cheap change mark (`SQLStore.change_mark`), a loop's
         requests' ids and statuses (a request submitted or refused writes no
@@ -172,6 +200,24 @@ class StoreSource:
         if loop_id is None:
             return (*mark, breaks)
         return (*mark, _requests_mark(await self.actions.requests(loop_id)), breaks)
+
+
+def _image_in(value: Any, digest: str) -> ImageBlock | None:
+    """The first image block with bytes of digest `digest` anywhere in
+    `value` (models, their fields, sequences and mappings of them)."""
+    stack = [value]
+    while stack:
+        one = stack.pop()
+        if isinstance(one, ImageBlock):
+            if one.digest == digest and one.data is not None:
+                return one
+        elif isinstance(one, BaseModel):
+            stack.extend(one.__dict__.values())
+        elif isinstance(one, list | tuple):
+            stack.extend(one)
+        elif isinstance(one, dict):
+            stack.extend(one.values())
+    return None
 
 
 def _requests_mark(requests: list[LoopRequest]) -> tuple[tuple[int, str], ...]:
@@ -196,7 +242,8 @@ def _rows(events: list[AgentEvent], loop_id: str, after: int) -> list[dict[str, 
                 "elapsed": row.elapsed,
                 "kind": row.kind,
                 "text": row.text,
-                "event": None if event is None else event.model_dump(mode="json"),
+                "images": [data_of(image) for image in row.images],
+                "event": None if event is None else data_of(event),
             }
         )
     return rows

@@ -146,6 +146,33 @@
     document.getElementById("error").textContent = data.error ? visible(`${data.error.type}: ${data.error.message}`) : "";
   }
 
+  // An image as a text view shows it: the library's `ImageBlock.reference`.
+  function reference(image) {
+    if (image.url) return `[image: ${image.url.length <= 80 ? image.url : `${image.url.slice(0, 77)}...`}]`;
+    return `[image: ${image.media_type}, ${Number(image.size || 0).toLocaleString("en-US")} bytes, ${String(image.digest).slice(0, 19)}]`;
+  }
+
+  function imageUrl(digest) {
+    const tail = `images/${encodeURIComponent(digest)}`;
+    const where = loopId === "." || loopId === ".." ? `/${tail}?id=${encodeURIComponent(loopId)}` : `${encodeURIComponent(loopId)}/${tail}`;
+    return api(`loops/${where}`);
+  }
+
+  // The images held as bytes, as thumbnails linking to the image whole (the
+  // server sends them by digest, the data read carries references only); an
+  // image by URL is shown by its reference alone: the page loads nothing
+  // from elsewhere.
+  function thumbs(images) {
+    const box = el("div", { class: "thumbs" });
+    for (const image of images || []) {
+      if (!image || image.type !== "image" || image.url || !image.digest) continue;
+      const src = imageUrl(image.digest);
+      const said = visible(reference(image));
+      box.append(el("a", { href: src, target: "_blank", rel: "noopener", class: "thumb" }, el("img", { src, loading: "lazy", alt: said, title: said })));
+    }
+    return box.childNodes.length ? box : null;
+  }
+
   function addRows(data) {
     document.getElementById("no-events").hidden = data.events_kept;
     const body = document.querySelector("#timeline tbody");
@@ -156,7 +183,7 @@
         el("tr", { class: `row ${row.kind}`, "data-seq": row.seq },
           el("td", { class: "num", text: row.seq }),
           el("td", { class: "num", text: `${row.elapsed.toFixed(3)} s` }),
-          el("td", { class: "text", text: row.text }),
+          el("td", { class: "text" }, row.text, thumbs(row.images)),
           el("td", {}, details),
         ),
       );
@@ -168,7 +195,7 @@
     const body = document.querySelector("#ledger tbody");
     clear(body);
     for (const c of calls) {
-      const output = c.output ? (c.output.is_error ? "error: " : "") + c.output.output : "";
+      const output = c.output ? outputText(c.output) : "";
       body.append(
         el("tr", { class: `call ${c.status}`, "data-call": c.call_id },
           el("td", { text: c.call_id }),
@@ -177,7 +204,7 @@
           el("td", { class: "num", text: c.attempt }),
           el("td", { class: "num", text: `#${c.request}.${c.position}` }),
           el("td", { class: "key", text: c.key }),
-          el("td", { class: "output" }, el("pre", { text: output })),
+          el("td", { class: "output" }, el("pre", { text: output }), thumbs(c.output && c.output.images)),
           el("td", { text: c.by || "" }),
         ),
       );
@@ -203,12 +230,26 @@
     document.getElementById("no-decisions").hidden = decisions.length > 0;
   }
 
+  // A tool's output as text: its text, then each of its images' reference.
+  function outputText(output) {
+    const text = `${output.is_error ? "error: " : ""}${output.output}`;
+    return [text, ...(output.images || []).map(reference)].filter(Boolean).join(" ");
+  }
+
   function itemText(item) {
     switch (item.type) {
       case "function_call": return `${item.name}(${item.arguments})  [${item.call_id}]`;
-      case "function_call_output": return `${item.is_error ? "error: " : ""}${item.output}  [${item.call_id}]`;
-      default: return item.content || "";
+      case "function_call_output": return `${outputText(item)}  [${item.call_id}]`;
+      default:
+        // A user's message may be blocks: its text, its images by reference.
+        if (Array.isArray(item.content)) return item.content.map((b) => (b.type === "image" ? reference(b) : b.text)).join(" ");
+        return item.content || "";
     }
+  }
+
+  function itemImages(item) {
+    if (item.type === "function_call_output") return item.images;
+    return Array.isArray(item.content) ? item.content.filter((b) => b.type === "image") : [];
   }
 
   function addItems(data) {
@@ -221,7 +262,7 @@
     data.items.forEach((item, i) => {
       const index = data.items_from + i;
       if (index < itemsSeen) return;
-      list.append(el("li", { class: `item ${item.type}`, value: index }, el("span", { class: "kind", text: item.type }), el("pre", { text: itemText(item) })));
+      list.append(el("li", { class: `item ${item.type}`, value: index }, el("span", { class: "kind", text: item.type }), el("pre", { text: itemText(item) }), thumbs(itemImages(item))));
       itemsSeen = index + 1;
     });
   }
