@@ -18,6 +18,7 @@ from .agent import Conversation as Conversation
 from .breakpoints import Break as Break
 from .exceptions import AgentFSMError as AgentFSMError
 from .exceptions import ConfigurationError as ConfigurationError
+from .exceptions import ImageMissing as ImageMissing
 from .exceptions import ImageNotSupported as ImageNotSupported
 from .exceptions import LoopAborted as LoopAborted
 from .exceptions import LoopFailedError as LoopFailedError
@@ -173,6 +174,7 @@ __all__ = (
     # errors
     "AgentFSMError",
     "ConfigurationError",
+    "ImageMissing",
     "ImageNotSupported",
     "NoRuntimeError",
     "TransitionRejected",

@@ -57,6 +57,7 @@ __all__ = (
     "EventLogError",
     "GraphvizError",
     "LeaseLostError",
+    "ImageMissing",
     "ImageNotSupported",
     "LoopDetachedError",
     "LoopIdTakenError",
@@ -115,6 +116,11 @@ class ImageNotSupported(ConfigurationError):
         self.model = model
         self.capability = capability
         self.block = block
+
+
+class ImageMissing(AgentFSMError):
+    """A request holds an image by reference (`ImageBlock.as_reference`) whose
+    bytes were not read back: it cannot be sent. The message names the image."""
 
 
 class NoRuntimeError(AgentFSMError):

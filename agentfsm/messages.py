@@ -8,6 +8,7 @@ checkpoints).
 """
 
 import base64
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Self, TypeAlias
@@ -50,6 +51,7 @@ __all__ = (
 )
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid", defer_build=True)
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 REFERENCE: dict[str, Any] = {"images": "reference"}
@@ -100,7 +102,8 @@ class ImageBlock(BaseModel):
 
     type: Literal["image"] = "image"
     data: Annotated[bytes | None, BeforeValidator(_base64_or_bytes)] = None
-    """The image's bytes (base64 in JSON), or None for an image by URL."""
+    """The image's bytes (base64 in JSON); None for an image by URL, or for a
+    reference to bytes kept elsewhere (`as_reference`)."""
     media_type: str | None = None
     """`image/png`, `image/jpeg`, `image/gif` or `image/webp` (None: an image by
     URL whose type was not given)."""
@@ -163,9 +166,9 @@ class ImageBlock(BaseModel):
                 f"(supported: {', '.join(IMAGE_MEDIA_TYPES)})"
             )
         url = fields["url"]
+        if data is None and url is None:
+            return self._checked_reference()
         if data is None:
-            if url is None:
-                raise ValueError("an image block needs data (bytes) or a url")
             scheme = url.partition(":")[0].lower() if ":" in url else ""
             if scheme not in ("http", "https"):
                 raise ValueError(
@@ -198,6 +201,45 @@ class ImageBlock(BaseModel):
         # Frozen: the derived fields are written as validation's own last step.
         fields.update(media_type=found, digest=digest, size=len(data))
         return self
+
+    def _checked_reference(self) -> Self:
+        """A block without bytes or URL: a reference to bytes kept elsewhere
+        (a store, a Temporal context store), complete enough to find them."""
+        fields = self.__dict__
+        digest, size = fields["digest"], fields["size"]
+        if digest is None:
+            raise ValueError("an image block needs data (bytes) or a url")
+        if type(digest) is not str or _DIGEST.fullmatch(digest) is None:
+            raise ValueError(f"digest {digest!r} is not 'sha256:' and 64 hex digits")
+        if fields["media_type"] is None or size is None:
+            raise ValueError("an image by reference needs its media_type and size")
+        if not 0 < size <= MAX_IMAGE_BYTES:
+            raise ValueError(f"size={size} is not between 1 and {MAX_IMAGE_BYTES:,}")
+        return self
+
+    @property
+    def is_reference(self) -> bool:
+        """Whether the block only refers to its bytes (`as_reference`): a
+        provider cannot send it until they are read back (`with_data`)."""
+        return self.data is None and self.url is None
+
+    def as_reference(self) -> Self:
+        """The block without its bytes: digest, media type and size (what a
+        store or a payload carries in its place)."""
+        if self.data is None:
+            return self
+        return self.model_copy(update={"data": None})
+
+    def with_data(self, data: bytes) -> Self:
+        """The block of a reference, its bytes read back (checked against its
+        digest and size).
+
+        Raises:
+            ValueError: the bytes are not the ones it refers to.
+        """
+        return type(self)(
+            data=data, media_type=self.media_type, digest=self.digest, size=self.size
+        )
 
     @field_serializer("data")
     def _data_out(self, data: bytes | None, info: SerializationInfo) -> Any:

@@ -486,3 +486,61 @@ class TestToolImages:
         assert isinstance(out, FunctionCallOutputItem)
         assert out.images == (image,)
         assert last.type == "model_message"
+
+
+class TestReferences:
+    def test_a_reference_carries_what_finds_its_bytes(self) -> None:
+        data = png(payload=b"r" * 100)
+        block = ImageBlock.from_bytes(data)
+        ref = block.as_reference()
+        assert ref.is_reference
+        assert not block.is_reference
+        assert (ref.data, ref.digest, ref.size, ref.media_type) == (
+            None,
+            block.digest,
+            len(data),
+            "image/png",
+        )
+        assert ImageBlock.model_validate_json(ref.model_dump_json()) == ref
+        assert ref.with_data(data) == block
+        with pytest.raises(ValidationError, match="do not match the digest"):
+            ref.with_data(png(payload=b"s" * 100))
+        assert ref.as_reference() is ref
+
+    @pytest.mark.parametrize(
+        ("given", "says"),
+        [
+            ({"digest": "sha256:00", "media_type": "image/png", "size": 3}, "64 hex"),
+            ({"digest": "sha256:" + "0" * 64, "size": 3}, "needs its media_type"),
+            (
+                {"digest": "sha256:" + "0" * 64, "media_type": "image/png", "size": 0},
+                "between 1",
+            ),
+        ],
+    )
+    def test_an_incomplete_reference_is_refused(
+        self, given: dict[str, object], says: str
+    ) -> None:
+        with pytest.raises(ValidationError, match=says):
+            ImageBlock(**given)  # type: ignore[arg-type]
+
+    async def test_a_reference_never_reaches_a_model(self) -> None:
+        """A context holding a reference whose bytes were not read back fails
+        the request, naming the image, rather than sending nothing in its place."""
+        from tests.http_mock import MockAPI
+        from tests.test_images_providers import chat_provider
+
+        ref = ImageBlock.from_bytes(png()).as_reference()
+        inference = InferenceInput(model="openai-chat:gpt-4.1", context=ModelContext())
+        async with (
+            MockAPI() as api,
+            Runtime(providers={"openai-chat": chat_provider(api)}) as runtime,
+        ):
+            result = await runtime.wait(
+                runtime.run_loop("a", UserMessage(content=["see", ref]), inference)
+            )
+        assert result.outcome is Outcome.failed
+        assert result.error is not None
+        assert result.error.type == "ImageMissing"
+        assert ref.reference in result.error.message
+        assert api.bodies == []

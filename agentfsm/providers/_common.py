@@ -23,7 +23,12 @@ from pydantic import BaseModel
 from pydantic_core import from_json
 
 from agentfsm import _images
-from agentfsm.exceptions import ConfigurationError, ImageNotSupported, ProviderError
+from agentfsm.exceptions import (
+    ConfigurationError,
+    ImageMissing,
+    ImageNotSupported,
+    ProviderError,
+)
 from agentfsm.inference import ImageSupport, InferenceOutput
 from agentfsm.messages import (
     FunctionCallItem,
@@ -354,6 +359,7 @@ class ImageMapping:
         for index, block in enumerate(content):
             if type(block) is not ImageBlock:
                 continue
+            self._present(block, f"a user message's content[{index}]")
             lacking = self.support.lacking(block)
             if lacking is not None:
                 where = f"content[{index}] {block.reference}"
@@ -384,6 +390,7 @@ class ImageMapping:
         sent: list[ImageBlock] = []
         lines: list[str] = []
         for block in images:
+            self._present(block, f"the output of call {item.call_id!r}")
             if takes_images and self.support.lacking(block, tool_result=True) is None:
                 sent.append(block)
                 continue
@@ -395,6 +402,13 @@ class ImageMapping:
         if lines:
             text = "\n".join([text, *lines] if text else lines)
         return text, tuple(sent)
+
+    def _present(self, block: ImageBlock, where: str) -> None:
+        if block.is_reference:
+            raise ImageMissing(
+                f"{where} is {block.reference} by reference: its bytes were not "
+                f"read back, so the request to {self.model!r} cannot send it"
+            )
 
     @property
     def described(self) -> tuple[str, ...]:
