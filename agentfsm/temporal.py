@@ -180,8 +180,8 @@ def worker(
             between requests (default: a `MemoryContextStore` per worker;
             `StoreContexts(store)` keeps it in a durable store every worker
             reads, so that no request after the first carries the whole
-            context, whichever worker runs it, and images go by reference,
-            their bytes kept once).
+            context, whichever worker runs it, and images go by reference
+            (`ImageBlock.as_reference`), their bytes kept once).
         on_chunk: called with each streamed delta of a streaming request, in
             the activity, with the attempt number.
         sandboxed: run workflows in Temporal's sandbox (see `workflow_runner`).

@@ -22,7 +22,9 @@ from agentfsm import (
     UserMessage,
     tool,
 )
+from agentfsm.interception import Decision, Pause, PendingTransition, ToolBatch
 from agentfsm.providers.function import FunctionProvider
+from agentfsm.states import Trigger
 from agentfsm.temporal import TemporalAgent
 from agentfsm.testing import call, calls, text
 
@@ -125,6 +127,24 @@ def model_for(request: InferenceInput) -> InferenceOutput:
 
 PROVIDERS = {"fn": FunctionProvider(model_for)}
 
+
+def pause_to_look(pending: PendingTransition) -> Decision | None:
+    """Pauses before the first snapshot runs (so that a test queues a
+    follow-up while the loop waits, and reads its transcript) and before a
+    follow-up enters the context (so that it reads the view's pending
+    messages). Workflow code: it decides from the transition alone."""
+    payload = pending.payload
+    if pending.trigger is Trigger.follow_up:
+        return Pause("a follow-up, to look at")
+    if (
+        pending.trigger is Trigger.call_tools
+        and isinstance(payload, ToolBatch)
+        and payload.calls[0].call_id == "s0"
+    ):
+        return Pause("the first snapshot, to look at")
+    return None
+
+
 LOOKER = TemporalAgent(
     name="images-looker",
     model="fn:looker",
@@ -132,4 +152,11 @@ LOOKER = TemporalAgent(
     options={"max_turns": 100},
 )
 POSTERS = TemporalAgent(name="images-poster", model="fn:poster", tools=[poster])
-AGENTS = (LOOKER, POSTERS)
+WATCHED = TemporalAgent(
+    name="images-watched",
+    model="fn:looker",
+    tools=[snapshot],
+    handlers=[pause_to_look],
+    options={"max_turns": 100},
+)
+AGENTS = (LOOKER, POSTERS, WATCHED)

@@ -26,8 +26,8 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 
 from agentfsm import ImageBlock, LoopResult, ModelMessageItem, Outcome, UserMessage
-from agentfsm._temporal.wire import image_reference, image_referred
 from agentfsm.messages import FunctionCallOutputItem, TextBlock
+from agentfsm.results import LoopStatus
 from agentfsm.store import SQLiteStore
 from agentfsm.temporal import (
     LoopClient,
@@ -181,11 +181,9 @@ async def test_a_loop_with_images_answers_with_the_bytes_it_was_sent(
         assert len(looked) == 2  # looked for, then kept
         # The transcript holds them as references; the store, their bytes.
         photo, snap = _images(transcript.items)
-        assert image_referred(photo) == (ImageBlock.from_bytes(PHOTO).digest, 300_000)
-        assert image_referred(snap) == (
-            ImageBlock.from_bytes(SNAPSHOT).digest,
-            250_000,
-        )
+        assert photo == ImageBlock.from_bytes(PHOTO).as_reference()
+        assert snap == ImageBlock.from_bytes(SNAPSHOT).as_reference()
+        assert (photo.size, snap.size) == (300_000, 250_000)
         kept = await store.image(ImageBlock.from_bytes(SNAPSHOT).digest)
         assert kept is not None
         assert kept.data == SNAPSHOT
@@ -195,6 +193,79 @@ async def test_a_loop_with_images_answers_with_the_bytes_it_was_sent(
         assert len(looked) == 1  # the store keeps no images: inline from then on
         photo, snap = _images(transcript.items)
         assert (photo.data, snap.data) == (PHOTO, SNAPSHOT)
+    await replayed_cleanly(histories)
+
+
+async def until_paused(client: LoopClient, loop_id: str, reason: str) -> None:
+    # Polls the workflow's query: the loop runs in the worker, not here.
+    with anyio.fail_after(60):
+        while (view := await client.get(loop_id)).status is not LoopStatus.paused:
+            assert view.status is not LoopStatus.done, view
+            await anyio.sleep(0.02)
+    assert view.pause_reason == reason, view
+
+
+async def test_the_transcript_and_the_view_show_images_by_reference(
+    env: WorkflowEnvironment, queue: str, tmp_path: Path
+) -> None:
+    """With `StoreContexts`, what leaves the workflow for a client shows each
+    image the store holds as a reference block (`is_reference`, the image's
+    digest, no bytes): the transcript's, while the loop waits before its
+    first snapshot; the `view` query's pending follow-up, which holds the
+    photo again (the store holds it since the first request). The model still
+    gets the bytes, and the history holds the photo three times only (the
+    start, the `images` activity, the follow-up's signal: the store held it
+    by then, so no activity carries it again)."""
+    SEEN.clear()
+    photo = ImageBlock.from_bytes(PHOTO)
+    store = StoreContexts(SQLiteStore(tmp_path / "contexts.db"))
+    async with worker(
+        env.client,
+        task_queue=queue,
+        agents=AGENTS,
+        providers=PROVIDERS,
+        context_store=store,
+    ):
+        client = LoopClient(env.client, task_queue=queue)
+        loop_id = await client.start("images-watched", ask("take 1 snapshots", PHOTO))
+        await until_paused(client, loop_id, "the first snapshot, to look at")
+        transcript = await client.transcript(loop_id)
+        await client.follow_up(loop_id, ask("take 1 snapshots", PHOTO))
+        resumed = await client.resume(loop_id)
+        await until_paused(client, loop_id, "a follow-up, to look at")
+        view = await client.get(loop_id)
+        after = await client.resume(loop_id)
+        result = await finished(client, loop_id)
+        histories = await runs_of(env.client, loop_id)
+
+    (shown,) = _images(transcript.items)
+    assert shown.is_reference
+    assert (shown.digest, shown.size, shown.data) == (photo.digest, len(PHOTO), None)
+    assert view.pending is not None
+    queued = view.pending.payload
+    assert isinstance(queued, tuple)
+    (message,) = queued
+    assert isinstance(message, UserMessage)
+    assert message.text == "take 1 snapshots"
+    (pending,) = message.images
+    assert pending.is_reference
+    assert pending.digest == photo.digest
+    assert pending == photo.as_reference()
+    for update in (resumed, after):
+        assert update.status is not LoopStatus.paused
+
+    assert result.outcome is Outcome.answered, result
+    assert result.answer == ModelMessageItem(
+        content="user: photo, s0: snapshot, user: photo, s1: snapshot"
+    )
+    assert SEEN[-1] == [
+        ("user", PHOTO),
+        ("s0", SNAPSHOT),
+        ("user", PHOTO),
+        ("s1", SNAPSHOT),
+    ]
+    assert copies(histories, PHOTO) == 3
+    assert copies(histories, SNAPSHOT) == 0
     await replayed_cleanly(histories)
 
 
@@ -340,23 +411,46 @@ async def test_images_go_by_reference_across_continue_as_new(
 # ------------------------------------------------------------------ the parts
 
 
-def test_an_image_reference_names_its_digest_and_size_by_url() -> None:
-    """The block that stands for a stored image is a valid block by URL (it
-    reads back wherever the workflow's data does) on a host that never
-    resolves, naming the digest and the size; any other block is none."""
-    block = ImageBlock.from_bytes(SKETCH)
-    reference = image_reference(block)
-    assert reference.data is None
-    assert reference.media_type == "image/png"
-    assert reference.url is not None
-    assert reference.url.startswith("https://agentfsm.invalid/")
-    assert ImageBlock.model_validate(reference.model_dump(mode="json")) == reference
-    assert image_referred(reference) == (block.digest, len(SKETCH))
-    assert image_reference(reference) is reference
-    assert image_referred(block) is None
-    assert image_referred(ImageBlock.from_url("https://example.com/a.png")) is None
-    forged = "https://agentfsm.invalid/images/sha256/abc?size=1"
-    assert image_referred(ImageBlock.from_url(forged)) is None
+def test_what_crosses_holds_a_reference_for_each_image_the_store_holds() -> None:
+    """`Images.wire` gives each image whose digest the store holds as its
+    reference (`as_reference`: no bytes, the same digest, type and size), and
+    leaves alone the images it does not hold, images by URL and items without
+    images; a request's arguments carry the references as themselves, and
+    none of the bytes."""
+    from agentfsm._temporal.calls import Images
+    from agentfsm._temporal.wire import InferArgs, dump
+
+    held, other = ImageBlock.from_bytes(SKETCH), ImageBlock.from_bytes(PHOTO)
+    by_url = ImageBlock.from_url("https://example.com/a.png")
+    plain = UserMessage(content="no image")
+    message = UserMessage(content=["look", held, by_url])
+    output = FunctionCallOutputItem(call_id="c1", output="two", images=(held, other))
+    images = Images(None)  # type: ignore[arg-type]  # wire() asks no activity
+    images.held = {held.digest or ""}
+    wired = images.wire([plain, message, output])
+    assert wired[0] is plain
+    assert isinstance(wired[1], UserMessage)
+    assert isinstance(wired[2], FunctionCallOutputItem)
+    (ref, url), (out_ref, out_other) = wired[1].images, wired[2].images
+    for reference in (ref, out_ref):
+        assert reference.is_reference
+        assert (reference.data, reference.url) == (None, None)
+        assert (reference.digest, reference.media_type, reference.size) == (
+            held.digest,
+            "image/png",
+            len(SKETCH),
+        )
+    assert url is by_url
+    assert out_other is other
+    assert message.images == (held, by_url)  # the workflow's own is unchanged
+
+    args = InferArgs(
+        loop_id="l", request=1, model="fn:x", items=tuple(wired), digests=("a",) * 3
+    )
+    sent = json.dumps(dump(args))
+    assert base64.b64encode(SKETCH)[3000:3064].decode() not in sent
+    assert base64.b64encode(PHOTO)[3000:3064].decode() in sent
+    assert InferArgs.model_validate(json.loads(sent)) == args
 
 
 async def test_store_contexts_keeps_an_image_once_by_digest(tmp_path: Path) -> None:
@@ -377,6 +471,8 @@ async def test_store_contexts_keeps_an_image_once_by_digest(tmp_path: Path) -> N
     assert await reader.get(block.digest) is None  # not a loop's context
     with pytest.raises(Exception, match="keeps an image's bytes"):
         await writer.put_image(ImageBlock.from_url("https://example.com/a.png"))
+    with pytest.raises(Exception, match="is by reference, without them"):
+        await writer.put_image(block.as_reference())
 
 
 def test_a_message_of_blocks_reads_back_from_a_start() -> None:
@@ -401,7 +497,7 @@ async def test_an_image_the_store_cannot_give_fails_the_request(tmp_path: Path) 
     from agentfsm._temporal.wire import IMAGE_MISSING
 
     block = ImageBlock.from_bytes(SKETCH)
-    item = UserMessage(content=["look", image_reference(block)])
+    item = UserMessage(content=["look", block.as_reference()])
     with pytest.raises(ApplicationError, match="keeps no images") as own:
         await _with_bytes([item], "l1", MemoryContextStore())
     store = StoreContexts(SQLiteStore(tmp_path / "c.db"))
@@ -409,11 +505,21 @@ async def test_an_image_the_store_cannot_give_fails_the_request(tmp_path: Path) 
         ApplicationError, match=f"does not hold image {block.digest}"
     ) as lost:
         await _with_bytes([item], "l1", store)
-    for caught in (own, lost):
+    await store.put_image(block)
+    # A reference whose type is not that of the bytes the store holds.
+    forged = ImageBlock(digest=block.digest, media_type="image/jpeg", size=len(SKETCH))
+    with pytest.raises(ApplicationError, match="are not those of") as other:
+        await _with_bytes([UserMessage(content=[forged])], "l1", store)
+    for caught in (own, lost, other):
         assert caught.value.type == IMAGE_MISSING
         assert caught.value.non_retryable
-    await store.put_image(block)
-    (back,) = await _with_bytes([item], "l1", store)
+        assert (block.digest or "")[:19] in caught.value.message  # names it
+    output = FunctionCallOutputItem(
+        call_id="c1", output="one", images=(block.as_reference(),)
+    )
+    back, out = await _with_bytes([item, output], "l1", store)
     assert isinstance(back, UserMessage)
+    assert isinstance(out, FunctionCallOutputItem)
     assert back.content[0] == TextBlock(text="look")
+    assert back.images == out.images == (block,)
     assert [b.data for b in back.images] == [SKETCH]

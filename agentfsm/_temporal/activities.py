@@ -76,8 +76,6 @@ from .wire import (
     ToolOutcome,
     clipped,
     dump,
-    image_reference,
-    image_referred,
     images_of,
     output_reference,
     payload_size,
@@ -183,8 +181,8 @@ class SharedContextStore(ContextStore, Protocol):
 class ImageStore(Protocol):
     """A `SharedContextStore` that keeps images (`StoreContexts`): each
     image's bytes are kept once, by their digest, and the workflow's payloads
-    carry a reference instead (`wire.image_reference`). With any other store,
-    images go inline, in the payloads that first carry them."""
+    carry a reference instead (`ImageBlock.as_reference`). With any other
+    store, images go inline, in the payloads that first carry them."""
 
     async def put_image(self, block: ImageBlock) -> None:
         """Keep a block's bytes under its digest (writing it again is harmless)."""
@@ -573,7 +571,7 @@ async def _referred(
     for block in images:
         if block.data is not None:
             await keeper.put_image(block)
-    return tuple(image_reference(block) for block in images)
+    return tuple(block.as_reference() for block in images)
 
 
 async def _fit(
@@ -684,51 +682,78 @@ async def _resolve(
 async def _with_bytes(
     items: list[ContextItem], loop_id: str, store: ContextStore
 ) -> list[ContextItem]:
-    """The context with each image by reference (`wire.image_reference`) put
-    back as its bytes, read from the store by digest (the store keeps the
-    references, as it keeps the items the workflow sent).
+    """The context with each image by reference (`ImageBlock.as_reference`)
+    put back as its bytes (`ImageBlock.with_data`), read from the store by
+    digest (the store keeps the references, as it keeps the items the
+    workflow sent).
 
     Never the reference in place of the image: one this worker cannot read
     (its store keeps no images; the store lost it, or its bytes no longer
-    match their digest) fails the request, saying why."""
-    wanted = {
-        referred[0]: block
-        for item in items
-        for block in images_of(item)
-        if (referred := image_referred(block)) is not None
-    }
+    match the reference) fails the request, naming the image, as a
+    provider's `ImageMissing` would."""
+    wanted = dict.fromkeys(
+        block for item in items for block in images_of(item) if block.is_reference
+    )
     if not wanted:
         return items
     keeper = _image_store(store)
     if keeper is None:
+        first = next(iter(wanted))
         raise ApplicationError(
-            f"loop {loop_id}: the context holds {len(wanted)} image(s) kept by "
-            "reference in a context store every worker reads, but this "
-            f"worker's store ({type(store).__name__}) keeps no images: give "
-            "every worker of the loop's agent the same StoreContexts",
+            f"loop {loop_id}: the context holds {len(wanted)} image(s) by "
+            f"reference ({first.reference}, ...), whose bytes were not read back: "
+            f"this worker's store ({type(store).__name__}) keeps no images, so "
+            "the request cannot send them; give every worker of the loop's agent "
+            "the same StoreContexts",
             type=IMAGE_MISSING,
             non_retryable=True,
         )
-    found: dict[str, ImageBlock] = {}
-    for digest, reference in wanted.items():
+    read: dict[str, bytes] = {}
+    found: dict[ImageBlock, ImageBlock] = {}
+    for reference in wanted:
+        digest = reference.digest
+        assert digest is not None  # a reference validates with its digest
+        data = read.get(digest)
+        if data is None:
+            data = await _image_bytes(keeper, reference, digest, loop_id)
+            read[digest] = data
         try:
-            block = await keeper.image(digest)
-        except Exception as exc:  # noqa: BLE001 - named with the image, not retried
+            found[reference] = reference.with_data(data)
+        except ValueError as exc:
             raise ApplicationError(
-                f"loop {loop_id}: image {digest} could not be read from the "
-                f"context store: {clipped(error_text(exc), 2000)}",
+                f"loop {loop_id}: the bytes the context store holds for image "
+                f"{digest} are not those of {reference.reference}, so the "
+                f"request cannot send it: {clipped(error_text(exc), 2000)}",
                 type=IMAGE_MISSING,
                 non_retryable=True,
             ) from None
-        if block is None:
-            raise ApplicationError(
-                f"loop {loop_id}: the context store does not hold image {digest} "
-                f"({reference.url})",
-                type=IMAGE_MISSING,
-                non_retryable=True,
-            )
-        found[reference.url or digest] = block
-    return with_images(items, lambda b: found.get(b.url or "", b))
+    return with_images(items, lambda b: found.get(b, b) if b.is_reference else b)
+
+
+async def _image_bytes(
+    keeper: ImageStore, reference: ImageBlock, digest: str, loop_id: str
+) -> bytes:
+    """The bytes `keeper` holds under `digest`, or the request's failure
+    (IMAGE_MISSING, non-retryable) naming the image."""
+    try:
+        block = await keeper.image(digest)
+    except Exception as exc:  # noqa: BLE001 - named with the image, not retried
+        raise ApplicationError(
+            f"loop {loop_id}: the context holds {reference.reference} by "
+            f"reference, and image {digest} could not be read from the context "
+            f"store: {clipped(error_text(exc), 2000)}",
+            type=IMAGE_MISSING,
+            non_retryable=True,
+        ) from None
+    if block is None or block.data is None:
+        raise ApplicationError(
+            f"loop {loop_id}: the context holds {reference.reference} by "
+            f"reference, but the context store does not hold image {digest}: its "
+            "bytes were not read back, so the request cannot send it",
+            type=IMAGE_MISSING,
+            non_retryable=True,
+        )
+    return block.data
 
 
 def _images(agent: TemporalAgent, store: ContextStore) -> Callable[..., Any]:

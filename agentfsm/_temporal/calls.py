@@ -47,7 +47,6 @@ from .wire import (
     ToolOutcome,
     chain_digest,
     dump,
-    image_reference,
     images_of,
     payload_size,
     with_images,
@@ -127,8 +126,8 @@ class _ContextRef:
 class Images:
     """The images of the workflow's context whose bytes the inference
     activities' context store holds, so that they cross as references
-    (`wire.image_reference`), never inline; when the store keeps no images (a
-    worker's own store), they cross inline.
+    (`ImageBlock.as_reference`), never inline; when the store keeps no images
+    (a worker's own store), they cross inline.
 
     An image the workflow holds the bytes of (a start's message, a signal's, a
     tool's with a store of the worker's own) is handed to the store by the
@@ -195,7 +194,7 @@ class Images:
 
         def swap(block: ImageBlock) -> ImageBlock:
             if block.data is not None and block.digest in held:
-                return image_reference(block)
+                return block.as_reference()
             return block
 
         return with_images(items, swap) if held else list(items)

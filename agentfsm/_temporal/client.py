@@ -387,8 +387,9 @@ class LoopClient:
         every item, as the model saw them; an ended loop's too, while a worker
         is up (it replays the history to answer). A tool output kept by
         reference in the worker's context store appears as its reference, and
-        so does an image (a block by URL on `agentfsm.invalid`, which the
-        workers read by digest: a loop started `from_loop=` on it sees it).
+        so does an image the store keeps (`ImageBlock.is_reference`: digest,
+        media type and size, no bytes; the workers read the bytes by digest,
+        so a loop started `from_loop=` on it sees them).
 
         Raises:
             LoopStateError: no loop of that id, or it has not started yet.

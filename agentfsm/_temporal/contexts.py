@@ -152,9 +152,10 @@ class StoreContexts:
         not written again)."""
         digest = block.digest
         if block.data is None or digest is None:
+            kind = "by reference" if block.is_reference else "by URL"
             raise ConfigurationError(
-                "put_image() keeps an image's bytes: this block is by URL "
-                f"({block.url!r})"
+                f"put_image() keeps an image's bytes: {block.reference} is {kind}, "
+                "without them"
             )
         if digest in self._images_held:
             return

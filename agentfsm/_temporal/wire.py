@@ -9,12 +9,12 @@ once per model request (temporalio/sdk-python#1890: the history, and the
 payloads, would otherwise grow quadratically with the number of requests).
 
 An image goes by reference too, once a context store that keeps images
-(`StoreContexts`) holds its bytes: a block by URL on the reserved host
-`agentfsm.invalid` that names the bytes' digest and size (`image_reference`),
-which the inference activity reads back from the store (`image_referred`).
-A block by URL is an image block like any other (it validates wherever the
-workflow's data is read back: a start, a record, a transcript), so nothing
-else needs to know.
+(`StoreContexts`) holds its bytes: the block without them
+(`ImageBlock.as_reference`: its digest, media type and size), which the
+inference activity puts back as its bytes read from the store by digest
+(`ImageBlock.with_data`). A reference validates wherever the workflow's data
+is read back (a start, a record, a transcript); a provider refuses one whose
+bytes were not read back (`ImageMissing`), so none reaches a model.
 """
 
 from __future__ import annotations
@@ -65,8 +65,6 @@ __all__ = (
     "clipped",
     "dump",
     "fitted_result",
-    "image_reference",
-    "image_referred",
     "images_of",
     "output_reference",
     "payload_size",
@@ -91,8 +89,9 @@ store of the worker's own: the output was stored by a worker with
 
 IMAGE_MISSING: Final = "agentfsm.ImageMissing"
 """The `ApplicationError` type an inference activity raises when its context
-store does not hold an image the context refers to (`image_reference`), or
-keeps no images (a store of the worker's own); the loop fails, saying so."""
+store does not hold the bytes of an image the context holds by reference
+(`ImageBlock.as_reference`), or keeps no images (a store of the worker's own);
+the loop fails, saying so (as a provider's `ImageMissing` would)."""
 
 MAX_PAYLOAD: Final = 2_000_000
 """The most bytes agentfsm puts in one Temporal payload (an activity's
@@ -128,11 +127,6 @@ _REFERENCE = re.compile(
     r"\(([0-9a-f]{64})\); the model receives it whole\]"
 )
 _PREVIEW = 1000
-
-_IMAGE_URL = "https://agentfsm.invalid/images/sha256/"
-_IMAGE_REFERENCE = re.compile(
-    r"\Ahttps://agentfsm\.invalid/images/sha256/([0-9a-f]{64})\?size=(\d+)\Z"
-)
 
 
 def payload_size(data: Any) -> int:
@@ -221,33 +215,6 @@ def referenced(text: str) -> str | None:
     reference (made by `output_reference`), else None."""
     found = _REFERENCE.match(text)
     return None if found is None else found.group(2)
-
-
-def image_reference(block: ImageBlock) -> ImageBlock:
-    """The block that stands in the workflow for an image a context store
-    holds (`ImageStore`): by URL on the reserved host `agentfsm.invalid`
-    (RFC 2606: it never resolves), naming the bytes' digest and size, with
-    the image's media type. A block by URL already (none of agentfsm's bytes)
-    stands for itself."""
-    if block.data is None:
-        return block
-    assert block.digest is not None  # a block of bytes has its digest
-    hexdigest = block.digest.removeprefix("sha256:")
-    return ImageBlock(
-        url=f"{_IMAGE_URL}{hexdigest}?size={block.size}", media_type=block.media_type
-    )
-
-
-def image_referred(block: ImageBlock) -> tuple[str, int] | None:
-    """`(digest, size)` of the image `block` stands for, when it is a
-    reference made by `image_reference`, else None."""
-    url = block.url
-    if url is None or not url.startswith(_IMAGE_URL):
-        return None
-    found = _IMAGE_REFERENCE.match(url)
-    if found is None:
-        return None
-    return "sha256:" + found.group(1), int(found.group(2))
 
 
 def images_of(item: ContextItem) -> tuple[ImageBlock, ...]:
@@ -535,4 +502,5 @@ class ToolOutcome(BaseModel):
     by reference (too large to carry inline)."""
     images: tuple[ImageBlock, ...] = Field(default=(), exclude_if=lambda v: not v)
     """The tool's images: references to those the context store keeps
-    (`image_reference`), or the bytes, with a store of the worker's own."""
+    (`ImageBlock.as_reference`), or the bytes, with a store of the worker's
+    own."""
