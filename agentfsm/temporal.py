@@ -60,12 +60,13 @@ from agentfsm._temporal.agent import (
 )
 from agentfsm._temporal.client import LoopClient, workflow_id
 from agentfsm._temporal.contexts import StoreContexts
-from agentfsm._temporal.wire import MAX_PAYLOAD, ToolArgs
+from agentfsm._temporal.wire import IMAGE_MISSING, MAX_PAYLOAD, ToolArgs
 from agentfsm._temporal.workflow import (
     AGENT_ATTRIBUTE,
     BAD_START,
     BAD_UPDATE,
     FAILURE_EXCEPTION_TYPES,
+    IMAGE_NOT_SUPPORTED,
     LOOP_FAILED,
     OUTCOME_ATTRIBUTE,
     OUTCOME_MEMO,
@@ -82,6 +83,8 @@ __all__ = (
     "BAD_START",
     "BAD_UPDATE",
     "FAILURE_EXCEPTION_TYPES",
+    "IMAGE_MISSING",
+    "IMAGE_NOT_SUPPORTED",
     "LOOP_FAILED",
     "MAX_GRACEFUL_SHUTDOWN",
     "MAX_PAYLOAD",

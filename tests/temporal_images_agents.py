@@ -22,7 +22,9 @@ from agentfsm import (
     UserMessage,
     tool,
 )
-from agentfsm.interception import Decision, Pause, PendingTransition, ToolBatch
+from agentfsm.events import AgentEvent
+from agentfsm.inference import NO_IMAGES, ImageSupport
+from agentfsm.interception import Decision, Pause, PendingTransition, Rewrite, ToolBatch
 from agentfsm.providers.function import FunctionProvider
 from agentfsm.states import Trigger
 from agentfsm.temporal import TemporalAgent
@@ -49,16 +51,27 @@ SKETCH = png("sketch", 200_000)
 """The image a follow-up sends."""
 POSTER = png("poster", 1_600_000)
 """The image the `poster` tool returns: too large for a payload as base64."""
+STAMP = png("stamp", 2_000)
+"""The image a handler's rewrite adds to a message."""
 
 SEEN: list[list[tuple[str, bytes]]] = []
 """Each request's images as the provider received them, `(where, bytes)`
 each, `where` being `user` or the tool call's id."""
+EVENTS: list[AgentEvent] = []
+"""The events of the loops of the agents that take no images (their
+subscriber, called in the worker's process, which is the test's)."""
 
 
 @tool
 async def snapshot(n: int) -> ToolResult:
     """Take snapshot `n`: an image, and a line saying which."""
     return ToolResult(output=f"snapshot {n}", images=(ImageBlock.from_bytes(SNAPSHOT),))
+
+
+@tool
+async def note() -> str:
+    """Take a note."""
+    return "noted"
 
 
 @tool
@@ -120,9 +133,22 @@ def poster_model(request: InferenceInput) -> InferenceOutput:
     return text(f"{images or 'no images'}; {outputs[0].output}")
 
 
+def texter_model(request: InferenceInput) -> InferenceOutput:
+    """Takes a note, then answers with the text of each user message it was
+    sent and the number of images: a message that entered the context shows."""
+    seen = _seen(request)
+    SEEN.append(seen)
+    items = request.context.items
+    if not any(isinstance(i, FunctionCallOutputItem) for i in items):
+        return calls(call("note", call_id="n1"))
+    texts = " | ".join(i.text for i in items if isinstance(i, UserMessage))
+    return text(f"{texts}; {len(seen)} images")
+
+
 def model_for(request: InferenceInput) -> InferenceOutput:
     name = request.model.partition(":")[2]
-    return {"looker": looker_model, "poster": poster_model}[name](request)
+    models = {"looker": looker_model, "poster": poster_model, "texter": texter_model}
+    return models[name](request)
 
 
 PROVIDERS = {"fn": FunctionProvider(model_for)}
@@ -145,6 +171,28 @@ def pause_to_look(pending: PendingTransition) -> Decision | None:
     return None
 
 
+def pause_to_note(pending: PendingTransition) -> Decision | None:
+    """Pauses before the note is taken, so that a test signals the loop
+    while it waits."""
+    if pending.trigger is Trigger.call_tools:
+        return Pause("the note, to signal")
+    return None
+
+
+def add_a_stamp(pending: PendingTransition) -> Decision | None:
+    """Rewrites a start's "stamp it" into the same text with an image."""
+    message = pending.payload
+    if (
+        pending.trigger is Trigger.start
+        and isinstance(message, UserMessage)
+        and message.content == "stamp it"
+    ):
+        return Rewrite(
+            payload=UserMessage(content=["stamp it", ImageBlock.from_bytes(STAMP)])
+        )
+    return None
+
+
 LOOKER = TemporalAgent(
     name="images-looker",
     model="fn:looker",
@@ -159,4 +207,26 @@ WATCHED = TemporalAgent(
     handlers=[pause_to_look],
     options={"max_turns": 100},
 )
-AGENTS = (LOOKER, POSTERS, WATCHED)
+TEXT_ONLY = TemporalAgent(
+    name="images-text-only",
+    model="fn:texter",
+    tools=[note],
+    handlers=[pause_to_note],
+    subscribers=[EVENTS.append],
+    images=NO_IMAGES,
+)
+SMALL_ONLY = TemporalAgent(
+    name="images-small-only",
+    model="fn:looker",
+    tools=[snapshot],
+    images=ImageSupport(max_bytes=100_000),
+)
+STAMPED = TemporalAgent(
+    name="images-stamped",
+    model="fn:texter",
+    tools=[note],
+    handlers=[add_a_stamp],
+    subscribers=[EVENTS.append],
+    images=NO_IMAGES,
+)
+AGENTS = (LOOKER, POSTERS, WATCHED, TEXT_ONLY, SMALL_ONLY, STAMPED)

@@ -544,3 +544,28 @@ class TestReferences:
         assert result.error.type == "ImageMissing"
         assert ref.reference in result.error.message
         assert api.bodies == []
+
+
+async def test_a_traced_loop_refuses_what_its_provider_would() -> None:
+    """The traced view of a provider says where its model takes images, so a
+    traced loop refuses a rewrite's image before the history changes too."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from agentfsm.otel import OpenTelemetry
+
+    image = ImageBlock.from_bytes(png())
+
+    def add_image(pending: PendingTransition) -> Rewrite | None:
+        if pending.trigger is Trigger.start:
+            return Rewrite(payload=UserMessage(content=[image]))
+        return None
+
+    provider = Vision(NO_IMAGES)
+    inference = _inference()
+    instrument = OpenTelemetry(tracer_provider=TracerProvider())
+    async with Runtime(providers={"eyes": provider}, instrument=instrument) as runtime:
+        result = await runtime.wait(runtime.run_loop("a", "hi", inference, add_image))
+    assert result.error is not None
+    assert result.error.type == "ImageNotSupported"
+    assert inference.context.items == []
+    assert provider.scripted.requests == []

@@ -21,11 +21,13 @@ from typing import Any
 import anyio
 import pytest
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client, WorkflowHistory
+from temporalio.client import Client, WorkflowFailureError, WorkflowHistory
+from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 
 from agentfsm import ImageBlock, LoopResult, ModelMessageItem, Outcome, UserMessage
+from agentfsm.exceptions import AgentFSMError, ConfigurationError
 from agentfsm.messages import FunctionCallOutputItem, TextBlock
 from agentfsm.results import LoopStatus
 from agentfsm.store import SQLiteStore
@@ -34,18 +36,21 @@ from agentfsm.temporal import (
     LoopWorkflow,
     MemoryContextStore,
     StoreContexts,
+    TemporalAgent,
     worker,
     workflow_id,
     workflow_runner,
 )
 from tests.temporal_images_agents import (
     AGENTS,
+    EVENTS,
     PHOTO,
     POSTER,
     PROVIDERS,
     SEEN,
     SKETCH,
     SNAPSHOT,
+    STAMP,
 )
 from tests.temporal_server import NEEDS_TEMPORAL, dev_server, suggesting_continue_as_new
 
@@ -353,6 +358,139 @@ async def test_an_image_too_large_for_a_payload_goes_by_reference(
     await replayed_cleanly(histories)
 
 
+# ------------------------------------------------- a model that takes fewer
+
+
+def refusal(model: str, capability: str, block: ImageBlock) -> str:
+    """`ImageNotSupported`'s message for a message's image `block`, second in
+    its content."""
+    return (
+        f"model {model!r} does not take {capability}: the message's content[1] "
+        f"{block.reference} was refused before it entered the context"
+    )
+
+
+def event_types(histories: list[WorkflowHistory]) -> list[str]:
+    return [EventType.Name(e.event_type) for h in histories for e in h.events]
+
+
+@pytest.mark.parametrize(
+    ("agent", "model", "capability"),
+    [
+        ("images-text-only", "fn:texter", "images in user messages"),
+        ("images-small-only", "fn:looker", "images over 100,000 bytes"),
+    ],
+)
+async def test_a_start_with_an_image_the_model_cannot_take_fails_the_workflow(
+    env: WorkflowEnvironment, queue: str, agent: str, model: str, capability: str
+) -> None:
+    """An agent declares where its model takes images (`TemporalAgent(
+    images=)`): a start whose message holds an image it cannot take (none at
+    all; none over 100,000 bytes, the photo being 300,000) fails the workflow
+    at once, non-retryable, `ImageNotSupported` naming the model, the
+    capability and the block, its first detail those three; no activity was
+    scheduled, the provider was never called, no workflow task failed."""
+    SEEN.clear()
+    photo = ImageBlock.from_bytes(PHOTO)
+    async with worker(env.client, task_queue=queue, agents=AGENTS, providers=PROVIDERS):
+        client = LoopClient(env.client, task_queue=queue)
+        loop_id = await client.start(agent, ask("take 1 snapshots", PHOTO))
+        with anyio.fail_after(60), pytest.raises(WorkflowFailureError) as failed:
+            await client.handle(loop_id).result()
+        with pytest.raises(AgentFSMError, match=capability):
+            await finished(client, loop_id)
+        histories = await runs_of(env.client, loop_id)
+
+    cause = failed.value.cause
+    assert isinstance(cause, ApplicationError)
+    assert cause.type == "ImageNotSupported"
+    assert cause.non_retryable
+    assert cause.message == refusal(model, capability, photo)
+    block = f"content[1] {photo.reference}"
+    assert list(cause.details) == [
+        {"model": model, "capability": capability, "block": block}
+    ]
+    assert SEEN == []
+    types = event_types(histories)
+    assert types[-1] == "EVENT_TYPE_WORKFLOW_EXECUTION_FAILED"
+    assert "EVENT_TYPE_WORKFLOW_TASK_FAILED" not in types
+    assert [t for t in types if "ACTIVITY" in t] == []
+    await replayed_cleanly(histories)
+
+
+@pytest.mark.parametrize("signal", ["steer", "follow_up"])
+async def test_a_signal_with_an_image_the_model_cannot_take_is_dropped(
+    env: WorkflowEnvironment, queue: str, signal: str
+) -> None:
+    """A text-only agent's loop (`images=NO_IMAGES`), paused before its tool
+    runs, is sent a message with the photo, then one of text: the first is
+    dropped (`input.dropped` naming the signal, its reason `ImageNotSupported`'s
+    message), the second enters the context, and the loop answers from the
+    texts, its model never sent an image; no workflow task failed."""
+    SEEN.clear()
+    EVENTS.clear()
+    photo = ImageBlock.from_bytes(PHOTO)
+    async with worker(env.client, task_queue=queue, agents=AGENTS, providers=PROVIDERS):
+        client = LoopClient(env.client, task_queue=queue)
+        loop_id = await client.start("images-text-only", "take a note")
+        await until_paused(client, loop_id, "the note, to signal")
+        send = client.steer if signal == "steer" else client.follow_up
+        await send(loop_id, ask("look at this", PHOTO))
+        await send(loop_id, "text too")
+        await client.resume(loop_id)
+        result = await finished(client, loop_id)
+        transcript = await client.transcript(loop_id)
+        histories = await runs_of(env.client, loop_id)
+
+    assert result.outcome is Outcome.answered, result
+    assert result.answer == ModelMessageItem(content="take a note | text too; 0 images")
+    # The answer after the note; a follow-up's own turn after that.
+    requests = 2 if signal == "steer" else 3
+    assert len(SEEN) == requests
+    assert all(seen == [] for seen in SEEN)
+    assert [i.text for i in transcript.items if isinstance(i, UserMessage)] == [
+        "take a note",
+        "text too",
+    ]
+    dropped = [e for e in EVENTS if e.loop_id == loop_id and e.type == "input.dropped"]
+    assert [(e.input, e.reason) for e in dropped] == [
+        (signal, refusal("fn:texter", "images in user messages", photo))
+    ]
+    assert "EVENT_TYPE_WORKFLOW_TASK_FAILED" not in event_types(histories)
+    await replayed_cleanly(histories)
+
+
+async def test_a_rewrite_adding_an_image_the_model_cannot_take_fails_the_loop(
+    env: WorkflowEnvironment, queue: str
+) -> None:
+    """A handler's rewrite of a text-only agent's start adds an image: the
+    loop fails `ImageNotSupported` before the message enters the context,
+    as on a `Runtime` (the workflow fails `LOOP_FAILED`, the result in its
+    details), nothing sent, no workflow task failed."""
+    SEEN.clear()
+    EVENTS.clear()
+    async with worker(env.client, task_queue=queue, agents=AGENTS, providers=PROVIDERS):
+        client = LoopClient(env.client, task_queue=queue)
+        loop_id = await client.start("images-stamped", "stamp it")
+        result = await finished(client, loop_id)
+        histories = await runs_of(env.client, loop_id)
+
+    assert result.outcome is Outcome.failed, result
+    assert result.error is not None
+    assert result.error.type == "ImageNotSupported"
+    assert result.error.message == refusal(
+        "fn:texter", "images in user messages", ImageBlock.from_bytes(STAMP)
+    )
+    assert SEEN == []
+    types = event_types(histories)
+    assert types[-1] == "EVENT_TYPE_WORKFLOW_EXECUTION_FAILED"
+    failure = histories[-1].events[-1].workflow_execution_failed_event_attributes
+    assert failure.failure.application_failure_info.type == "agentfsm.LoopFailed"
+    assert "EVENT_TYPE_WORKFLOW_TASK_FAILED" not in types
+    assert [t for t in types if "ACTIVITY" in t] == []
+    await replayed_cleanly(histories)
+
+
 # ------------------------------------------------------------- a long loop
 
 
@@ -473,6 +611,14 @@ async def test_store_contexts_keeps_an_image_once_by_digest(tmp_path: Path) -> N
         await writer.put_image(ImageBlock.from_url("https://example.com/a.png"))
     with pytest.raises(Exception, match="is by reference, without them"):
         await writer.put_image(block.as_reference())
+
+
+def test_an_agent_s_images_must_be_an_image_support() -> None:
+    """`TemporalAgent(images=)` takes an `ImageSupport` or None; anything
+    else is refused when the agent is made, naming the agent."""
+    with pytest.raises(ConfigurationError, match=r"'seer'.*images must be an"):
+        TemporalAgent(name="seer", model="fn:looker", images="x")  # type: ignore[arg-type]
+    assert TemporalAgent(name="seer", model="fn:looker").images is None
 
 
 def test_a_message_of_blocks_reads_back_from_a_start() -> None:

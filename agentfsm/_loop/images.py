@@ -9,28 +9,9 @@ from collections.abc import Iterable
 from agentfsm.exceptions import ImageNotSupported
 from agentfsm.inference import ImageSupport
 from agentfsm.messages import ImageBlock, UserMessage
-from agentfsm.providers import Provider, ProviderRegistry
+from agentfsm.providers import ProviderRegistry, image_support_of
 
-__all__ = ("refuse_unsupported_images", "support_of")
-
-_ANY: ImageSupport = ImageSupport()
-
-
-def support_of(provider: Provider, model: str) -> ImageSupport:
-    """What `provider` says `model` takes (everything, when it does not say)."""
-    ask = getattr(provider, "image_support", None)
-    if ask is None:
-        return _ANY
-    support = ask(model)
-    if not isinstance(support, ImageSupport):
-        raise ImageNotSupported(
-            f"{type(provider).__name__}.image_support({model!r}) returned "
-            f"{type(support).__name__}, not an ImageSupport",
-            model=model,
-            capability="images",
-            block="",
-        )
-    return support
+__all__ = ("refuse_unsupported_images",)
 
 
 def refuse_unsupported_images(
@@ -50,7 +31,7 @@ def refuse_unsupported_images(
             if type(block) is not ImageBlock:
                 continue
             if support is None:
-                support = support_of(providers.resolve(model), model)
+                support = image_support_of(providers.resolve(model), model)
             lacking = support.lacking(block)
             if lacking is not None:
                 where = f"content[{index}] {block.reference}"

@@ -23,13 +23,20 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind
 
 from agentfsm.inference import (
+    ImageSupport,
     InferenceInput,
     InferenceOutput,
     OutputCompleted,
     UsageUpdate,
 )
 from agentfsm.messages import TokenUsage
-from agentfsm.providers import Provider, ProviderRegistry, StreamEvent, split_model
+from agentfsm.providers import (
+    Provider,
+    ProviderRegistry,
+    StreamEvent,
+    image_support_of,
+    split_model,
+)
 
 from . import content
 from .spans import (
@@ -73,6 +80,10 @@ class TracedProvider:
     def __init__(self, inner: Provider, trace: LoopTrace) -> None:
         self._inner = inner
         self._trace = trace
+
+    def image_support(self, model: str) -> ImageSupport:
+        """The traced provider's (a traced loop refuses what it would)."""
+        return image_support_of(self._inner, model)
 
     async def complete(self, request: InferenceInput, /) -> InferenceOutput:
         trace_ = self._trace

@@ -20,7 +20,7 @@ from temporalio.common import RetryPolicy
 
 from agentfsm.events import AgentEvent
 from agentfsm.exceptions import ConfigurationError
-from agentfsm.inference import InferenceInput
+from agentfsm.inference import ImageSupport, InferenceInput
 from agentfsm.interception import InterceptionHandler
 from agentfsm.messages import ModelContext
 from agentfsm.options import LoopOptions
@@ -226,6 +226,15 @@ class TemporalAgent:
             `tool_defaults` (a field left None takes `tool_defaults`' value).
         no_timeout: the start-to-close timeout of an activity whose tool
             (or `inference_timeout`) has none: Temporal needs one.
+        images: where the agent's model takes images (`agentfsm.inference.
+            ImageSupport`; `NO_IMAGES` for a text-only model). Declared with
+            the agent, so that workflow code decides alike on every worker and
+            every replay: a start whose message holds an image the model cannot
+            take fails the workflow (`ImageNotSupported`), a steer or follow-up
+            holding one is dropped (`input.dropped`), and a handler's rewrite
+            adding one fails the loop, in each case before anything is sent.
+            Default None: the workflow takes every image, and the worker's
+            provider refuses the request that holds one it cannot take.
     """
 
     name: str
@@ -244,12 +253,19 @@ class TemporalAgent:
     tool_defaults: ToolActivityOptions = field(default_factory=ToolActivityOptions)
     tool_options: Mapping[str, ToolActivityOptions] = field(default_factory=dict)
     no_timeout: timedelta = timedelta(hours=1)
+    images: ImageSupport | None = None
 
     def __post_init__(self) -> None:
         if not _NAME.match(str(self.name)):
             raise ConfigurationError(
                 f"TemporalAgent name must be letters, digits, '_', '.', '-', "
                 f"got {self.name!r}"
+            )
+        if self.images is not None and not isinstance(self.images, ImageSupport):
+            raise ConfigurationError(
+                f"TemporalAgent {self.name!r}: images must be an "
+                "agentfsm.inference.ImageSupport (NO_IMAGES for a text-only "
+                f"model) or None, got {self.images!r}"
             )
         tools = tuple(self.tools)
         for t in tools:

@@ -25,7 +25,12 @@ from temporalio.exceptions import (
 from agentfsm._keys import idempotency_key
 from agentfsm._replay.wire import request_data
 from agentfsm.exceptions import ProviderError, ToolTimeout
-from agentfsm.inference import InferenceInput, InferenceOutput, OutputCompleted
+from agentfsm.inference import (
+    ImageSupport,
+    InferenceInput,
+    InferenceOutput,
+    OutputCompleted,
+)
 from agentfsm.interception import Decision, Pause, PendingTransition
 from agentfsm.messages import ContextItem, ImageBlock
 from agentfsm.states import LoopState
@@ -58,6 +63,7 @@ if TYPE_CHECKING:
 __all__ = ("ActivityProvider", "ToolActivities", "local_handler", "run_activity")
 
 _decisions: TypeAdapter[Decision] = TypeAdapter(Decision)
+_ANY_IMAGE = ImageSupport()
 
 
 async def run_activity(handle: Any) -> Any:
@@ -240,6 +246,15 @@ class ActivityProvider:
         self.timeout = (
             timedelta(seconds=timeout) if timeout is not None else agent.no_timeout
         )
+
+    def image_support(self, model: str) -> ImageSupport:
+        """Where the agent's model takes images (`TemporalAgent.images`): the
+        loop asks it before a message enters the context. The agent's, not
+        the worker's provider's, so that every worker and every replay decide
+        alike; every image when the agent does not say (the worker's provider
+        then refuses the request)."""
+        images = self.agent.images
+        return _ANY_IMAGE if images is None else images
 
     async def complete(self, request: InferenceInput, /) -> InferenceOutput:
         return await self._infer(request, streaming=False)

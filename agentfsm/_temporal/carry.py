@@ -76,7 +76,12 @@ from .wire import (
 if TYPE_CHECKING:
     from agentfsm._bus import Subscription
     from agentfsm._runtime.runtime import Runtime
-    from agentfsm.inference import InferenceInput, InferenceOutput, StreamEvent
+    from agentfsm.inference import (
+        ImageSupport,
+        InferenceInput,
+        InferenceOutput,
+        StreamEvent,
+    )
     from agentfsm.messages import ContextItem
     from agentfsm.record import LoopRecord
     from agentfsm.results import LoopResult
@@ -426,6 +431,10 @@ class Boundary:
     def __init__(self, inner: ActivityProvider, carry: Carry) -> None:
         self.inner = inner
         self.carry = carry
+
+    def image_support(self, model: str) -> ImageSupport:
+        """Where the agent's model takes images (`TemporalAgent.images`)."""
+        return self.inner.image_support(model)
 
     async def complete(self, request: InferenceInput, /) -> InferenceOutput:
         carry = self.carry

@@ -23,12 +23,13 @@ is checked then); the `view` and `transcript` queries answer with the loop's
 `LoopView` and its context.
 
 Nothing that arrives from outside wedges the workflow: every input is checked
-where it crosses in (a bad start fails the workflow `BAD_START`, a bad signal,
-or one with no input or too many, is dropped with a warning and an
-`input.dropped` event, a bad update is refused), the subscribers' calls are
-guarded, and the loop's outcome is the workflow's (a failed loop fails it
-`LOOP_FAILED`; Temporal's own cancel cancels the loop and ends the workflow
-canceled).
+where it crosses in (a bad start fails the workflow `BAD_START`, one whose
+image the agent's model cannot take `IMAGE_NOT_SUPPORTED`; a bad signal, one
+with no input or too many, or one whose image the model cannot take, is
+dropped with a warning and an `input.dropped` event; a bad update is
+refused), the subscribers' calls are guarded, and the loop's outcome is the
+workflow's (a failed loop fails it `LOOP_FAILED`; Temporal's own cancel
+cancels the loop and ends the workflow canceled).
 """
 
 from __future__ import annotations
@@ -45,7 +46,12 @@ from agentfsm._logging import get_logger
 from agentfsm._runtime.runtime import Runtime
 from agentfsm._text import encodable
 from agentfsm.events import AgentEvent
-from agentfsm.exceptions import AgentFSMError, ConfigurationError, LoopStateError
+from agentfsm.exceptions import (
+    AgentFSMError,
+    ConfigurationError,
+    ImageNotSupported,
+    LoopStateError,
+)
 from agentfsm.inference import InferenceInput
 from agentfsm.interception import Decision, Rewrite, ToolBatch
 from agentfsm.messages import ContextItem, UserMessage
@@ -73,6 +79,7 @@ __all__ = (
     "BAD_START",
     "BAD_UPDATE",
     "FAILURE_EXCEPTION_TYPES",
+    "IMAGE_NOT_SUPPORTED",
     "LOOP_FAILED",
     "OUTCOME_ATTRIBUTE",
     "OUTCOME_MEMO",
@@ -110,6 +117,11 @@ UI and listings with no search attribute registered."""
 BAD_START: Final = "agentfsm.BadStart"
 """The `ApplicationError` type a workflow whose input is not a valid
 `StartLoop` fails with (non-retryable); its message names the fields."""
+IMAGE_NOT_SUPPORTED: Final = "ImageNotSupported"
+"""The `ApplicationError` type a workflow fails with (non-retryable) when its
+start's message holds an image the agent's model cannot take
+(`TemporalAgent.images`); its message is `ImageNotSupported`'s, its first
+detail `{"model", "capability", "block"}`. Nothing was sent."""
 BAD_UPDATE: Final = "agentfsm.BadUpdate"
 """The `ApplicationError` type an update validator refuses bad arguments with
 (a decision that is not a `Decision`, call ids that are not strings)."""
@@ -268,45 +280,60 @@ class LoopWorkflow:
         options: dict[str, Any],
     ) -> LoopResult:
         runtime = Runtime(
-            providers=_OneProviderRegistry(self.carry.provider()),  # the activities
+            providers=_OneProviderRegistry(self.carry.provider()),
             clock=workflow.now,
             instrument=_Status(self),
         )
         async with runtime:
-            if agent.subscribers:
-                subscription = runtime.bus.subscribe("*", loop_id=start.loop_id)
-                drain = _drain(subscription, agent.subscribers, start.loop_id)
-            else:
-                drain = None
-            # A new loop, or the one the run before carried (continue-as-new).
-            loop_id = await self.carry.begin(
-                runtime,
-                handlers,
-                options,
-                lambda: runtime.run_loop(
-                    start.agent_id or agent.name,
-                    start.message,
-                    agent.request(start.seeded()),
-                    handlers,
-                    loop_id=start.loop_id,
-                    **options,
-                ),
+            # Subscribed before the loop starts, drained once it has: a start
+            # that fails leaves no coroutine behind.
+            subscription = (
+                runtime.bus.subscribe("*", loop_id=start.loop_id)
+                if agent.subscribers
+                else None
             )
+
+            def start_loop() -> str:
+                try:
+                    return runtime.run_loop(
+                        start.agent_id or agent.name,
+                        start.message,
+                        agent.request(start.seeded()),
+                        handlers,
+                        loop_id=start.loop_id,
+                        **options,
+                    )
+                except ImageNotSupported as exc:
+                    # Nothing was sent: the workflow fails at once, not retried.
+                    raise ApplicationError(
+                        str(exc),
+                        {
+                            "model": exc.model,
+                            "capability": exc.capability,
+                            "block": exc.block,
+                        },
+                        type=IMAGE_NOT_SUPPORTED,
+                        non_retryable=True,
+                    ) from exc
+
+            # A new loop, or the one the run before carried (continue-as-new).
+            loop_id = await self.carry.begin(runtime, handlers, options, start_loop)
             # Signals and updates act from here on; those that came before
             # (with the start, or while a carried context was read back) waited.
             self.runtime = runtime
             for early in self._early:
                 early(runtime)
             self._early.clear()
-            if drain is not None:
+            drained = None
+            if subscription is not None:
                 import asyncio  # noqa: TID251 - workflow code runs on asyncio only
 
-                drained = asyncio.ensure_future(drain)
+                drained = asyncio.ensure_future(
+                    _drain(subscription, agent.subscribers, start.loop_id)
+                )
             # Or the loop goes on in a new run (`ContinueAsNewError`).
-            result = await self.carry.wait(
-                runtime, loop_id, subscription if drain is not None else None
-            )
-        if drain is not None:
+            result = await self.carry.wait(runtime, loop_id, subscription)
+        if drained is not None:
             await drained
         return result
 
@@ -374,16 +401,14 @@ class LoopWorkflow:
         `{"role": "user", "content": str}`."""
         msg = self._message("steer", args)
         if msg is not None:
-            self._when_running(lambda rt: _ignore_ended(rt.steer, self.loop_id, msg))
+            self._when_running(lambda rt: self._queue("steer", rt.steer, msg))
 
     @workflow.signal
     def follow_up(self, *args: Any) -> None:
         """Queue a follow-up (`Runtime.follow_up`); the input as for `steer`."""
         msg = self._message("follow_up", args)
         if msg is not None:
-            self._when_running(
-                lambda rt: _ignore_ended(rt.follow_up, self.loop_id, msg)
-            )
+            self._when_running(lambda rt: self._queue("follow_up", rt.follow_up, msg))
 
     @workflow.signal
     def cancel(self, *args: Any) -> None:
@@ -420,6 +445,21 @@ class LoopWorkflow:
                 + (f": {problem}" if isinstance(data, dict) else ""),
             )
             return None
+
+    def _queue(
+        self, signal: str, queue: Callable[[str, UserMessage], None], msg: UserMessage
+    ) -> None:
+        """Queue a signal's message, unless the loop has ended or its model
+        cannot take the message's images (dropped: a signal cannot be refused)."""
+        try:
+            queue(self.loop_id, msg)
+        except ImageNotSupported as exc:
+            self._drop(signal, str(exc))
+        except LoopStateError:
+            # It is in the history; the loop's result says what it saw.
+            workflow.logger.info(
+                "agentfsm: a message reached loop %s after it ended", self.loop_id
+            )
 
     def _drop(self, signal: str, reason: str) -> None:
         """Drop a signal's payload: a warning in the workflow's log (and
@@ -648,19 +688,6 @@ def _approval_of(
     raise ApplicationError(
         f"approve of loop {loop_id}: {problem}", type=BAD_UPDATE, non_retryable=True
     )
-
-
-def _ignore_ended(
-    queue: Callable[[str, UserMessage], None], loop_id: str, msg: UserMessage
-) -> None:
-    # A signal cannot be refused: one that reaches an ended loop is dropped
-    # (it is in the history; the loop's result says what it saw).
-    try:
-        queue(loop_id, msg)
-    except LoopStateError:
-        workflow.logger.info(
-            "agentfsm: a message reached loop %s after it ended", loop_id
-        )
 
 
 async def _drain(

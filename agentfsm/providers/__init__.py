@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Final, Protocol, runtime_checkable
 
-from agentfsm.exceptions import ConfigurationError, UnknownProvider
+from agentfsm.exceptions import ConfigurationError, ImageNotSupported, UnknownProvider
 from agentfsm.inference import (
     NO_IMAGES,
     ImageSupport,
@@ -67,6 +67,7 @@ __all__ = (
     "TextDelta",
     "ToolCallDelta",
     "UsageUpdate",
+    "image_support_of",
     "split_model",
 )
 
@@ -87,7 +88,33 @@ class Provider(Protocol):
 
     # Optional (not part of the protocol's check): `image_support(model: str)
     # -> ImageSupport`, where the model takes images. Without it, a provider is
-    # sent every image it is given.
+    # sent every image it is given (`image_support_of`).
+
+
+_ANY_IMAGE: Final = ImageSupport()
+
+
+def image_support_of(provider: Provider, model: str) -> ImageSupport:
+    """What `provider` says `model` takes (its optional `image_support`;
+    everything, when it has none). A provider that wraps another forwards its
+    own `image_support` through this.
+
+    Raises:
+        ImageNotSupported: its `image_support` returned no `ImageSupport`.
+    """
+    ask = getattr(provider, "image_support", None)
+    if ask is None:
+        return _ANY_IMAGE
+    support = ask(model)
+    if not isinstance(support, ImageSupport):
+        raise ImageNotSupported(
+            f"{type(provider).__name__}.image_support({model!r}) returned "
+            f"{type(support).__name__}, not an ImageSupport",
+            model=model,
+            capability="images",
+            block="",
+        )
+    return support
 
 
 def split_model(model: str) -> tuple[str, str]:
