@@ -29,7 +29,7 @@ from pydantic_core import from_json
 
 from . import _images, _models
 from ._images import IMAGE_MEDIA_TYPES, MAX_IMAGE_BYTES
-from ._text import EncodableStr
+from ._text import EncodableStr, encodable
 
 __all__ = (
     "IMAGE_MEDIA_TYPES",
@@ -169,6 +169,8 @@ class ImageBlock(BaseModel):
         if data is None and url is None:
             return self._checked_reference()
         if data is None:
+            if encodable(url) is not url:
+                raise ValueError("the URL holds a lone surrogate (no UTF-8 can write it)")
             scheme = url.partition(":")[0].lower() if ":" in url else ""
             if scheme not in ("http", "https"):
                 raise ValueError(

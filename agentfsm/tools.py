@@ -57,7 +57,7 @@ from .exceptions import (
     ToolError,
     ToolTimeout,
 )
-from .messages import FunctionCallItem, ImageBlock
+from .messages import FunctionCallItem, ImageBlock, TextBlock
 
 if TYPE_CHECKING:
     from .reconcile import ReconcileFunction
@@ -129,7 +129,8 @@ class ToolResult(BaseModel):
     terminate: bool = False
     """Ask the loop to stop after this batch (it stops only if every call asks)."""
     images: tuple[ImageBlock, ...] = ()
-    """Images beside the text (a tool may also return one `ImageBlock` alone).
+    """Images beside the text (a tool may also return one `ImageBlock`, or a
+    list of images and strs: its text a line each).
     A provider that takes none in a tool result is sent a line of text for
     each instead (`InferenceOutput.images_described`)."""
 
@@ -421,6 +422,10 @@ class Tool:
             return value
         if isinstance(value, ImageBlock):
             return ToolResult(output="", images=(value,))
+        if isinstance(value, list | tuple) and any(
+            isinstance(v, ImageBlock) for v in value
+        ):
+            return self._blocks_output(value)
         try:
             return _text.json_text(value)
         except ValueError as exc:  # PydanticSerializationError, circular references
@@ -429,6 +434,31 @@ class Tool:
                 f"to JSON ({type(value).__name__}): {exc}",
                 tool=self.name,
             ) from exc
+
+    def _blocks_output(self, value: list[Any] | tuple[Any, ...]) -> "ToolResult":
+        """A list holding images: its text (strs, `TextBlock`s) a line each,
+        and its images, in order.
+
+        Raises:
+            ToolError: the list holds something else beside them.
+        """
+        texts: list[str] = []
+        images: list[ImageBlock] = []
+        for item in value:
+            if isinstance(item, ImageBlock):
+                images.append(item)
+            elif isinstance(item, str):
+                texts.append(item)
+            elif isinstance(item, TextBlock):
+                texts.append(item.text)
+            else:
+                raise ToolError(
+                    f"tool {self.name!r} returned a list of images holding a "
+                    f"{type(item).__name__}: only text (str, TextBlock) may go "
+                    "beside images",
+                    tool=self.name,
+                )
+        return ToolResult(output="\n".join(texts), images=images)
 
     def _call(self, kwargs: dict[str, Any]) -> Awaitable[Any]:
         """The call to await (the function's own coroutine for an async tool: no

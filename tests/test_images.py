@@ -532,12 +532,20 @@ class TestReferences:
 
         ref = ImageBlock.from_bytes(png()).as_reference()
         inference = InferenceInput(model="openai-chat:gpt-4.1", context=ModelContext())
+
+        def with_reference(pending: PendingTransition) -> Rewrite | None:
+            # (A caller's own reference is refused at run_loop; a handler's
+            # enters, as a workflow's carried one does.)
+            if pending.trigger is Trigger.start:
+                return Rewrite(payload=UserMessage(content=["see", ref]))
+            return None
+
         async with (
             MockAPI() as api,
             Runtime(providers={"openai-chat": chat_provider(api)}) as runtime,
         ):
             result = await runtime.wait(
-                runtime.run_loop("a", UserMessage(content=["see", ref]), inference)
+                runtime.run_loop("a", "hi", inference, with_reference)
             )
         assert result.outcome is Outcome.failed
         assert result.error is not None
@@ -569,3 +577,152 @@ async def test_a_traced_loop_refuses_what_its_provider_would() -> None:
     assert result.error.type == "ImageNotSupported"
     assert inference.context.items == []
     assert provider.scripted.requests == []
+
+
+class TestAdversarialInputs:
+    async def test_a_list_of_images_and_text_is_a_tool_s_result(self) -> None:
+        first, second = ImageBlock.from_bytes(png(1)), ImageBlock.from_bytes(png(2))
+
+        @tool
+        async def pictures() -> list[object]:
+            """Two pictures and their captions."""
+            return [first, "the first", second, TextBlock(text="the second")]
+
+        @tool
+        async def mixed() -> list[object]:
+            """An image beside a number."""
+            return [first, 5]
+
+        provider = Vision(
+            ImageSupport(),
+            calls(call("pictures", call_id="p"), call("mixed", call_id="m")),
+            text("ok"),
+        )
+        inference = _inference(pictures, mixed)
+        async with Runtime(providers={"eyes": provider}) as runtime:
+            await runtime.wait(runtime.run_loop("a", "go", inference))
+        outs = {
+            i.call_id: i
+            for i in inference.context.items
+            if isinstance(i, FunctionCallOutputItem)
+        }
+        assert (outs["p"].output, outs["p"].images) == (
+            "the first\nthe second",
+            (first, second),
+        )
+        assert outs["m"].is_error
+        assert "holding a int" in outs["m"].output
+
+    async def test_a_tool_image_that_lies_is_an_error_output(self) -> None:
+        """A block built without validation, or a wrapper's `model_copy` that
+        changed the bytes but not the digest, never reaches the context."""
+        real = ImageBlock.from_bytes(png(3))
+        forged = ImageBlock.model_construct(
+            type="image",
+            data=b"%PDF-1.7",
+            media_type="image/png",
+            url=None,
+            digest=None,
+            size=None,
+        )
+        stale = real.model_copy(update={"data": png(4)})
+
+        def returning(block: ImageBlock, name: str) -> object:
+            async def function() -> ToolResult:
+                return ToolResult.model_construct(
+                    output="", is_error=False, terminate=False, images=(block,)
+                )
+
+            function.__name__ = function.__doc__ = name
+            return tool(function)
+
+        tools = [returning(forged, "forged"), returning(stale, "stale")]
+        provider = Vision(
+            ImageSupport(),
+            calls(call("forged", call_id="f"), call("stale", call_id="s")),
+            text("ok"),
+        )
+        inference = _inference(*tools)
+        async with Runtime(providers={"eyes": provider}) as runtime:
+            await runtime.wait(runtime.run_loop("a", "go", inference))
+        outs = {
+            i.call_id: i
+            for i in inference.context.items
+            if isinstance(i, FunctionCallOutputItem)
+        }
+        assert outs["f"].is_error
+        assert "no PNG, JPEG, GIF or WebP image" in outs["f"].output
+        assert outs["s"].is_error
+        assert "do not match the digest" in outs["s"].output
+        assert outs["f"].images == outs["s"].images == ()
+
+    async def test_a_caller_s_reference_without_bytes_is_refused(self) -> None:
+        ref = ImageBlock.from_bytes(png()).as_reference()
+        inference = _inference()
+        async with Runtime(providers={"eyes": Vision(ImageSupport())}) as runtime:
+            with pytest.raises(
+                ValueError, match=r"content\[1\] is \[image: .*by reference"
+            ):
+                runtime.run_loop("a", UserMessage(content=["see", ref]), inference)
+        assert inference.context.items == []
+
+    def test_a_url_with_a_lone_surrogate_is_refused(self) -> None:
+        with pytest.raises(ValidationError, match="lone surrogate"):
+            ImageBlock.from_url("https://example.com/\udcff.png")
+
+    def test_anthropic_s_limit_is_on_the_base64(self) -> None:
+        from agentfsm.providers.anthropic import IMAGE_SUPPORT
+
+        fits = ImageBlock.from_bytes(b"\x89PNG\r\n\x1a\n" + bytes(3_932_160 - 8))
+        over = ImageBlock.from_bytes(b"\x89PNG\r\n\x1a\n" + bytes(3_932_160 - 7))
+        assert len(base64.b64encode(fits.data or b"")) <= 5 * 1024 * 1024
+        assert IMAGE_SUPPORT.lacking(fits) is None
+        assert IMAGE_SUPPORT.lacking(over) == "images over 3,932,160 bytes"
+
+    def test_the_ui_s_rewrite_keeps_the_blocks_order(self) -> None:
+        from agentfsm.ui._actions import _rewritten
+
+        a, b = ImageBlock.from_bytes(png(1)), ImageBlock.from_bytes(png(2))
+        message = UserMessage(content=[a, "caption a", b, "caption b"])
+        assert _rewritten(message, message.text, 7) is message
+        edited = _rewritten(message, "one caption", 7)
+        assert edited.content == (a, TextBlock(text="one caption"), b)
+
+    async def test_a_loop_paused_at_its_start_stores_its_image_once(
+        self, tmp_path: Path
+    ) -> None:
+        """The record and the events of a loop paused before its message
+        entered the context refer to the image; its bytes are one blob."""
+        import sqlite3
+
+        from agentfsm import Pause
+        from agentfsm.store import SQLiteStore
+
+        data = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 600
+        chunk = base64.b64encode(data)[3000:3040].decode()
+        path = tmp_path / "loops.db"
+        store = SQLiteStore(path, events=True)
+
+        def pause_start(pending: PendingTransition) -> Pause | None:
+            return Pause("look first") if pending.trigger is Trigger.start else None
+
+        async with Runtime(
+            providers={"eyes": Vision(ImageSupport())}, store=store
+        ) as runtime:
+            message = UserMessage(content=["what is it?", ImageBlock.from_bytes(data)])
+            loop_id = runtime.run_loop("a", message, _inference(), pause_start)
+            await wait_until(lambda: runtime.get(loop_id).status is LoopStatus.paused)
+        # (The runtime's exit leaves the loop paused in the store, every commit landed.)
+        db = sqlite3.connect(path)
+        found = {
+            f"{table}.{column}": db.execute(
+                f"select count(*) from {table} where instr(cast({column} as text), ?)",
+                (chunk,),
+            ).fetchone()[0]
+            for table, column in (
+                ("log", "record"),
+                ("events", "event"),
+                ("blobs", "data"),
+            )
+        }
+        assert found == {"log.record": 0, "events.event": 0, "blobs.data": 1}

@@ -86,9 +86,10 @@ JPEG_DATA = base64.b64encode(JPEG_BYTES).decode()
 PNG_URL = f"data:image/png;base64,{PNG_DATA}"
 JPEG_URL = f"data:image/jpeg;base64,{JPEG_DATA}"
 
-FIVE_MIB = 5 * 1024 * 1024
-# A PNG signature padded past Anthropic's 5 MiB: a valid block, too big there.
-BIG = ImageBlock.from_bytes(PIXEL[:8] + bytes(FIVE_MIB))
+ANTHROPIC_MAX = 5 * 1024 * 1024 * 3 // 4
+# A PNG signature padded past Anthropic's limit (5 MiB of base64): a valid
+# block, too big there.
+BIG = ImageBlock.from_bytes(PIXEL[:8] + bytes(ANTHROPIC_MAX))
 
 
 def asked_to_look() -> UserMessage:
@@ -416,7 +417,7 @@ async def test_anthropic_describes_a_tool_image_over_5_mib() -> None:
         ("openai-chat:gpt-4o-mini", ImageSupport(tool_results=False)),
         ("openai-chat:qwen2.5-vl:7b", ImageSupport(tool_results=False)),
         ("openai-chat:gpt-3.5-turbo", NO_IMAGES),
-        ("anthropic:claude-sonnet-4-6", ImageSupport(max_bytes=FIVE_MIB)),
+        ("anthropic:claude-sonnet-4-6", ImageSupport(max_bytes=ANTHROPIC_MAX)),
         ("anthropic:claude-2.1", NO_IMAGES),
         ("local:smollm2", NO_IMAGES),
     ],
@@ -485,7 +486,7 @@ async def test_anthropic_refuses_a_user_image_over_5_mib() -> None:
     async with MockAPI() as api:
         with pytest.raises(ImageNotSupported) as caught:
             await anthropic_provider(api).complete(request)
-    assert caught.value.capability == f"images over {FIVE_MIB:,} bytes"
+    assert caught.value.capability == f"images over {ANTHROPIC_MAX:,} bytes"
     assert caught.value.block == f"content[0] {BIG.reference}"
 
 

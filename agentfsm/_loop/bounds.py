@@ -389,13 +389,13 @@ def checked_blocks(where: str, content: object) -> tuple[TextBlock | ImageBlock,
         elif type(block) is ImageBlock:
             # Checked again: one built without validation may claim anything.
             try:
-                valid = ImageBlock.model_validate(block.__dict__)
-            except ValidationError as exc:
-                problem = exc.errors()[0]["msg"].removeprefix("Value error, ")
+                (valid,) = checked_images((block,))
+            except ValueError as exc:
+                problem = str(exc).removeprefix("images[0]: ")
                 raise ConfigurationError(
                     f"{where}.content[{index}] is not a valid image: {problem}"
                 ) from None
-            blocks.append(block if valid == block else valid)
+            blocks.append(valid)
         else:
             raise ConfigurationError(
                 f"{where}.content[{index}] must be a TextBlock or an ImageBlock, "
@@ -407,15 +407,37 @@ def checked_blocks(where: str, content: object) -> tuple[TextBlock | ImageBlock,
 def checked_tool_images(
     name: str, output: str, is_error: bool, images: Any
 ) -> tuple[str, bool, tuple[ImageBlock, ...]]:
-    """A tool's images as the context may hold them: a tuple of validated
-    blocks (a `ToolResult` built without validation may hold anything), else
-    an error output naming what the tool returned."""
-    if type(images) is tuple and all(type(i) is ImageBlock for i in images):
-        return output, is_error, images
-    got = type(images).__name__
-    if isinstance(images, tuple | list):
-        got = ", ".join(sorted({type(i).__name__ for i in images}))
-    return f"tool {name!r} returned {got} as images, not ImageBlocks", True, ()
+    """A tool's images as the context may hold them: each block validated
+    again (a `ToolResult` built without validation, or a wrapper's
+    `model_copy`, may hold bytes that are not what the block claims), else an
+    error output naming what the tool returned."""
+    if type(images) is not tuple or not all(type(i) is ImageBlock for i in images):
+        got = type(images).__name__
+        if isinstance(images, tuple | list):
+            got = ", ".join(sorted({type(i).__name__ for i in images}))
+        return f"tool {name!r} returned {got} as images, not ImageBlocks", True, ()
+    try:
+        checked = checked_images(images)
+    except ValueError as exc:
+        return f"tool {name!r} returned an image that is not valid: {exc}", True, ()
+    return output, is_error, checked
+
+
+def checked_images(images: tuple[ImageBlock, ...]) -> tuple[ImageBlock, ...]:
+    """The blocks validated again, each the same object when it was valid.
+
+    Raises:
+        ValueError: naming the first block that is not valid, and why.
+    """
+    checked: list[ImageBlock] = []
+    for index, block in enumerate(images):
+        try:
+            valid = ImageBlock.model_validate(block.__dict__)
+        except ValidationError as exc:
+            problem = exc.errors()[0]["msg"].removeprefix("Value error, ")
+            raise ValueError(f"images[{index}]: {problem}") from None
+        checked.append(block if valid == block else valid)
+    return tuple(checked)
 
 
 def _checked(value: Any, kind: type[Any], model: str, where: str) -> tuple[Any, int]:

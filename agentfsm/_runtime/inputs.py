@@ -14,7 +14,7 @@ from agentfsm._text import encodable
 from agentfsm.exceptions import ConfigurationError
 from agentfsm.inference import InferenceInput
 from agentfsm.interception import InterceptionHandler
-from agentfsm.messages import UserMessage
+from agentfsm.messages import ImageBlock, UserMessage
 from agentfsm.tools import Tool
 
 __all__ = (
@@ -73,6 +73,14 @@ def checked_message(name: str, message: UserMessage) -> UserMessage:
         blocks = checked_blocks(name, content)
     except ConfigurationError as exc:
         raise ArgumentTypeError(str(exc)) from None
+    for index, block in enumerate(blocks):
+        if type(block) is ImageBlock and block.is_reference:
+            # Only a store or a workflow reads its bytes back: a caller's
+            # message must carry them.
+            raise ArgumentValueError(
+                f"{name}.content[{index}] is {block.reference} by reference, "
+                "without its bytes: give them (ImageBlock.with_data)"
+            )
     if all(a is b for a, b in zip(blocks, content, strict=True)):
         return message
     return message.model_copy(update={"content": blocks})

@@ -21,11 +21,11 @@ left out, since the API rejects empty text blocks. A `ReasoningItem` without
 
 Images ([Images][images-in-messages-and-tool-results]): an `image` block of
 the bytes (`base64` source) or of the URL (`url` source), in a user message
-or in a tool result, up to 5 MiB each (`IMAGE_SUPPORT`); the models in
+or in a tool result, up to 5 MiB of base64 each (3,932,160 bytes: `IMAGE_SUPPORT`); the models in
 `TEXT_ONLY_MODELS` take none (`NO_IMAGES`), and `images=` overrides the answer
 for every model. A request holding a user message's image its model cannot
 take raises `ImageNotSupported` before anything is sent; a tool's image it
-cannot take (over 5 MiB, say) is sent as a line of text, its reference, and
+cannot take (a larger one, say) is sent as a line of text, its reference, and
 named by the output's `images_described`.
 
 Request settings:
@@ -144,9 +144,10 @@ THINKING_BUDGETS: Final[Mapping[str, int]] = {
 }
 """Thinking budget in tokens per `reasoning_effort` (`thinking="budget"`)."""
 
-IMAGE_SUPPORT: Final = ImageSupport(max_bytes=5 * 1024 * 1024)
+IMAGE_SUPPORT: Final = ImageSupport(max_bytes=5 * 1024 * 1024 * 3 // 4)
 """Where Claude takes images: in user messages and tool results, by bytes or
-URL, up to 5 MiB each (the Messages API's limit per image)."""
+URL, up to 3,932,160 bytes each: the Messages API's 5 MiB limit applies to an
+image's base64, a third longer than its bytes."""
 
 TEXT_ONLY_MODELS: Final = ("claude-2*", "claude-instant*")
 """Models that take no image (a trailing `*`: every name that starts so), for

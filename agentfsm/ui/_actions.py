@@ -42,7 +42,7 @@ from agentfsm._text import encodable
 from agentfsm.events import AgentEvent, LoopTransition
 from agentfsm.exceptions import LoopStateError, StoreError, UnknownLoopError
 from agentfsm.interception import Abort, Decision, Proceed, Rewrite, ToolBatch
-from agentfsm.messages import ModelMessageItem, UserMessage
+from agentfsm.messages import ImageBlock, ModelMessageItem, TextBlock, UserMessage
 from agentfsm.record import DecisionRecord, LoopRecord
 from agentfsm.results import LoopStatus
 from agentfsm.states import Trigger
@@ -345,7 +345,7 @@ def _rewritten(payload: object, text: str, seq: int) -> ModelMessageItem | UserM
         ActionError: 400, the pause holds no single message.
     """
     if isinstance(payload, UserMessage) and payload.images:
-        return UserMessage(content=[encodable(text), *payload.images])
+        return _text_replaced(payload, encodable(text))
     if isinstance(payload, ModelMessageItem | UserMessage):
         return payload.model_copy(update={"content": encodable(text)})
     raise _bad(
@@ -353,6 +353,25 @@ def _rewritten(payload: object, text: str, seq: int) -> ModelMessageItem | UserM
         f"the pause at seq {seq} holds no message whose text could be "
         "rewritten: proceed, abort or decide its calls",
     )
+
+
+def _text_replaced(message: UserMessage, text: str) -> UserMessage:
+    """A message of blocks with `text` as its text: the first text block holds
+    it, the others go, the images stay where they were (unchanged text: the
+    message itself)."""
+    if text == message.text:
+        return message
+    blocks: list[TextBlock | ImageBlock] = []
+    placed = False
+    for block in message.content:
+        if isinstance(block, ImageBlock):
+            blocks.append(block)
+        elif not placed:
+            blocks.append(TextBlock(text=text))
+            placed = True
+    if not placed and text:
+        blocks.insert(0, TextBlock(text=text))
+    return UserMessage(content=blocks)
 
 
 def _applied(batch: ToolBatch, call_id: str, act: CallAction) -> ToolBatch:
