@@ -98,7 +98,7 @@ class ImageBlock(BaseModel):
         ```
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
+    model_config = _FROZEN
 
     type: Literal["image"] = "image"
     data: Annotated[bytes | None, BeforeValidator(_base64_or_bytes)] = None
@@ -170,7 +170,9 @@ class ImageBlock(BaseModel):
             return self._checked_reference()
         if data is None:
             if encodable(url) is not url:
-                raise ValueError("the URL holds a lone surrogate (no UTF-8 can write it)")
+                raise ValueError(
+                    "the URL holds a lone surrogate (no UTF-8 can write it)"
+                )
             scheme = url.partition(":")[0].lower() if ":" in url else ""
             if scheme not in ("http", "https"):
                 raise ValueError(
