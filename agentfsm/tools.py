@@ -166,6 +166,10 @@ class ToolResult(BaseModel):
 _TEXT_OR_RESULT: Final = (str, ToolResult)
 """What a tool may return as it is (`Tool._output`)."""
 
+_IMAGES_OR_LIST: Final = (ImageBlock, list, tuple)
+"""What may hold images among a tool's other values (one test for a value
+that holds none, rather than three)."""
+
 
 class ToolOptions(TypedDict, total=False):
     """Options of `Tool`, `Tool.from_function` and `@tool`."""
@@ -420,12 +424,11 @@ class Tool:
             value, _TEXT_OR_RESULT
         ):  # a tuple: `str | ToolResult` builds a union per call
             return value
-        if isinstance(value, ImageBlock):
-            return ToolResult(output="", images=(value,))
-        if isinstance(value, list | tuple) and any(
-            isinstance(v, ImageBlock) for v in value
-        ):
-            return self._blocks_output(value)
+        if isinstance(value, _IMAGES_OR_LIST):
+            if isinstance(value, ImageBlock):
+                return ToolResult(output="", images=(value,))
+            if any(isinstance(v, ImageBlock) for v in value):
+                return self._blocks_output(value)
         try:
             return _text.json_text(value)
         except ValueError as exc:  # PydanticSerializationError, circular references

@@ -27,7 +27,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 
 from agentfsm import ImageBlock, LoopResult, ModelMessageItem, Outcome, UserMessage
-from agentfsm.exceptions import AgentFSMError, ConfigurationError
+from agentfsm.exceptions import ConfigurationError, ImageNotSupported
 from agentfsm.messages import FunctionCallOutputItem, TextBlock
 from agentfsm.results import LoopStatus
 from agentfsm.store import SQLiteStore
@@ -397,9 +397,10 @@ async def test_a_start_with_an_image_the_model_cannot_take_fails_the_workflow(
         loop_id = await client.start(agent, ask("take 1 snapshots", PHOTO))
         with anyio.fail_after(60), pytest.raises(WorkflowFailureError) as failed:
             await client.handle(loop_id).result()
-        with pytest.raises(AgentFSMError, match=capability):
+        with pytest.raises(ImageNotSupported, match=capability) as told:
             await finished(client, loop_id)
         histories = await runs_of(env.client, loop_id)
+    assert (told.value.model, told.value.capability) == (model, capability)
 
     cause = failed.value.cause
     assert isinstance(cause, ApplicationError)

@@ -54,7 +54,12 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from agentfsm._arguments import ArgumentValueError, check, timeout_or_none
 from agentfsm._runtime.ids import uuid7
-from agentfsm.exceptions import ConfigurationError, LoopStateError, TemporalTimeout
+from agentfsm.exceptions import (
+    ConfigurationError,
+    ImageNotSupported,
+    LoopStateError,
+    TemporalTimeout,
+)
 from agentfsm.interception import Decision
 from agentfsm.messages import ContextItem, ModelContext, UserMessage
 from agentfsm.results import LoopResult, LoopView
@@ -62,6 +67,7 @@ from agentfsm.results import LoopResult, LoopView
 from .wire import MAX_PAYLOAD, StartLoop, dump, payload_size
 from .workflow import (
     AGENT_ATTRIBUTE,
+    IMAGE_NOT_SUPPORTED,
     LOOP_FAILED,
     RESULT_MEMO,
     STATE_ATTRIBUTE,
@@ -336,6 +342,14 @@ class LoopClient:
                 return LoopResult.model_validate(cause.details[0])
             if cause.type == "ConfigurationError":
                 raise ConfigurationError(cause.message) from failure
+            if cause.type == IMAGE_NOT_SUPPORTED and cause.details:
+                named = cause.details[0]
+                raise ImageNotSupported(
+                    cause.message,
+                    model=str(named.get("model", "")),
+                    capability=str(named.get("capability", "")),
+                    block=str(named.get("block", "")),
+                ) from failure
             raise LoopStateError(
                 f"loop {loop_id}: its workflow failed (FAILED) without the loop's "
                 f"result: {cause.type}: {cause.message}"
