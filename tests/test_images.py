@@ -684,7 +684,16 @@ class TestAdversarialInputs:
 
         a, b = ImageBlock.from_bytes(png(1)), ImageBlock.from_bytes(png(2))
         message = UserMessage(content=[a, "caption a", b, "caption b"])
-        assert _rewritten(message, message.text, 7) is message
+        # (Its images by reference: the runtime applying the request puts the
+        # paused message's own back.)
+        a, b = a.as_reference(), b.as_reference()
+        unchanged = _rewritten(message, message.text, 7)
+        assert unchanged.content == (
+            a,
+            TextBlock(text="caption a"),
+            b,
+            TextBlock(text="caption b"),
+        )
         edited = _rewritten(message, "one caption", 7)
         assert edited.content == (a, TextBlock(text="one caption"), b)
 
@@ -726,3 +735,42 @@ class TestAdversarialInputs:
             )
         }
         assert found == {"log.record": 0, "events.event": 0, "blobs.data": 1}
+
+
+async def test_a_request_s_reference_to_no_paused_image_is_refused(
+    tmp_path: Path,
+) -> None:
+    """A stored rewrite refers to the paused message's images (what `agentfsm
+    ui` stores); one referring to another image is refused with a note, and
+    the loop stays paused, its message as it was."""
+    from agentfsm import Pause
+    from agentfsm.store import SQLiteStore
+    from tests.test_requests import request_is
+    from tests.test_ui_actions import stored_as
+
+    image, other = ImageBlock.from_bytes(png(1)), ImageBlock.from_bytes(png(2))
+
+    def pause_start(pending: PendingTransition) -> Pause | None:
+        return Pause("look first") if pending.trigger is Trigger.start else None
+
+    store = SQLiteStore(tmp_path / "loops.db")
+    async with Runtime(
+        providers={"eyes": Vision(ImageSupport())}, store=store, requests=3600.0
+    ) as runtime:
+        inference = _inference()
+        loop_id = runtime.run_loop(
+            "a", UserMessage(content=["look", image]), inference, pause_start
+        )
+        record = await stored_as(store, loop_id, LoopStatus.paused)
+        assert record.pause is not None
+        seq = record.pause.seq
+        rewrite = Rewrite(payload=UserMessage(content=["look", other.as_reference()]))
+        asked = await store.submit_request(
+            loop_id, "resume", decision=rewrite, seq=seq, by="test"
+        )
+        runtime.poke_requests()
+        refused = await request_is(store, asked.id, "refused")
+        assert runtime.get(loop_id).status is LoopStatus.paused
+    assert refused.note is not None
+    assert f"{other.reference} is no image of the paused message" in refused.note
+    assert inference.context.items == []

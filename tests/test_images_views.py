@@ -457,6 +457,17 @@ async def test_a_paused_messages_text_is_rewritten_and_its_images_kept(
     assert result.outcome == "answered"
     assert sent[0].content == (TextBlock(text="what colour is it?"), RED)
     assert sent[0].images[0].data == RED.data
+    # The request refers to the image; the runtime took its bytes from the
+    # paused message (the requests table holds no copy of them).
+    import base64
+    import sqlite3
+
+    decisions = sqlite3.connect(tmp_path / "loops.db").execute(
+        "select decision from requests"
+    )
+    (decision,) = [row[0] for row in decisions]
+    assert RED.digest in decision
+    assert base64.b64encode(RED.data or b"").decode() not in decision
 
 
 # ----------------------------------------------------------------------- otel

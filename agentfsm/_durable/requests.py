@@ -48,7 +48,8 @@ from agentfsm._errors import error_text
 from agentfsm._logging import get_logger
 from agentfsm._loop.snapshot import stored_decision
 from agentfsm.exceptions import AgentFSMError
-from agentfsm.interception import Decision, Proceed
+from agentfsm.interception import Decision, Proceed, Rewrite
+from agentfsm.messages import ImageBlock, TextBlock, UserMessage
 from agentfsm.results import LoopStatus
 from agentfsm.store._breaks import SharedBreakpoints
 
@@ -283,7 +284,8 @@ class Watcher:
         if data is None:
             return Proceed()
         bindings = self.keeper.bindings
-        return stored_decision(loop.snapshot(), loop.input.context, bindings, data)
+        decision = stored_decision(loop.snapshot(), loop.input.context, bindings, data)
+        return _with_paused_images(loop, decision)
 
     async def _refuse(self, request: LoopRequest, note: str) -> None:
         _log.info(
@@ -293,6 +295,34 @@ class Watcher:
             await self.store.refuse_request(request.id, note)
         except Exception as exc:  # noqa: BLE001 - logged; refused again next poll
             _log.error("request_refuse_failed", request=request.id, error=_why(exc))
+
+
+def _with_paused_images(loop: Loop, decision: Decision) -> Decision:
+    """A rewrite of the paused message whose images are references (`agentfsm
+    ui` stores no copy of their bytes) with the paused message's own blocks.
+
+    Raises:
+        ValueError: a reference to no image of the paused message.
+    """
+    payload = getattr(decision, "payload", None)
+    paused = loop.paused
+    if not isinstance(payload, UserMessage) or paused is None:
+        return decision
+    if not any(b.is_reference for b in payload.images):
+        return decision
+    held = paused.pending.payload
+    own = {b.digest: b for b in held.images} if isinstance(held, UserMessage) else {}
+    blocks: list[TextBlock | ImageBlock] = []
+    assert not isinstance(payload.content, str)  # it holds images
+    for block in payload.content:
+        if isinstance(block, ImageBlock) and block.is_reference:
+            found = own.get(block.digest)
+            if found is None:
+                raise ValueError(f"{block.reference} is no image of the paused message")
+            block = found
+        blocks.append(block)
+    assert isinstance(decision, Rewrite)
+    return decision.model_copy(update={"payload": UserMessage(content=blocks)})
 
 
 def _why(exc: Exception) -> str:

@@ -345,7 +345,14 @@ def _rewritten(payload: object, text: str, seq: int) -> ModelMessageItem | UserM
         ActionError: 400, the pause holds no single message.
     """
     if isinstance(payload, UserMessage) and payload.images:
-        return _text_replaced(payload, encodable(text))
+        # Its images by reference: the request keeps no copy of their bytes,
+        # the runtime applying it takes them from the paused message.
+        replaced = _text_replaced(payload, encodable(text))
+        blocks = [
+            b.as_reference() if isinstance(b, ImageBlock) else b
+            for b in replaced.content
+        ]
+        return UserMessage(content=blocks)
     if isinstance(payload, ModelMessageItem | UserMessage):
         return payload.model_copy(update={"content": encodable(text)})
     raise _bad(
