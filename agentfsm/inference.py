@@ -479,6 +479,19 @@ class ImageSupport:
             return f"images over {self.max_bytes:,} bytes"
         return None
 
+    def refusal(self, message: UserMessage) -> tuple[str, str] | None:
+        """`(capability, block)` of the first image of a user message a model of
+        this support cannot take (as `ImageNotSupported` names them), or None."""
+        content = message.content
+        if type(content) is str:
+            return None
+        for index, block in enumerate(content):
+            if type(block) is ImageBlock:
+                lacking = self.lacking(block)
+                if lacking is not None:
+                    return lacking, f"content[{index}] {block.reference}"
+        return None
+
 
 NO_IMAGES: Final = ImageSupport(user_messages=False, tool_results=False, urls=False)
 """A model that takes no image anywhere (a text-only model)."""

@@ -9,6 +9,7 @@ checkpoints).
 
 import base64
 import re
+import weakref
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Self, TypeAlias
@@ -157,6 +158,8 @@ class ImageBlock(BaseModel):
 
     @model_validator(mode="after")
     def _checked(self) -> Self:
+        if _VALIDATED.get(id(self)) is self:
+            return self  # a block given whole to a model holding it: checked once
         fields = self.__dict__
         data: bytes | None = fields["data"]
         media_type = fields["media_type"]
@@ -181,7 +184,7 @@ class ImageBlock(BaseModel):
                 )
             if fields["digest"] is not None or fields["size"] is not None:
                 raise ValueError("an image by URL has no digest or size")
-            return self
+            return self._valid()
         if url is not None:
             raise ValueError("an image block holds data or a url, not both")
         if len(data) > MAX_IMAGE_BYTES:
@@ -204,7 +207,7 @@ class ImageBlock(BaseModel):
             raise ValueError(f"the bytes are {len(data):,}, not size={fields['size']}")
         # Frozen: the derived fields are written as validation's own last step.
         fields.update(media_type=found, digest=digest, size=len(data))
-        return self
+        return self._valid()
 
     def _checked_reference(self) -> Self:
         """A block without bytes or URL: a reference to bytes kept elsewhere
@@ -219,7 +222,25 @@ class ImageBlock(BaseModel):
             raise ValueError("an image by reference needs its media_type and size")
         if not 0 < size <= MAX_IMAGE_BYTES:
             raise ValueError(f"size={size} is not between 1 and {MAX_IMAGE_BYTES:,}")
+        return self._valid()
+
+    def _valid(self) -> Self:
+        _VALIDATED[id(self)] = self
         return self
+
+    def checked(self) -> Self:
+        """The block as validation would make it: itself when validation made
+        it, else validated again (one built with `model_construct`, or by a
+        `model_copy` that changed its bytes, may claim anything). Its bytes
+        are hashed once, however many boundaries ask.
+
+        Raises:
+            ValidationError: the block is not valid, saying why.
+        """
+        if _VALIDATED.get(id(self)) is self:
+            return self
+        valid = type(self).model_validate(self.__dict__)
+        return self if valid == self else valid
 
     @property
     def is_reference(self) -> bool:
@@ -267,6 +288,10 @@ class ImageBlock(BaseModel):
     def reference(self) -> str:
         """The block as text shows it: `[image: image/png, 4,035 bytes, sha256:1a2b...]`."""
         return _images.reference(self.media_type, self.size, self.digest, self.url)
+
+
+_VALIDATED: weakref.WeakValueDictionary[int, ImageBlock] = weakref.WeakValueDictionary()
+"""The blocks validation made, by identity (a frozen block stays valid)."""
 
 
 class _Shown(str):

@@ -774,3 +774,39 @@ async def test_a_request_s_reference_to_no_paused_image_is_refused(
     assert refused.note is not None
     assert f"{other.reference} is no image of the paused message" in refused.note
     assert inference.context.items == []
+
+
+async def test_an_image_is_hashed_once_however_many_boundaries_check_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Validation hashes a block's bytes; run_loop, context_update and the
+    tool path check it again without hashing it again (`ImageBlock.checked`),
+    while a block no validation made is hashed when checked."""
+    from agentfsm import _images
+
+    hashed: list[int] = []
+    digest_of = _images.digest_of
+
+    def counting(data: bytes) -> str:
+        hashed.append(len(data))
+        return digest_of(data)
+
+    monkeypatch.setattr(_images, "digest_of", counting)
+    image = ImageBlock.from_bytes(png(payload=b"h" * 100))
+    assert len(hashed) == 1
+
+    @tool
+    async def echo() -> ImageBlock:
+        """Returns the image."""
+        return image
+
+    provider = Vision(ImageSupport(), calls(call("echo", call_id="e")), text("ok"))
+    async with Runtime(providers={"eyes": provider}) as runtime:
+        result = await runtime.wait(
+            runtime.run_loop("a", UserMessage(content=[image]), _inference(echo))
+        )
+    assert result.outcome is Outcome.answered
+    assert len(hashed) == 1
+    copied = image.model_copy()
+    assert copied.checked() == image
+    assert len(hashed) == 2

@@ -73,7 +73,6 @@ if TYPE_CHECKING:
     from agentfsm._bus import Subscription
     from agentfsm._loop.batch import PlannedCall
     from agentfsm._loop.loop import Loop
-    from agentfsm._loop.steps import Step
     from agentfsm.events import AgentEvent
 
 __all__ = ("LEASE_MARGIN", "Durable", "clock")
@@ -683,17 +682,6 @@ def _large_output(output: InferenceOutput) -> bool:
     return False
 
 
-def _message_large(step: Step | None) -> bool:
-    """Whether a step's payload is a user's message (or several) holding an
-    image or a long text: what the record of a loop at its start carries."""
-    if step is None:
-        return False
-    payload = step[1]
-    if type(payload) is UserMessage or type(payload) is tuple:
-        return is_large(payload)
-    return False
-
-
 def _large(loop: Loop, items: Sequence[ContextItem]) -> bool:
     """Whether a commit's record, or its new items, hold a string over `LARGE`
     or an image that no check before found (model outputs and the tools'
@@ -710,8 +698,6 @@ def _large(loop: Loop, items: Sequence[ContextItem]) -> bool:
     instructions = loop.input.context.instructions
     if instructions is not None and len(instructions) > LARGE:
         return True
-    if _message_large(loop.pending) or _message_large(loop.step):
-        return True  # a message the record's step (or pause) carries, and loop.started
     if loop.steering or loop.follow_ups or loop.parsed is not None:
         return is_large(loop.steering, loop.follow_ups, loop.parsed)
     return False

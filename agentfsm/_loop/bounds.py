@@ -432,11 +432,10 @@ def checked_images(images: tuple[ImageBlock, ...]) -> tuple[ImageBlock, ...]:
     checked: list[ImageBlock] = []
     for index, block in enumerate(images):
         try:
-            valid = ImageBlock.model_validate(block.__dict__)
+            checked.append(block.checked())
         except ValidationError as exc:
             problem = exc.errors()[0]["msg"].removeprefix("Value error, ")
             raise ValueError(f"images[{index}]: {problem}") from None
-        checked.append(block if valid == block else valid)
     return tuple(checked)
 
 

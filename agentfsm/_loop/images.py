@@ -7,8 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from agentfsm.exceptions import ImageNotSupported
-from agentfsm.inference import ImageSupport
-from agentfsm.messages import ImageBlock, UserMessage
+from agentfsm.messages import UserMessage
 from agentfsm.providers import ProviderRegistry, image_support_of
 
 __all__ = ("refuse_unsupported_images",)
@@ -22,23 +21,15 @@ def refuse_unsupported_images(
     Raises:
         ImageNotSupported: naming the model, the capability and the block.
     """
-    support: ImageSupport | None = None
+    support = image_support_of(providers.resolve(model), model)
     for message in messages:
-        content = message.content
-        if type(content) is str:
-            continue
-        for index, block in enumerate(content):
-            if type(block) is not ImageBlock:
-                continue
-            if support is None:
-                support = image_support_of(providers.resolve(model), model)
-            lacking = support.lacking(block)
-            if lacking is not None:
-                where = f"content[{index}] {block.reference}"
-                raise ImageNotSupported(
-                    f"model {model!r} does not take {lacking}: the message's "
-                    f"{where} was refused before it entered the context",
-                    model=model,
-                    capability=lacking,
-                    block=where,
-                )
+        refused = support.refusal(message)
+        if refused is not None:
+            lacking, where = refused
+            raise ImageNotSupported(
+                f"model {model!r} does not take {lacking}: the message's "
+                f"{where} was refused before it entered the context",
+                model=model,
+                capability=lacking,
+                block=where,
+            )

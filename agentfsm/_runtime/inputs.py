@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 
 from agentfsm import _models
 from agentfsm._arguments import ArgumentTypeError, ArgumentValueError, given
-from agentfsm._loop.bounds import checked_blocks
+from agentfsm._loop.bounds import checked_user
 from agentfsm._text import encodable
 from agentfsm.exceptions import ConfigurationError
 from agentfsm.inference import InferenceInput
@@ -70,10 +70,10 @@ def checked_message(name: str, message: UserMessage) -> UserMessage:
             f"{name}.content must be a str or a tuple of blocks, got {given(content)}"
         )
     try:
-        blocks = checked_blocks(name, content)
+        message = checked_user(message)
     except ConfigurationError as exc:
         raise ArgumentTypeError(str(exc)) from None
-    for index, block in enumerate(blocks):
+    for index, block in enumerate(message.content):
         if type(block) is ImageBlock and block.is_reference:
             # Only a store or a workflow reads its bytes back: a caller's
             # message must carry them.
@@ -81,9 +81,7 @@ def checked_message(name: str, message: UserMessage) -> UserMessage:
                 f"{name}.content[{index}] is {block.reference} by reference, "
                 "without its bytes: give them (ImageBlock.with_data)"
             )
-    if all(a is b for a, b in zip(blocks, content, strict=True)):
-        return message
-    return message.model_copy(update={"content": blocks})
+    return message
 
 
 def handlers_of(

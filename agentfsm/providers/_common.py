@@ -353,25 +353,22 @@ class ImageMapping:
         Raises:
             ImageNotSupported: naming the model, what it lacks and the block.
         """
-        content = message.content
-        if type(content) is str:
-            return
-        for index, block in enumerate(content):
-            if type(block) is not ImageBlock:
-                continue
-            self._present(block, f"a user message's content[{index}]")
-            lacking = self.support.lacking(block)
-            if lacking is not None:
-                where = f"content[{index}] {block.reference}"
-                raise ImageNotSupported(
-                    f"model {self.model!r} does not take {lacking}: a user "
-                    f"message of the context holds {where}, which cannot be sent "
-                    "to it (the message was put in the context directly, or the "
-                    "model changed after it entered)",
-                    model=self.model,
-                    capability=lacking,
-                    block=where,
-                )
+        if type(message.content) is not str:
+            for index, block in enumerate(message.content):
+                if type(block) is ImageBlock:
+                    self._present(block, f"a user message's content[{index}]")
+        refused = self.support.refusal(message)
+        if refused is not None:
+            lacking, where = refused
+            raise ImageNotSupported(
+                f"model {self.model!r} does not take {lacking}: a user "
+                f"message of the context holds {where}, which cannot be sent "
+                "to it (the message was put in the context directly, or the "
+                "model changed after it entered)",
+                model=self.model,
+                capability=lacking,
+                block=where,
+            )
 
     def tool_output(
         self, item: FunctionCallOutputItem, *, takes_images: bool = True

@@ -287,6 +287,19 @@ class LogRow:
     write first (see `_outline`)."""
 
 
+_IMAGE_INLINE: Final = '"type":"image","data":"'
+"""How an image block's JSON begins when it holds its bytes (`ImageBlock`'s
+fields in order): inside a JSON string its quotes would be escaped, so only an
+image block itself matches."""
+
+
+def _holds_image(row: LogRow) -> bool:
+    """Whether a row's JSON holds an image's bytes inline."""
+    return any(type(v) is str and _IMAGE_INLINE in v for v in row.values) or any(
+        _IMAGE_INLINE in text for _, text in row.events
+    )
+
+
 class SQLStore(
     LoopStore, EventArchive, SharedContexts, Requests, SharedBreakpoints, Generic[_C]
 ):
@@ -571,12 +584,23 @@ class SQLStore(
     def log_row(self, commit: Commit) -> LogRow:
         """A commit's `log` row (see `LOG_COLUMNS` and `_rows`). The JSON is
         joined from each part's own JSON; a `large` commit's through an
-        `Outline` (its large strings out of line)."""
+        `Outline` (its large strings out of line).
+
+        A commit the journal did not mark large whose JSON holds an image's
+        bytes all the same (carried somewhere no journal check looks) is made
+        again as large: no row holds an image inline, whatever carried it. The
+        test is one substring search of each text the row writes."""
+        row = self._log_row(commit, commit.large)
+        if not commit.large and _holds_image(row):
+            row = self._log_row(commit, True)
+        return row
+
+    def _log_row(self, commit: Commit, large: bool) -> LogRow:
         record = commit.record
         loop_id = commit.loop_id
         outline = None
         enc: Callable[[Any], str] = json_of
-        if commit.large:
+        if large:
             outline = Outline(
                 self._outlined.setdefault(loop_id, {}),
                 self._blobs.get(loop_id, frozenset()),
