@@ -68,7 +68,7 @@ DEMO_INSTRUCTIONS := You are a helpful assistant. Answer the question in one \
 
 demo: $(STAMP) $(LOCAL)
 	$(PY) -m agentfsm run "$(QUESTION)" \
-		--tool agentfsm.demo_tools:add --tool-choice add --temperature 0 \
+		--tool agentfsm.cli.demo_tools:add --tool-choice add --temperature 0 \
 		--instructions "$(DEMO_INSTRUCTIONS)"
 
 # bench_loop.py runs last: its last line is the `ratio_vs_floor=...` summary.

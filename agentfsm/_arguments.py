@@ -17,7 +17,9 @@ A type check is one `isinstance` and a call: cheap enough for `run_loop` and
 from __future__ import annotations
 
 import math
+import os
 import reprlib
+from collections.abc import Callable
 from numbers import Real
 from types import NoneType, UnionType
 from typing import Final, TypeAlias
@@ -25,6 +27,7 @@ from typing import Final, TypeAlias
 from .exceptions import ConfigurationError
 
 __all__ = (
+    "private_opener",
     "ArgumentTypeError",
     "ArgumentValueError",
     "Kind",
@@ -197,3 +200,10 @@ def file_mode_of(mode: object) -> int:
             f"file_mode must be permission bits within 0 and 0o777, got {mode!r}"
         )
     return mode
+
+
+def private_opener(mode: int) -> Callable[[str, int], int]:
+    """An `opener` for `open()` that creates a missing file with permissions
+    `mode` (less the umask) rather than 0o666: the files agentfsm writes hold
+    prompts and tool outputs. An existing file keeps its own."""
+    return lambda path, flags: os.open(path, flags, mode)

@@ -20,8 +20,10 @@ __all__ = ("defaults", "json_of", "trusted")
 
 M = TypeVar("M", bound=BaseModel)
 
-_new = object.__new__  # what `cls.__new__` is for a model, without the metaclass lookup
-_setattr = object.__setattr__
+new_bare = (
+    object.__new__
+)  # what `cls.__new__` is for a model, without the metaclass lookup
+set_raw = object.__setattr__
 
 
 def defaults(cls: type[BaseModel]) -> dict[str, Any]:
@@ -35,11 +37,11 @@ def defaults(cls: type[BaseModel]) -> dict[str, Any]:
 
 def trusted(cls: type[M], values: dict[str, Any], fields_set: set[str]) -> M:
     """An instance of `cls` holding `values` (every field, already valid) as they are."""
-    model = _new(cls)
-    _setattr(model, "__dict__", values)
-    _setattr(model, "__pydantic_fields_set__", fields_set)
-    _setattr(model, "__pydantic_extra__", None)
-    _setattr(model, "__pydantic_private__", None)
+    model = new_bare(cls)
+    set_raw(model, "__dict__", values)
+    set_raw(model, "__pydantic_fields_set__", fields_set)
+    set_raw(model, "__pydantic_extra__", None)
+    set_raw(model, "__pydantic_private__", None)
     return model
 
 

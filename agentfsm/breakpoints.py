@@ -509,12 +509,11 @@ class Breakpoints:
             or self._by_loop.get(loop.loop_id)
             or self._by_agent.get(loop.agent_id)
         )
-        # A new tuple: a driver in the middle of `intercept` keeps the one it
-        # holds, and the loop's record names its handlers anew (`record_of`).
+        # The loop's record names its handlers anew (`record_of`).
         if wanted and not attached:
-            loop.handlers = (*handlers, self)
+            loop.add_handler(self)
         elif attached and not wanted:
-            loop.handlers = handlers[:-1]
+            loop.drop_last_handler()
 
     def _changed(self, loop_id: str | None, agent_id: str | None) -> None:
         self.armed = bool(self._everywhere or self._by_agent or self._by_loop)

@@ -73,7 +73,7 @@ from anyio.abc import TaskGroup
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
 
-from ._arguments import ArgumentValueError, check, file_mode_of
+from ._arguments import ArgumentValueError, check, file_mode_of, private_opener
 from ._bus import EventBus, Subscription
 from ._logging import get_logger
 from ._models import json_of
@@ -443,18 +443,11 @@ class EventLogWriter:
         return text
 
 
-def _private_opener(mode: int) -> Callable[[str, int], int]:
-    """An `opener` for `open()` that creates a missing file with permissions
-    `mode` (less the umask) rather than 0o666: the files agentfsm writes hold
-    prompts and tool outputs. An existing file keeps its own."""
-    return lambda path, flags: os.open(path, flags, mode)
-
-
 def _open_for_append(path: str, mode: int) -> IO[bytes]:
     # "a+": every write appends, and the last byte can be read. Unbuffered (see
     # `EventLogWriter._write`). The writer closes the file in aclose(); here only
     # when ending a torn line fails.
-    file = open(path, "a+b", buffering=0, opener=_private_opener(mode))  # noqa: SIM115 - returned open, see above
+    file = open(path, "a+b", buffering=0, opener=private_opener(mode))  # noqa: SIM115 - returned open, see above
     try:
         end = file.seek(0, os.SEEK_END) if file.seekable() else 0
         if end:

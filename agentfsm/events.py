@@ -42,9 +42,10 @@ from .record import OptionsRecord
 from .states import LoopState, Outcome, Trigger
 
 __all__ = (
+    "EVENT_SPECS",
+    "EVENT_TYPES",
     "AgentEvent",
     "AgentEventAdapter",
-    "EVENT_TYPES",
     "EventPayload",
     "FunctionCallCompleted",
     "FunctionCallProgress",
@@ -181,10 +182,10 @@ class _Event(BaseModel):
         defaults = _models.defaults(cls)
         # Every field in declaration order, holding its default (None until set).
         template = {name: defaults.get(name) for name in cls.model_fields}
-        _SPECS[defaults["type"]] = (cls, template, set(cls.model_fields))
+        EVENT_SPECS[defaults["type"]] = (cls, template, set(cls.model_fields))
 
 
-_SPECS: dict[str, tuple[type[_Event], dict[str, Any], set[str]]] = {}
+EVENT_SPECS: dict[str, tuple[type[_Event], dict[str, Any], set[str]]] = {}
 """Per event type, what `Emitter.emit` builds its events from: the class, a dict of
 every field (defaults filled in) to copy, and the set of fields it sets.
 (Kept in a plain dict: class attributes of a pydantic model are looked up
@@ -436,5 +437,5 @@ AgentEventAdapter: TypeAdapter[AgentEvent] = TypeAdapter(
 )
 """(De)serializes any event, e.g. `AgentEventAdapter.validate_json(line)`."""
 
-EVENT_TYPES: tuple[str, ...] = tuple(_SPECS)
+EVENT_TYPES: tuple[str, ...] = tuple(EVENT_SPECS)
 """Every event type name."""

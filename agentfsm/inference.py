@@ -41,6 +41,7 @@ from agentfsm.tools import Tool
 
 __all__ = (
     "NO_IMAGES",
+    "TOOL_CHOICE_MODES",
     "ImageSupport",
     "InferenceInput",
     "InferenceOutput",
@@ -216,6 +217,10 @@ def _tools_schema(_: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
             ),
         ]
     )
+
+
+TOOL_CHOICE_MODES: Final = frozenset({"auto", "required", "none"})
+"""`InferenceInput.tool_choice` values that are modes; anything else names a tool."""
 
 
 class InferenceInput(BaseModel):

@@ -39,7 +39,7 @@ Example:
 """
 
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Annotated, Any, Literal, TypeAlias
+from typing import Annotated, Any, Final, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, InstanceOf, model_validator
 
@@ -49,6 +49,7 @@ from .messages import FunctionCallItem, ModelMessageItem, TokenUsage, UserMessag
 from .states import LoopState, Trigger
 
 __all__ = (
+    "APPROVAL_GATE",
     "Abort",
     "Decision",
     "InterceptionHandler",
@@ -59,6 +60,13 @@ __all__ = (
     "ToolBatch",
     "TransitionPayload",
 )
+
+
+APPROVAL_GATE: Final = "agentfsm._loop.intercept:approval_gate"
+"""The approval gate's name among a record's handlers (`LoopStarted.handlers`,
+`LoopRecord`): a loop whose tools need approval runs this built-in handler
+first and names it there; a loop rebuilt from a record (a replay, a fork)
+leaves it out of the handlers it is given, since the loop adds it itself."""
 
 
 class ToolBatch(BaseModel):

@@ -19,10 +19,10 @@ Example:
 """
 
 import inspect
+import json
 import threading
-from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping, Sequence
-from contextvars import ContextVar
-from functools import partial
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextvars import ContextVar, Token
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -54,10 +54,8 @@ from .exceptions import (
     NoToolCallError,
     ToolArgumentsError,
     ToolCancelled,
-    ToolError,
-    ToolTimeout,
 )
-from .messages import FunctionCallItem, ImageBlock, TextBlock
+from .messages import FunctionCallItem, ImageBlock
 
 if TYPE_CHECKING:
     from .reconcile import ReconcileFunction
@@ -76,6 +74,7 @@ __all__ = (
     "current_call",
     "format_validation_error",
     "report_progress",
+    "running_call",
     "tool",
 )
 
@@ -108,6 +107,30 @@ def format_validation_error(error: ValidationError, root: str = "arguments") -> 
         got = "" if err["type"] == "missing" else f" (got {err.get('input')!r})"
         problems.append(f"{where}: {err['msg']}{got}")
     return "; ".join(problems)
+
+
+def _json_object(name: str, arguments: str | Mapping[str, Any]) -> dict[str, Any]:
+    """The arguments of a tool from a definition with no `validate`: any JSON
+    object, as it is.
+
+    Raises:
+        ToolArgumentsError: not a JSON object.
+    """
+    value: Any = arguments
+    if isinstance(arguments, str):
+        try:
+            value = json.loads(arguments or "{}")
+        except ValueError as exc:
+            raise ToolArgumentsError(
+                f"invalid arguments for tool {name!r}: not JSON ({exc})", tool=name
+            ) from exc
+    if not isinstance(value, Mapping):
+        raise ToolArgumentsError(
+            f"invalid arguments for tool {name!r}: a JSON object is needed, "
+            f"got {type(value).__name__}",
+            tool=name,
+        )
+    return dict(value)
 
 
 _RESULT_FIELDS: Final = {"output"}
@@ -163,14 +186,6 @@ class ToolResult(BaseModel):
         return cls(output=message, is_error=True)
 
 
-_TEXT_OR_RESULT: Final = (str, ToolResult)
-"""What a tool may return as it is (`Tool._output`)."""
-
-_IMAGES_OR_LIST: Final = (ImageBlock, list, tuple)
-"""What may hold images among a tool's other values (one test for a value
-that holds none, rather than three)."""
-
-
 class ToolOptions(TypedDict, total=False):
     """Options of `Tool`, `Tool.from_function` and `@tool`."""
 
@@ -216,6 +231,12 @@ class Tool:
             `Reconciled.ran(output)`, `Reconciled.not_run()` or None (unknown:
             the loop pauses). Only with `on_crash="pause"`. See
             `agentfsm.reconcile`.
+        definition: for a function with no signature to read (an MCP
+            server's tool, a stand-in): the name, description and schema the
+            model sees; `function` must then be a coroutine function, called
+            with the arguments `validate` returns (see `Tool.from_definition`).
+        validate: with `definition`: the model's arguments to keyword
+            arguments (by default any JSON object, as it is).
 
     Raises:
         ConfigurationError: the function cannot be a tool (a parameter without
@@ -227,17 +248,18 @@ class Tool:
 
     __slots__ = (
         "_args_model",
-        "_awaits",
-        "_is_async",
         "_parameters",
+        "_validate",
         "definition",
         "execution_mode",
         "function",
+        "is_async",
         "name",
         "needs_approval",
         "on_crash",
         "reconcile",
         "run_in_thread",
+        "suspends",
         "timeout",
     )
 
@@ -253,69 +275,100 @@ class Tool:
         execution_mode: Literal["parallel", "sequential"] = "parallel",
         on_crash: Literal["pause", "retry"] = "pause",
         reconcile: "ReconcileFunction | None" = None,
+        definition: ToolDefinition | None = None,
+        validate: Callable[[str | Mapping[str, Any]], dict[str, Any]] | None = None,
     ) -> None:
+        name = definition.name if definition is not None else name
+        name = name or function.__name__
         if on_crash not in ("pause", "retry"):
             raise ConfigurationError(
-                f"on_crash must be 'pause' or 'retry', got {on_crash!r}"
+                f"tool {name!r}: on_crash must be 'pause' or 'retry', got {on_crash!r}"
             )
         if reconcile is not None:
-            _check_reconcile(name or function.__name__, reconcile, on_crash)
+            _check_reconcile(name, reconcile, on_crash)
         timeout_or_none("timeout", timeout)  # NaN would fail every call
         if execution_mode not in ("parallel", "sequential"):
             raise ConfigurationError(
-                f"execution_mode must be 'parallel' or 'sequential', got {execution_mode!r}"
+                f"tool {name!r}: execution_mode must be 'parallel' or "
+                f"'sequential', got {execution_mode!r}"
             )
         self.function = function
-        self.name = name or function.__name__
+        self.name = name
         self.timeout = timeout
-        self.run_in_thread = run_in_thread
         self.needs_approval = needs_approval
         self.execution_mode = execution_mode
         self.on_crash = on_crash
         self.reconcile = reconcile
-        self._is_async = inspect.iscoroutinefunction(function)
-        self._awaits = self._is_async and awaits(function)
+        self.is_async = inspect.iscoroutinefunction(function)
+        """The function is a coroutine function (awaited, never in a thread)."""
+        self.suspends = self.is_async and awaits(function)
+        """An async function with an `await` in it: only such a call can be
+        interrupted, so only its deadline needs a timer."""
+        self.run_in_thread = run_in_thread and definition is None
+        self._validate = validate
+        self._parameters: tuple[str, ...] | None = None
+        self._args_model: type[BaseModel] | None = None
+        if definition is not None:
+            if not self.is_async:
+                raise ConfigurationError(
+                    f"tool {name!r}: a tool from a definition runs a coroutine "
+                    f"function, got {function!r}"
+                )
+            self.definition = definition
+            return
         summary, descriptions = docstring(function)
-        self._args_model = arguments_model(function, self.name, descriptions)
-        fields = self._args_model.model_fields
+        args_model = self._args_model = arguments_model(function, name, descriptions)
+        fields = args_model.model_fields
         names = tuple(field.alias or name for name, field in fields.items())
         # The parameter names, when some field is not named after its parameter.
         self._parameters = None if names == tuple(fields) else names
-        schema = self._args_model.model_json_schema()
+        schema = args_model.model_json_schema()
         schema.pop("title", None)
         self.definition = ToolDefinition(
-            name=self.name,
+            name=name,
             description=description if description is not None else summary,
             parameters=schema,
         )
 
-    def _describe(
-        self,
+    @classmethod
+    def from_definition(
+        cls,
         definition: ToolDefinition,
-        function: ToolFunction,
+        function: Callable[..., Awaitable[Any]],
         *,
-        timeout: float | None,
-        needs_approval: bool | Callable[[dict[str, Any]], bool],
-        execution_mode: Literal["parallel", "sequential"],
-        awaits: bool,
+        validate: Callable[[str | Mapping[str, Any]], dict[str, Any]] | None = None,
+        timeout: float | None = DEFAULT_TOOL_TIMEOUT,
+        needs_approval: bool | Callable[[dict[str, Any]], bool] = False,
+        execution_mode: Literal["parallel", "sequential"] = "parallel",
         on_crash: Literal["pause", "retry"] = "pause",
-    ) -> None:
-        """Set every field a loop reads, for a tool with no Python signature to
-        read them from (an MCP server's, a recorded one, a stand-in that only
-        describes itself): it runs as a coroutine, never in a thread. One that
-        validates arguments sets `_args_model` itself."""
-        self.name = definition.name
-        self.definition = definition
-        self.function = function
-        self.timeout = timeout
-        self.needs_approval = needs_approval
-        self.execution_mode = execution_mode
-        self.on_crash = on_crash
-        self.reconcile = None
-        self.run_in_thread = False
-        self._is_async = True
-        self._awaits = awaits
-        self._parameters = None
+    ) -> "Tool":
+        """A tool with no Python signature to read (an MCP server's, a
+        stand-in for one recorded or run elsewhere): `definition` is what the
+        model sees, and `function`, a coroutine function, is called with the
+        arguments `validate` returns as keywords. (A subclass passes
+        `definition=` and `validate=` to `Tool.__init__`.)
+
+        Args:
+            definition: the name, description and JSON schema of the arguments.
+            function: `async def fn(**arguments)`; returns what a tool returns.
+            validate: turns the model's arguments (JSON text or decoded) into
+                keyword arguments, raising `ToolArgumentsError` naming what is
+                wrong; by default any JSON object is taken as it is.
+            timeout, needs_approval, execution_mode, on_crash: as for `Tool`.
+
+        Raises:
+            ConfigurationError: `function` is no coroutine function, or an
+                option is out of range.
+        """
+        return cls(
+            function,
+            definition=definition,
+            validate=validate,
+            timeout=timeout,
+            needs_approval=needs_approval,
+            execution_mode=execution_mode,
+            on_crash=on_crash,
+        )
 
     @classmethod
     def from_function(
@@ -345,6 +398,10 @@ class Tool:
         Raises:
             ToolArgumentsError: naming each field that is wrong and why.
         """
+        if self._args_model is None:  # a tool from a definition
+            if self._validate is not None:
+                return self._validate(arguments)
+            return _json_object(self.name, arguments)
         try:
             validator = self._args_model.__pydantic_validator__
             if isinstance(arguments, str):
@@ -367,125 +424,17 @@ class Tool:
     async def invoke(self, arguments: str | Mapping[str, Any]) -> ToolResult:
         """Validate the arguments, run the function and return its result.
 
+        A subclass may run calls its own way by overriding this (a loop then
+        calls it in place of the function, without the timeout).
+
         Raises:
             ToolArgumentsError: the arguments did not validate.
             ToolTimeout: the call ran past `timeout`.
             Exception: whatever the function raised.
         """
-        return ToolResult.of(await self._invoke(arguments, anyio.CancelScope))
+        from agentfsm._loop.tool_run import run_function
 
-    async def _invoke(
-        self,
-        arguments: str | Mapping[str, Any],
-        cancel_scope: "Callable[[], anyio.CancelScope]",  # quoted: anyio loads it lazily
-    ) -> "str | ToolResult":
-        """`invoke`, returning the function's `ToolResult` or its value as text
-        (the loop makes the output itself), and making its scope with
-        `cancel_scope` (the loop passes the running backend's class, found once
-        per runtime)."""
-        kwargs = self.validate_arguments(arguments)
-        if self.timeout is None or not (
-            self._awaits if self._is_async else self.run_in_thread
-        ):
-            # No scope where nothing could be interrupted: a call that never
-            # suspends (an async function without an await, a sync function run
-            # in the loop's thread) cannot be cancelled, so no deadline can end it.
-            return self._output(await self._call(kwargs))
-        # The scope is entered before the first step: a step may open scopes of
-        # its own, and scopes must nest.
-        with cancel_scope() as scope:
-            if self._is_async:
-                # Take the coroutine's first step inside the scope but before arming
-                # its deadline: most async tools finish without waiting on anything
-                # and need no timer, and arming one was the largest cost of a call.
-                coro = self.function(**kwargs)
-                try:
-                    first = coro.send(None)
-                except StopIteration as done:
-                    return self._output(done.value)
-                scope.deadline = anyio.current_time() + self.timeout
-                result = await _Resume(coro, first)
-            else:
-                scope.deadline = anyio.current_time() + self.timeout
-                result = await self._call(kwargs)
-        if scope.cancelled_caught:
-            raise ToolTimeout(
-                f"tool {self.name!r} timed out after {self.timeout:g}s", tool=self.name
-            )
-        return self._output(result)
-
-    def _output(self, value: Any) -> "str | ToolResult":
-        """The function's value as the loop takes it: a `ToolResult` or text.
-
-        Serialized here, not by the loop, so that a value JSON cannot hold is
-        reported as that, not as the tool having raised.
-        """
-        if isinstance(
-            value, _TEXT_OR_RESULT
-        ):  # a tuple: `str | ToolResult` builds a union per call
-            return value
-        if isinstance(value, _IMAGES_OR_LIST):
-            if isinstance(value, ImageBlock):
-                return ToolResult(output="", images=(value,))
-            if any(isinstance(v, ImageBlock) for v in value):
-                return self._blocks_output(value)
-        try:
-            return _text.json_text(value)
-        except ValueError as exc:  # PydanticSerializationError, circular references
-            raise ToolError(
-                f"tool {self.name!r} returned a value that cannot be serialized "
-                f"to JSON ({type(value).__name__}): {exc}",
-                tool=self.name,
-            ) from exc
-
-    def _blocks_output(self, value: list[Any] | tuple[Any, ...]) -> "ToolResult":
-        """A list holding images: its text (strs, `TextBlock`s) a line each,
-        and its images, in order.
-
-        Raises:
-            ToolError: the list holds something else beside them.
-        """
-        texts: list[str] = []
-        images: list[ImageBlock] = []
-        for item in value:
-            if isinstance(item, ImageBlock):
-                images.append(item)
-            elif isinstance(item, str):
-                texts.append(item)
-            elif isinstance(item, TextBlock):
-                texts.append(item.text)
-            else:
-                raise ToolError(
-                    f"tool {self.name!r} returned a list of images holding a "
-                    f"{type(item).__name__}: only text (str, TextBlock) may go "
-                    "beside images",
-                    tool=self.name,
-                )
-        return ToolResult(output="\n".join(texts), images=images)
-
-    def _call(self, kwargs: dict[str, Any]) -> Awaitable[Any]:
-        """The call to await (the function's own coroutine for an async tool: no
-        coroutine of ours around it)."""
-        if self._is_async:
-            # An annotation, not `typing.cast`: a call per tool call (~300
-            # instructions) to tell mypy what `_is_async` already says.
-            coroutine_function: Callable[..., Awaitable[Any]] = self.function
-            return coroutine_function(**kwargs)
-        if self.run_in_thread:
-            return anyio.to_thread.run_sync(
-                partial(self.function, **kwargs), abandon_on_cancel=True
-            )
-        return self._call_here(kwargs)
-
-    async def _call_here(self, kwargs: dict[str, Any]) -> Any:
-        """A sync tool run in the loop's thread."""
-        result = self.function(**kwargs)
-        if inspect.isawaitable(result):
-            raise ToolError(
-                f"tool {self.name!r} returned an awaitable from a sync function",
-                tool=self.name,
-            )
-        return result
+        return ToolResult.of(await run_function(self, arguments, anyio.CancelScope))
 
 
 def _check_reconcile(name: str, reconcile: "ReconcileFunction", on_crash: str) -> None:
@@ -515,47 +464,6 @@ def _check_reconcile(name: str, reconcile: "ReconcileFunction", on_crash: str) -
             f"{getattr(reconcile, '__qualname__', type(reconcile).__name__)}"
             f"{signature} cannot: {exc}"
         ) from exc
-
-
-class _Resume:
-    """Awaits a coroutine that was already started (its first step taken).
-
-    This is what `await coro` does, from the second step on: every value the
-    coroutine yields goes up to the event loop, and whatever the event loop
-    sends or throws (cancellation included) goes back down into it.
-    """
-
-    __slots__ = ("_coro", "_first")
-
-    def __init__(self, coro: Coroutine[Any, Any, Any], first: Any) -> None:
-        self._coro = coro
-        self._first = first
-
-    def __await__(self) -> Generator[Any, Any, Any]:
-        coro, value = self._coro, self._first
-        while True:
-            try:
-                sent = yield value
-            except GeneratorExit:
-                coro.close()
-                raise
-            except BaseException as exc:  # noqa: BLE001 - forwarded into the coroutine
-                try:
-                    value = coro.throw(exc)
-                except StopIteration as done:
-                    return done.value
-            else:
-                try:
-                    value = coro.send(sent)
-                except StopIteration as done:
-                    return done.value
-                except BaseException:
-                    # Trio sends an outcome: an error one holds the exception,
-                    # whose traceback holds this frame, which holds `sent`: a
-                    # cycle (keeping the loop of a cancelled call) that only
-                    # the cycle collector would free.
-                    del sent
-                    raise
 
 
 @overload
@@ -757,6 +665,31 @@ class ToolCallContext:
                 waiter = self._waiter = threading.Event()
         return waiter.wait(timeout)
 
+    def activate(
+        self, publisher: "_Publisher | None"
+    ) -> "Token[ToolCallContext | None]":
+        """Make this the running call of the current context (`current_call()`),
+        its progress going to `publisher` from any thread; returns the token
+        for `deactivate`. For what runs a tool outside a loop's own calls
+        (Temporal's activities): a loop does this for each call it makes."""
+        self._publisher = publisher
+        self._thread = threading.get_ident()
+        return _current_call.set(self)
+
+    def deactivate(
+        self, token: "Token[ToolCallContext | None]", *, returned: bool
+    ) -> None:
+        """The call ended: progress is dropped from now on and, unless the
+        function `returned` (cancelled, timed out, given up on), it is told it
+        was interrupted (`cancelled`). The context's running call is reset."""
+        # Copies of this context outlive the call (the cancelled deadline timer
+        # asyncio keeps until it would have fired, a thread running on): they
+        # must not keep the loop alive through the publisher.
+        self._publisher = None
+        if not returned:
+            self._interrupt()
+        _current_call.reset(token)
+
     def _interrupt(self) -> None:
         """The loop stopped waiting for the call (see `cancelled`)."""
         with _cancel_lock:
@@ -797,6 +730,12 @@ def current_call() -> ToolCallContext:
             "(in the tool function, or what it calls)"
         )
     return call
+
+
+def running_call() -> ToolCallContext | None:
+    """The tool call running in this context, or None (`current_call()`
+    without the error: for wrappers and integrations that may run outside one)."""
+    return _current_call.get()
 
 
 def report_progress(progress: JsonValue) -> bool:

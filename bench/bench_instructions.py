@@ -145,7 +145,7 @@ async def otel_runs(runs: int, *, sdk: bool) -> None:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
     runtime = agentfsm.Runtime(
         providers={"scripted": bench_loop.scripted_provider()},
-        instrument=OpenTelemetry(tracer_provider=provider),
+        extensions=[OpenTelemetry(tracer_provider=provider)],
     )
     async with runtime:
         for _ in range(runs):

@@ -61,7 +61,7 @@ async def main() -> None:
     )
     async with Runtime(
         providers={"scripted": provider},
-        instrument=OpenTelemetry(capture_content=False),
+        extensions=[OpenTelemetry(capture_content=False)],
     ) as runtime:
         pauses = runtime.bus.subscribe("loop.paused")
         with conversation("trip-7"), logfire.span("plan a trip"):

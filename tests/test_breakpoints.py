@@ -705,7 +705,7 @@ def test_break_at_a_terminal(
     the tool runs, `r` resumes it."""
     api = fake_api([api_calls("add", a=2, b=3), says("It is 5.")])
     term = terminal(
-        *run_args(api, "agentfsm.demo_tools:add"), "--break", "function_call"
+        *run_args(api, "agentfsm.cli.demo_tools:add"), "--break", "function_call"
     )
     term.expect(re.escape("at breakpoint before function_call"))
     term.expect(re.escape("[r]esume or [a]bort? "))

@@ -755,7 +755,7 @@ async def test_loop_started_is_built_only_for_a_subscriber_of_it(
 ) -> None:
     """`loop.started` copies the request's items and describes its tools and
     options: a bus whose subscribers take other types only does not build it."""
-    from agentfsm._replay import wire
+    from agentfsm._bus import started as wire
 
     built: list[str] = []
     real = wire.started_fields

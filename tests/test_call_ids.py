@@ -167,8 +167,6 @@ class TestOneOutput:
         class Loop:  # what `checked_output` reads of a loop
             input = request_with()
             call_ids = None
-            call_ids_at = 0
-            call_ids_of = None
             log = _NullLog()
 
         output = calls(

@@ -231,7 +231,7 @@ class TestApprovalPrompt:
     ) -> None:
         """`--needs-approval add` asks before the demo tool runs; `y` runs it."""
         api = fake_api([calls("add", a=2, b=3), says("It is 5.")])
-        args = run_args(api, "agentfsm.demo_tools:add")
+        args = run_args(api, "agentfsm.cli.demo_tools:add")
         term = terminal(*args, "--needs-approval", "add")
         term.expect(r"paused before call_tools: approval required: add")
         term.expect(re.escape('approve add({"a": 2, "b": 3})? [y]es, [n]o, [e]dit'))

@@ -38,6 +38,7 @@ from agentfsm.cli import run as run_command
 from agentfsm.cli._interrupt import Interrupts
 from agentfsm.cli._pause import Ask, PauseDecider, unattended
 from agentfsm.cli._view import RunView
+from agentfsm.cli.demo_tools import add
 from agentfsm.cli.run import (
     _interrupted,
     _request,
@@ -45,7 +46,6 @@ from agentfsm.cli.run import (
     _watch,
     load_tool,
 )
-from agentfsm.demo_tools import add
 from agentfsm.events import (
     FunctionCallCompleted,
     FunctionCallProgress,
@@ -73,7 +73,7 @@ def plain(x: int) -> int:
 class TestLoadTool:
     def test_tool(self) -> None:
         """A `Tool` is taken as it is."""
-        assert load_tool("agentfsm.demo_tools:add") is add
+        assert load_tool("agentfsm.cli.demo_tools:add") is add
 
     def test_function(self) -> None:
         """A typed function is made a tool."""
@@ -86,7 +86,7 @@ class TestLoadTool:
         [
             pytest.param("add", "must be 'module:function'", id="no-colon"),
             pytest.param("nope.nope:add", "cannot import", id="no-module"),
-            pytest.param("agentfsm.demo_tools:nope", "has no 'nope'", id="no-attr"),
+            pytest.param("agentfsm.cli.demo_tools:nope", "has no 'nope'", id="no-attr"),
         ],
     )
     def test_errors(self, spec: str, message: str) -> None:
@@ -184,7 +184,7 @@ class TestExitCodes:
 
     def test_bad_tool(self, capsys: pytest.CaptureFixture[str]) -> None:
         """A tool that cannot be loaded exits 2."""
-        assert main(["run", "hi", "--tool", "agentfsm.demo_tools:nope"]) == 2
+        assert main(["run", "hi", "--tool", "agentfsm.cli.demo_tools:nope"]) == 2
         assert "has no 'nope'" in capsys.readouterr().err
 
     def test_missing_extra(
@@ -537,7 +537,7 @@ class TestInterrupts:
 
 
 def test_needs_approval_must_name_a_tool(capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["run", "hi", "--model", "nope:x", "--tool", "agentfsm.demo_tools:add"]
+    args = ["run", "hi", "--model", "nope:x", "--tool", "agentfsm.cli.demo_tools:add"]
     assert main([*args, "--needs-approval", "sub"]) == 2
     assert "--needs-approval 'sub' names no tool offered (offered: add)" in (
         capsys.readouterr().err

@@ -61,6 +61,11 @@ KEY_LINES: dict[str, tuple[str, ...]] = {
         "answer from billing-agent: Status: paid in full on the 3rd.",
         "all 3 agents answered",
     ),
+    "tenant_counts": (
+        "internal-smoke-test: answered, 1 tool calls",
+        "tenant acme: 3 tool calls, 40 tokens",
+        "tenant globex: 1 tool calls, 20 tokens",
+    ),
     "swap_model": (
         "big   served request 1 (big:large)",
         "cheap served request 2 (cheap:mini)",

@@ -87,7 +87,7 @@ async def one_run(
             "store": SQLiteStore(sinks / "loops.db"),
             "tools": [echo],
             "event_log": sinks / "events.jsonl",
-            "instrument": OpenTelemetry(tracer_provider=tracer, capture_content=True),
+            "extensions": [OpenTelemetry(tracer_provider=tracer, capture_content=True)],
         }
     try:
         async with Runtime(providers={"s": provider}, **options) as rt:

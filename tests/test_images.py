@@ -571,7 +571,9 @@ async def test_a_traced_loop_refuses_what_its_provider_would() -> None:
     provider = Vision(NO_IMAGES)
     inference = _inference()
     instrument = OpenTelemetry(tracer_provider=TracerProvider())
-    async with Runtime(providers={"eyes": provider}, instrument=instrument) as runtime:
+    async with Runtime(
+        providers={"eyes": provider}, extensions=[instrument]
+    ) as runtime:
         result = await runtime.wait(runtime.run_loop("a", "hi", inference, add_image))
     assert result.error is not None
     assert result.error.type == "ImageNotSupported"

@@ -26,8 +26,8 @@ from agentfsm import (
     ModelContext,
     Runtime,
 )
-from agentfsm._mcp.results import tool_result
 from agentfsm.mcp import mcp_tools
+from agentfsm.mcp._results import tool_result
 from agentfsm.messages import MAX_IMAGE_BYTES, ContextItem
 from agentfsm.testing import ScriptedProvider, call, calls, text
 from tests.mcp_image_server import BLUE, JPEG, RED, SVG

@@ -490,7 +490,7 @@ async def test_spans_hold_references_never_bytes(capture: bool) -> None:
     try:
         async with Runtime(
             providers={"s": script()},
-            instrument=traces.instrument(capture_content=capture),
+            extensions=[traces.instrument(capture_content=capture)],
         ) as runtime:
             await one_loop(runtime)
         every = json.dumps(_attributes(traces), default=str)

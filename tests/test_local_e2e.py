@@ -41,8 +41,8 @@ from agentfsm import (
     Runtime,
     UserMessage,
 )
+from agentfsm.cli.demo_tools import add
 from agentfsm.cli.run import DEFAULT_INSTRUCTIONS
-from agentfsm.demo_tools import add
 from agentfsm.events import InferenceCompleted, InferenceStream, LoopIdle
 from agentfsm.providers import TextDelta
 from agentfsm.providers.local import LocalProvider, smollm2_path
@@ -240,7 +240,7 @@ def test_agentfsm_run(tmp_path: Path) -> None:
             "run",
             QUESTION,
             "--tool",
-            "agentfsm.demo_tools:add",
+            "agentfsm.cli.demo_tools:add",
             "--tool-choice",
             "add",
             "--max-output-tokens",

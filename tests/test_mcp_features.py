@@ -33,8 +33,6 @@ from agentfsm import (
     Tool,
     ToolError,
 )
-from agentfsm._mcp import stdio
-from agentfsm._mcp.progress import MESSAGE_CHARS, reporter
 from agentfsm.events import AgentEvent, FunctionCallCompleted, FunctionCallProgress
 from agentfsm.mcp import (
     MCPConnectionError,
@@ -43,6 +41,8 @@ from agentfsm.mcp import (
     MCPToolset,
     mcp_tools,
 )
+from agentfsm.mcp import _stdio as stdio
+from agentfsm.mcp._progress import MESSAGE_CHARS, reporter
 from agentfsm.testing import ScriptedProvider, call, calls, text
 from tests.mcp_calc_server import make_server as make_calc_server
 from tests.mcp_library_server import make_server

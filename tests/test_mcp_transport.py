@@ -17,11 +17,11 @@ import pytest
 from structlog.typing import EventDict
 
 from agentfsm import Runtime
-from agentfsm._mcp import stdio
-from agentfsm._mcp.progress import payload
-from agentfsm._mcp.resources import READABLE, Readable
 from agentfsm.exceptions import ConfigurationError, ToolError
 from agentfsm.mcp import MCPRequestError, MCPToolset, mcp_tools
+from agentfsm.mcp import _stdio as stdio
+from agentfsm.mcp._progress import payload
+from agentfsm.mcp._resources import READABLE, Readable
 
 RAW = Path(__file__).with_name("mcp_raw_server.py")
 

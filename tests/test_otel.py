@@ -145,7 +145,9 @@ async def run(
     **options: Any,
 ) -> Any:
     provider = ScriptedProvider(script)
-    async with Runtime(providers={prefix: provider}, instrument=instrument) as runtime:
+    async with Runtime(
+        providers={prefix: provider}, extensions=[instrument]
+    ) as runtime:
         loop_id = runtime.run_loop(
             "calculator",
             "1+2?",
@@ -234,7 +236,7 @@ async def test_what_a_provider_opens_nests_under_its_chat_span(traces: Traces) -
 
     provider = FunctionProvider(answer, stream_handler=stream)
     async with Runtime(
-        providers={"fn": provider}, instrument=traces.instrument()
+        providers={"fn": provider}, extensions=[traces.instrument()]
     ) as runtime:
         for streaming in (False, True):
             loop_id = runtime.run_loop(
@@ -479,7 +481,7 @@ async def test_a_paused_loop_ends_its_span_and_the_resumed_part_links_to_it(
         [calls(call("delete", call_id="d1", path="notes.txt")), text("deleted")]
     )
     async with Runtime(
-        providers={"scripted": provider}, instrument=traces.instrument()
+        providers={"scripted": provider}, extensions=[traces.instrument()]
     ) as runtime:
         loop_id = runtime.run_loop("cleaner", "tidy up", request(delete))
         while runtime.get(loop_id).status is not LoopStatus.paused:
@@ -533,7 +535,7 @@ async def test_a_paused_loop_ended_by_the_runtime_closing_gets_a_linked_span(
 
     async with Runtime(
         providers={"scripted": ScriptedProvider([text("hi")])},
-        instrument=traces.instrument(),
+        extensions=[traces.instrument()],
     ) as runtime:
         loop_id = runtime.run_loop("agent", "hi", request(), hold)
         while runtime.get(loop_id).status is not LoopStatus.paused:
@@ -565,7 +567,7 @@ async def test_the_record_of_a_traced_loop_does_not_show_the_tracing(
     for instrument in (traces.instrument(), None):
         async with Runtime(
             providers={"scripted": ScriptedProvider([text("hi")])},
-            instrument=instrument,
+            extensions=[] if instrument is None else [instrument],
         ) as runtime:
             loop_id = runtime.run_loop("agent", "hi", request(add), hold)
             while runtime.get(loop_id).status is not LoopStatus.paused:
@@ -751,7 +753,7 @@ async def test_without_a_tracer_provider_nothing_is_traced_until_one_is_set(
 ) -> None:
     instrument = OpenTelemetry()  # the global provider: a proxy, nothing set
     provider = ScriptedProvider([text("hi")])
-    async with Runtime(providers={"scripted": provider}, instrument=instrument) as rt:
+    async with Runtime(providers={"scripted": provider}, extensions=[instrument]) as rt:
         first = rt.run_loop("agent", "hi", request())
         await rt.wait(first)
         assert len(global_provider.exporter.get_finished_spans()) == 0
@@ -794,7 +796,11 @@ def test_bad_arguments_are_refused_by_name() -> None:
         OpenTelemetry(capture_content="yes")  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="provider_names"):
         OpenTelemetry(provider_names={"corp": 1})  # type: ignore[dict-item]
-    with pytest.raises(ConfigurationError, match="instrument"):
+    with pytest.raises(ConfigurationError, match=r"extensions\[0\]"):
+        Runtime(extensions=["otel"])  # type: ignore[list-item]
+    with pytest.raises(ConfigurationError, match="extensions must be a list"):
+        Runtime(extensions=OpenTelemetry())  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="instrument must be an agentfsm"):
         Runtime(instrument="otel")  # type: ignore[arg-type]
 
 
@@ -810,7 +816,7 @@ async def test_a_loop_resumed_while_still_publishing_its_pause(traces: Traces) -
 
     async with Runtime(
         providers={"scripted": ScriptedProvider([text("hi")])},
-        instrument=traces.instrument(),
+        extensions=[traces.instrument()],
     ) as runtime:
         slow = runtime.bus.subscribe("*", buffer=1, backpressure=True)
         loop_id = runtime.run_loop("agent", "hi", request(), hold)
@@ -846,7 +852,7 @@ async def test_content_is_not_serialized_for_spans_the_sampler_drops(
     and outputs are never serialized (they grow with the context)."""
     from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
-    from agentfsm._otel import content
+    from agentfsm.otel import _content as content
 
     made: list[str] = []
     for name in ("input_messages", "tool_definitions", "output_messages"):
@@ -872,7 +878,7 @@ async def test_content_is_serialized_for_spans_kept(
     monkeypatch: pytest.MonkeyPatch, traces: Traces
 ) -> None:
     """The same counts with the default sampler: the content is made."""
-    from agentfsm._otel import content
+    from agentfsm.otel import _content as content
 
     made: list[str] = []
     real = content.output_messages

@@ -34,6 +34,7 @@ PUBLIC_MODULES = (
     "agentfsm.replay",
     "agentfsm.breakpoints",
     "agentfsm.reconcile",
+    "agentfsm.extensions",
 )
 
 

@@ -30,7 +30,7 @@ from agentfsm import (
     report_progress,
     tool,
 )
-from agentfsm._replay.wire import request_data
+from agentfsm._bus.started import request_data
 from agentfsm.diagrams import LoopPath, render_paths_mermaid
 from agentfsm.eventlog import read_events
 from agentfsm.events import (
@@ -161,7 +161,7 @@ class TestLoopStarted:
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """With no subscriber, the request's data is never made."""
-        from agentfsm._replay import wire
+        from agentfsm._bus import started as wire
 
         def refuse(*args: object) -> None:
             raise AssertionError("built with nobody listening")
@@ -1048,8 +1048,8 @@ def test_tools_without_a_signature_have_every_field_a_loop_reads() -> None:
     stand-in are set up by `Tool._describe`: every field of `Tool` is there
     (`on_crash` was missing from two of them), as the spec or the tool says."""
     from agentfsm import tool
-    from agentfsm._replay.doubles import RecordedTool
-    from agentfsm._replay.wire import tool_spec
+    from agentfsm._bus.started import tool_spec
+    from agentfsm.replay._doubles import RecordedTool
     from agentfsm.tools import Tool
 
     @tool(on_crash="retry", execution_mode="sequential", timeout=7.0)
@@ -1063,7 +1063,7 @@ def test_tools_without_a_signature_have_every_field_a_loop_reads() -> None:
         RecordedTool(spec, [], set(), lookup),
     ]
     try:
-        from agentfsm._temporal.activities import _spec_tool
+        from agentfsm.temporal._activities import _spec_tool
     except ImportError:  # temporalio not installed
         pass
     else:

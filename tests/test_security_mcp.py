@@ -35,8 +35,8 @@ from agentfsm import (
     Runtime,
 )
 from agentfsm import _jsonschema as js
-from agentfsm._mcp.options import reason
 from agentfsm.mcp import MCPConnectionError, MCPToolset, mcp_tools
+from agentfsm.mcp._options import reason
 from agentfsm.testing import ScriptedProvider, call, calls, text
 from tests.mcp_hostile_server import make_server
 

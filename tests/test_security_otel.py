@@ -137,7 +137,8 @@ async def run_marked(instrument: OpenTelemetry | None, *, streaming: bool) -> An
         structured_output=Answer,
         streaming=streaming,
     )
-    async with Runtime(providers={"scripted": provider}, instrument=instrument) as rt:
+    extensions = [] if instrument is None else [instrument]
+    async with Runtime(providers={"scripted": provider}, extensions=extensions) as rt:
         loop_id = rt.run_loop(
             "notes",
             f"the user asks about {MARKER}",
@@ -218,7 +219,8 @@ async def run_surrogates(instrument: OpenTelemetry | None, *, streaming: bool) -
         tools=[listing],
         streaming=streaming,
     )
-    async with Runtime(providers={"scripted": provider}, instrument=instrument) as rt:
+    extensions = [] if instrument is None else [instrument]
+    async with Runtime(providers={"scripted": provider}, extensions=extensions) as rt:
         return await rt.wait(rt.run_loop("files", "what is there?", request))
 
 
@@ -280,7 +282,7 @@ async def test_lone_surrogates_in_errors_and_reasons_are_recorded_escaped(
         model="scripted:demo", context=ModelContext(), tools=[broken]
     )
     instrument = OpenTelemetry(tracer_provider=traces.provider, capture_content=True)
-    async with Runtime(providers={"scripted": provider}, instrument=instrument) as rt:
+    async with Runtime(providers={"scripted": provider}, extensions=[instrument]) as rt:
         loop_id = rt.run_loop("files", "go", request, stop, retry_backoff=0)
         result = await rt.wait(loop_id)
 

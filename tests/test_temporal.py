@@ -39,7 +39,6 @@ from agentfsm import (
     Trigger,
 )
 from agentfsm._keys import idempotency_key
-from agentfsm._temporal import activities
 from agentfsm.events import AgentEvent
 from agentfsm.exceptions import LoopStateError
 from agentfsm.store import SQLiteStore
@@ -54,6 +53,7 @@ from agentfsm.temporal import (
     worker,
     workflow_runner,
 )
+from agentfsm.temporal import _activities as activities
 from agentfsm.testing import assert_path
 from tests import temporal_agents
 from tests.temporal_agents import AGENTS, CRASH_LOG, PROVIDERS, add
@@ -519,7 +519,7 @@ async def test_a_changed_workflow_diverges_on_replay(
         loop_id = await client.start("seed", "what is 2+3?")
         await client.wait(loop_id)
         history = await client.handle(loop_id).fetch_history()
-    from agentfsm._temporal import agent as registry
+    from agentfsm.temporal import _agent as registry
 
     original = registry.agent_named("seed")
     registry.register(TemporalAgent(name="seed", model="fn:seed", tools=[]))

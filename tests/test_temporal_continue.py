@@ -28,7 +28,6 @@ from agentfsm import (
     Outcome,
     Trigger,
 )
-from agentfsm._temporal import carry
 from agentfsm.temporal import (
     STATE_ATTRIBUTE,
     LoopClient,
@@ -38,6 +37,7 @@ from agentfsm.temporal import (
     workflow_id,
     workflow_runner,
 )
+from agentfsm.temporal import _carry as carry
 from tests.temporal_continue_agents import AGENTS, PROVIDERS, SEEN
 from tests.temporal_server import NEEDS_TEMPORAL, dev_server, suggesting_continue_as_new
 

@@ -556,8 +556,8 @@ def test_what_crosses_holds_a_reference_for_each_image_the_store_holds() -> None
     leaves alone the images it does not hold, images by URL and items without
     images; a request's arguments carry the references as themselves, and
     none of the bytes."""
-    from agentfsm._temporal.calls import Images
-    from agentfsm._temporal.wire import InferArgs, dump
+    from agentfsm.temporal._calls import Images
+    from agentfsm.temporal._wire import InferArgs, dump
 
     held, other = ImageBlock.from_bytes(SKETCH), ImageBlock.from_bytes(PHOTO)
     by_url = ImageBlock.from_url("https://example.com/a.png")
@@ -625,7 +625,7 @@ def test_an_agent_s_images_must_be_an_image_support() -> None:
 def test_a_message_of_blocks_reads_back_from_a_start() -> None:
     """What `LoopClient.start` sends for a message with an image reads back
     whole in the workflow (its bytes as base64 in the start's JSON)."""
-    from agentfsm._temporal.wire import StartLoop, dump
+    from agentfsm.temporal._wire import StartLoop, dump
 
     message = UserMessage(
         content=[TextBlock(text="look"), ImageBlock.from_bytes(PHOTO)]
@@ -640,8 +640,8 @@ async def test_an_image_the_store_cannot_give_fails_the_request(tmp_path: Path) 
     in the image's place. A store of the worker's own keeps no images."""
     from temporalio.exceptions import ApplicationError
 
-    from agentfsm._temporal.activities import _with_bytes
-    from agentfsm._temporal.wire import IMAGE_MISSING
+    from agentfsm.temporal._activities import _with_bytes
+    from agentfsm.temporal._wire import IMAGE_MISSING
 
     block = ImageBlock.from_bytes(SKETCH)
     item = UserMessage(content=["look", block.as_reference()])

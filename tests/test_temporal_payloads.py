@@ -24,17 +24,17 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
 from agentfsm import Outcome
-from agentfsm._temporal.wire import (
-    MAX_PAYLOAD,
-    output_reference,
-    referenced,
-)
-from agentfsm._temporal.workflow import LOOP_FAILED
 from agentfsm.exceptions import ConfigurationError
 from agentfsm.messages import FunctionCallOutputItem
 from agentfsm.results import LoopResult
 from agentfsm.store import SQLiteStore
 from agentfsm.temporal import LoopClient, MemoryContextStore, StoreContexts, worker
+from agentfsm.temporal._wire import (
+    MAX_PAYLOAD,
+    output_reference,
+    referenced,
+)
+from agentfsm.temporal._workflow import LOOP_FAILED
 from tests.temporal_payload_agents import (
     AGENTS,
     CHATTY_SIZE,

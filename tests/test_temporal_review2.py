@@ -29,22 +29,6 @@ from temporalio.client import WorkflowHistory
 from temporalio.testing import WorkflowEnvironment
 
 from agentfsm import Outcome, TokenUsage
-from agentfsm._temporal.activities import _fit
-from agentfsm._temporal.agent import ROUTED_WAIT
-from agentfsm._temporal.wire import (
-    MAX_ERROR_TEXT,
-    MAX_MODEL_OUTPUT,
-    MAX_PAYLOAD,
-    MAX_PROGRESS,
-    MAX_RESULT,
-    InferResult,
-    ToolArgs,
-    ToolOutcome,
-    dump,
-    fitted_result,
-    payload_size,
-    referenced,
-)
 from agentfsm.exceptions import ConfigurationError
 from agentfsm.options import LoopOptions
 from agentfsm.results import ErrorInfo, LoopResult, PathStep
@@ -58,6 +42,22 @@ from agentfsm.temporal import (
     ToolActivityOptions,
     worker,
     workflow_id,
+)
+from agentfsm.temporal._activities import _fit
+from agentfsm.temporal._agent import ROUTED_WAIT
+from agentfsm.temporal._wire import (
+    MAX_ERROR_TEXT,
+    MAX_MODEL_OUTPUT,
+    MAX_PAYLOAD,
+    MAX_PROGRESS,
+    MAX_RESULT,
+    InferResult,
+    ToolArgs,
+    ToolOutcome,
+    dump,
+    fitted_result,
+    payload_size,
+    referenced,
 )
 from agentfsm.testing import text
 from tests import temporal_review2_agents as agents

@@ -399,9 +399,9 @@ class TestTimeout:
             async def waits(self) -> None:
                 await anyio.lowlevel.checkpoint()
 
-        assert not Tool.from_function(pure)._awaits
-        assert Tool.from_function(waits)._awaits
-        assert Tool.from_function(Methods().waits)._awaits
+        assert not Tool.from_function(pure).suspends
+        assert Tool.from_function(waits).suspends
+        assert Tool.from_function(Methods().waits).suspends
 
     @pytest.mark.skipif(
         sys.version_info < (3, 12), reason="inspect.markcoroutinefunction is 3.12+"
@@ -418,7 +418,7 @@ class TestTimeout:
             return wait()
 
         inspect.markcoroutinefunction(marked)  # type: ignore[attr-defined,unused-ignore]
-        assert Tool.from_function(marked, name="marked")._awaits
+        assert Tool.from_function(marked, name="marked").suspends
 
     async def test_no_timeout(self) -> None:
         """`timeout=None` means no limit."""

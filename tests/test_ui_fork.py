@@ -36,10 +36,10 @@ from agentfsm import (
     tool,
 )
 from agentfsm._arguments import ArgumentValueError
-from agentfsm._replay.inbox import apply_fork, fork_id
 from agentfsm.events import LoopStarted
 from agentfsm.exceptions import ConfigurationError, LoopStateError
 from agentfsm.replay import _prepare_fork, fork
+from agentfsm.replay.inbox import apply_fork, fork_id
 from agentfsm.store import LoopRequest, MemoryStore, SQLiteStore
 from agentfsm.testing import ScriptedProvider, call, calls, text
 from agentfsm.ui import app

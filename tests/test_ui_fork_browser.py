@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, expect
 
-from agentfsm._replay.inbox import fork_id
 from agentfsm.events import LoopStarted
+from agentfsm.replay.inbox import fork_id
 from tests.test_ui_actions_browser import (
     Place,
     browser,

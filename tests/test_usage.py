@@ -445,7 +445,7 @@ async def test_chat_spans_carry_only_the_usage_reported() -> None:
                 "scripted": ScriptedProvider([text("hello")]),
             }
             async with Runtime(
-                providers=providers, instrument=traces.instrument()
+                providers=providers, extensions=[traces.instrument()]
             ) as runtime:
                 plain = InferenceInput(model="scripted:demo", context=ModelContext())
                 await runtime.wait(runtime.run_loop("a", "hi", plain))

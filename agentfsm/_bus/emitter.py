@@ -25,8 +25,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from agentfsm._models import (  # events are made as `_models.trusted` makes models
-    _new,
-    _setattr,
+    new_bare,
+    set_raw,
 )
 from agentfsm.inference import InferenceInput
 
@@ -70,13 +70,13 @@ EventType: TypeAlias = Literal[
 a test checks that the two lists are the same)."""
 
 _SPECS: dict[str, tuple[Any, dict[str, Any], set[str]]] = {}
-"""`events._SPECS` (type -> event class, template, fields set) once
+"""`events.EVENT_SPECS` (type -> event class, template, fields set) once
 `_event_specs` has found it."""
 
 
 def _event_specs() -> dict[str, tuple[Any, dict[str, Any], set[str]]]:
-    """`events._SPECS`, imported on the first event built (someone subscribed)."""
-    from agentfsm.events import _SPECS as specs
+    """`events.EVENT_SPECS`, imported on the first event built (someone subscribed)."""
+    from agentfsm.events import EVENT_SPECS as specs
 
     _SPECS.update(specs)
     return _SPECS
@@ -134,7 +134,7 @@ class Emitter:
         nothing for it)."""
         seq = self.seq = self.seq + 1
         if self.bus.listening and self.bus.wants("loop.started", self.loop_id):
-            from agentfsm._replay.wire import started_fields
+            from agentfsm._bus.started import started_fields
 
             fields = started_fields(message, request, options, handlers)
             self._publish("loop.started", seq, fields)
@@ -299,7 +299,7 @@ class Emitter:
         cls, template, fields_set = (_SPECS or _event_specs())[event_type]
         # What `_models.trusted` does, for an event (see `events._Event`): the
         # loop made every value itself, in the right type, so nothing is validated.
-        event = _new(cls)
+        event = new_bare(cls)
         values = event.__dict__  # a new, empty dict
         values.update(template)
         loop_id = self.loop_id
@@ -310,7 +310,7 @@ class Emitter:
         values["ts"] = self.clock()  # the runtime's (`Runtime(clock=)`)
         values["state"] = self.state
         values.update(fields)
-        _setattr(event, "__pydantic_fields_set__", fields_set)
+        set_raw(event, "__pydantic_fields_set__", fields_set)
         event_: AgentEvent = event
         return event_
 

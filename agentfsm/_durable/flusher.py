@@ -38,7 +38,7 @@ import anyio.lowlevel
 
 from agentfsm._errors import error_text
 from agentfsm._logging import get_logger
-from agentfsm.store._base import Commit, LoopStore, StoreError
+from agentfsm.store import Commit, LoopStore, StoreError
 
 __all__ = ("Flusher", "Ticket")
 

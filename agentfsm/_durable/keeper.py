@@ -53,8 +53,7 @@ from agentfsm.events import LoopIdle
 from agentfsm.exceptions import LeaseLostError, LoopLockedError, StoreError
 from agentfsm.results import ErrorInfo, LoopStatus, PathStep
 from agentfsm.states import LoopState, Outcome, Trigger
-from agentfsm.store._base import Commit, Lease, LoopStore, StoredLoop
-from agentfsm.store._outline import is_large
+from agentfsm.store import Commit, Lease, LoopStore, StoredLoop, is_large
 from agentfsm.tools import Tool
 
 from .flusher import Flusher
@@ -146,7 +145,7 @@ class Keeper:
             new=new,
             events=events,
         )
-        loop.journal = durable
+        loop.attach_journal(durable)
         self.held[loop.loop_id] = durable
         return durable
 
@@ -261,7 +260,7 @@ class Keeper:
             return
         if not durable.stored:
             # Its first commit has not landed: nobody else can hold it yet.
-            await durable.landed()
+            await durable.wait_landed()
         try:
             await self.renew([loop_id])
         except Exception as exc:  # the loop stops here, told why
@@ -351,7 +350,7 @@ class Keeper:
             await self._fail(stored, lease, exc)
             report.failed[loop_id] = str(exc)
             return
-        loop.seq = max(loop.seq, stored.last_event)  # (events past its record)
+        loop.events_after(stored.last_event)  # (events past its record)
         self.flusher.forget(loop_id)  # a failed write here before: anew
         durable = self._journal(loop, lease, written=len(stored.items))
         durable.valid_until = taken + self.ttl * LEASE_MARGIN

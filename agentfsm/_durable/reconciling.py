@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
     from agentfsm._loop.batch import PlannedCall
     from agentfsm._loop.loop import Loop
-    from agentfsm.store._base import CallRecord
+    from agentfsm.store import CallRecord
     from agentfsm.tools import Tool
 
 __all__ = ("Reconciliation", "reconcile_calls")

@@ -16,7 +16,7 @@ loop this runtime holds live:
   record (its end, mostly: any such commit's record holds the cancel asked,
   which a recovered loop honours) marks it applied.
 - fork: any watching runtime with the recording's tools and callables
-  starts the fork (`agentfsm._replay.inbox`: its id derived from the
+  starts the fork (`agentfsm.replay.inbox`: its id derived from the
   request, so the store takes one such loop only), whose first commit marks
   it applied; one without them leaves it pending.
 
@@ -51,7 +51,7 @@ from agentfsm.exceptions import AgentFSMError
 from agentfsm.interception import Decision, Proceed, Rewrite
 from agentfsm.messages import ImageBlock, TextBlock, UserMessage
 from agentfsm.results import LoopStatus
-from agentfsm.store._breaks import SharedBreakpoints
+from agentfsm.store import SharedBreakpoints
 
 if TYPE_CHECKING:
     from agentfsm._loop.loop import Loop
@@ -87,7 +87,7 @@ class Hooks:
     """The runtime's breakpoints, synced with the store's (None: not)."""
     fork: Callable[[LoopRequest], Awaitable[tuple[str, Durable] | None]] | None = None
     """Starts a fork request's loop, its journal carrying the request
-    (`agentfsm._replay.inbox.apply_fork`); None: not this runtime's to apply.
+    (`agentfsm.replay.inbox.apply_fork`); None: not this runtime's to apply.
     Raises `Refused`. None (the field): forks are left pending."""
 
 

@@ -62,8 +62,7 @@ from agentfsm.messages import (
 from agentfsm.record import DecisionEntry, LoopRecord
 from agentfsm.results import LoopStatus
 from agentfsm.states import LoopState
-from agentfsm.store._base import CallRecord, Commit, Lease
-from agentfsm.store._outline import LARGE, is_large
+from agentfsm.store import LARGE, CallRecord, Commit, Lease, is_large
 
 from .flusher import Flusher, Ticket
 
@@ -193,7 +192,7 @@ class Durable:
         self.answer: ContextItem | None = None
         """The item at `loop.answer_at` when last written (a handler may replace it)."""
         self.requested = 0
-        """The model requests whose outputs were taken (see `state_ran`)."""
+        """The model requests whose outputs were taken (see `take_state_output`)."""
         self.inference: tuple[int, InferenceOutput] | None = None
         """A model output to write with the next commit."""
         self.deferred: list[tuple[LoopRecord, int]] = []
@@ -251,7 +250,7 @@ class Durable:
         if self.lost is not None:
             raise Halted(self.lost)
 
-    async def committed(self, loop: Loop) -> None:
+    async def write_commit(self, loop: Loop) -> None:
         state = loop.state
         if state in _FREE:
             self.deferred.append((record_of(loop, path=False), len(loop.path)))
@@ -264,7 +263,7 @@ class Durable:
             # request it shaped goes out.
             await self.save(loop)
 
-    async def state_ran(self, loop: Loop) -> None:
+    async def take_state_output(self, loop: Loop) -> None:
         number = loop.model_requests
         if number == self.requested:
             return
@@ -296,7 +295,7 @@ class Durable:
                 sent = ticket
                 break
             if ticket.commit.new:
-                await self.landed()
+                await self.wait_landed()
                 return
         if sent is not None:
             await self.flusher.wait(sent)
@@ -306,11 +305,11 @@ class Durable:
         if isinstance(self.failed, LoopIdTakenError):
             return  # the loop is not the store's (see `check`)
         self._submit(loop, background=False)
-        await self.landed()
+        await self.wait_landed()
         if loop.status is LoopStatus.done and self.events is not None:
             self.events.close()  # its `loop.idle` is written: nothing follows
 
-    def decided(self, entry: DecisionEntry) -> None:
+    def store_decision(self, entry: DecisionEntry) -> None:
         self.decisions.append(entry)
         self.by = entry.by or entry.handler
         if not self.large and entry.decision.payload is not None:
@@ -321,7 +320,7 @@ class Durable:
         its next commit with a record marks it applied, in its transaction."""
         self.requests.append(request_id)
 
-    def queued(self, loop: Loop) -> None:
+    def store_queued(self, loop: Loop) -> None:
         """A steering or follow-up message was queued for the paused loop: its
         record, which holds the queues, is written (nobody waits for it; a
         runtime that exits writes it first), so the message outlives the
@@ -391,12 +390,12 @@ class Durable:
         known = self.ledger.get(key)
         if known is not None and known.status == "done":
             return known  # it ran before: never again
-        await self.landed()
+        await self.wait_landed()
         await self.act()
         entry = self._started(loop, planned, key, known)
         ledger, self.ended = [*self.ended, entry], []
         self._submit(loop, background=False, record=False, ledger=ledger)
-        await self.landed()
+        await self.wait_landed()
         return entry
 
     async def end_call(
@@ -417,10 +416,10 @@ class Durable:
         ):
             self.ended.append(done)
         else:
-            await self.landed()
+            await self.wait_landed()
             ledger, self.ended = [*self.ended, done], []
             self._submit(loop, background=False, record=False, ledger=ledger)
-            await self.landed()
+            await self.wait_landed()
 
     # ------------------------------------------------------------------ lease
 
@@ -451,7 +450,7 @@ class Durable:
 
     # ----------------------------------------------------------------- writes
 
-    async def landed(self) -> None:
+    async def wait_landed(self) -> None:
         """Return once the loop's queued writes have landed.
 
         Raises:
@@ -644,7 +643,7 @@ class Durable:
         """
         ledger, self.ended = self.ended, []
         self._submit(loop, background=False, record=False, ledger=ledger)
-        await self.landed()
+        await self.wait_landed()
 
     def mark_uncertain(self, keys: list[str]) -> None:
         """A recovery parked the loop over these calls: the ledger says so with
@@ -685,7 +684,7 @@ def _large_output(output: InferenceOutput) -> bool:
 def _large(loop: Loop, items: Sequence[ContextItem]) -> bool:
     """Whether a commit's record, or its new items, hold a string over `LARGE`
     or an image that no check before found (model outputs and the tools'
-    outputs are checked as they are taken: `state_ran`, `end_call`): the
+    outputs are checked as they are taken: `take_state_output`, `end_call`): the
     user's messages, the instructions, queued messages, a structured answer,
     an output a decision or a handler gave."""
     for item in items:

@@ -264,23 +264,44 @@ def _free_id(call_id: str, *sets: set[str]) -> str:
 
 
 def _context_ids(loop: Loop) -> set[str]:
-    """The ids of the calls in the loop's context, kept with the loop and
+    """The ids of the calls in the loop's context (`CallIds`, made with its
+    first output holding calls)."""
+    index = loop.call_ids
+    if index is None:
+        index = loop.call_ids = CallIds()
+    return index.of(loop.input.context.items)
+
+
+class CallIds:
+    """The ids of the calls in a loop's context, kept with the loop and
     brought up to date from the items appended since the previous look (a
-    context shorter than before, or another list, is read anew)."""
-    items = loop.input.context.items
-    ids = loop.call_ids
-    start = loop.call_ids_at
-    if ids is None or loop.call_ids_of is not items or len(items) < start:
-        ids = loop.call_ids = set()
-        loop.call_ids_of = items
-        start = 0
-    elif start == len(items):
+    context shorter than before, or another list, is read anew): a recovered
+    loop's from its restored context."""
+
+    __slots__ = ("ids", "items", "read")
+
+    def __init__(self) -> None:
+        self.ids: set[str] = set()
+        self.items: list[Any] | None = None
+        """The item list `ids` was read from."""
+        self.read = 0
+        """How many of its items `ids` has read."""
+
+    def of(self, items: list[Any]) -> set[str]:
+        """The ids of the calls in `items`."""
+        ids = self.ids
+        start = self.read
+        if self.items is not items or len(items) < start:
+            ids = self.ids = set()
+            self.items = items
+            start = 0
+        elif start == len(items):
+            return ids
+        for item in items[start:]:
+            if type(item) is FunctionCallItem:
+                ids.add(item.call_id)
+        self.read = len(items)
         return ids
-    for item in items[start:]:
-        if type(item) is FunctionCallItem:
-            ids.add(item.call_id)
-    loop.call_ids_at = len(items)
-    return ids
 
 
 def _cleaned_items(items: Any, model: str) -> tuple[list[Any], int, int]:

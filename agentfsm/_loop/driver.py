@@ -269,7 +269,7 @@ async def drive(loop: Loop) -> None:
         assert loop.step is not None
         step = await STATES[loop.state](loop, loop.step[1])
         if journal is not None:
-            await journal.state_ran(loop)
+            await journal.take_state_output(loop)
     loop.pending = None
     while True:
         if loop.cancel_requested and _cancelled(loop):  # the flag first: no call
@@ -301,9 +301,9 @@ async def drive(loop: Loop) -> None:
         if journal is None:
             step = await STATES[dest](loop, step[1])
         else:
-            await journal.committed(loop)  # before the state's side effects
+            await journal.write_commit(loop)  # before the state's side effects
             step = await STATES[dest](loop, step[1])
-            await journal.state_ran(loop)
+            await journal.take_state_output(loop)
         if loop.outbox is not None:
             await loop.flush()
         if not len(loop.path) & _YIELD_MASK:

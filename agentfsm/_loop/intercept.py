@@ -41,7 +41,7 @@ from .turn import infer_step, request_metadata
 if TYPE_CHECKING:
     from .loop import Loop
 
-__all__ = ("APPROVAL_GATE", "Paused", "Resumed", "approval_gate", "intercept")
+__all__ = ("Paused", "Resumed", "approval_gate", "intercept")
 
 
 class Paused(NamedTuple):
@@ -111,11 +111,6 @@ def approval_gate(pending: PendingTransition) -> Decision | None:
     return Pause(f"approval required: {names}")
 
 
-APPROVAL_GATE: Final = callable_name(approval_gate)
-"""The approval gate's name in a record's handlers: a loop whose tools need
-approval adds the gate itself, so a rebuilt or replayed loop does not."""
-
-
 async def intercept(
     loop: Loop, source: LoopState, step: Step, dest: LoopState
 ) -> tuple[Step, LoopState, LoopState | None] | None:
@@ -151,16 +146,16 @@ async def intercept(
 
                 name = callable_name(handlers[index])
                 entry = decision_entry(loop, pending, name, decision)
-                loop.journal.decided(entry)
+                loop.journal.store_decision(entry)
         match decision:
             case None | Proceed():
-                decided(loop, source, trigger, dest, handler_index, "proceed")
+                publish_decision(loop, source, trigger, dest, handler_index, "proceed")
             case Rewrite():
                 new_trigger, new_dest, payload = rewrite(
                     loop, source, trigger, dest, payload, decision
                 )
                 # The event names the edge proposed to the handler, and its choice.
-                decided(
+                publish_decision(
                     loop,
                     source,
                     trigger,
@@ -174,7 +169,9 @@ async def intercept(
                     reason = None  # the edge's reason goes with it
                 trigger, dest = new_trigger, new_dest
             case Pause(reason=why):
-                decided(loop, source, trigger, dest, handler_index, "pause", reason=why)
+                publish_decision(
+                    loop, source, trigger, dest, handler_index, "pause", reason=why
+                )
                 park(
                     loop,
                     (trigger, payload, reason),  # the step keeps its own reason
@@ -185,7 +182,9 @@ async def intercept(
                 )
                 return None
             case Abort(reason=why):
-                decided(loop, source, trigger, dest, handler_index, "abort", reason=why)
+                publish_decision(
+                    loop, source, trigger, dest, handler_index, "abort", reason=why
+                )
                 raise LoopAborted(why)
             case _:
                 raise TypeError(
@@ -195,7 +194,7 @@ async def intercept(
     return (trigger, payload, reason), dest, (None if original is dest else original)
 
 
-def decided(
+def publish_decision(
     loop: Loop,
     source: LoopState,
     trigger: Trigger,

@@ -50,12 +50,12 @@ class Journal(Protocol):
         """Raise `Halted` if a write the loop did not wait for failed, or its
         lease was found lost."""
 
-    async def committed(self, loop: Loop) -> None:
+    async def write_commit(self, loop: Loop) -> None:
         """A transition was committed (the state it entered has not run): write
         it, or keep it for the next write. Before a state with side effects,
         make sure the loop's lease is still this runtime's."""
 
-    async def state_ran(self, loop: Loop) -> None:
+    async def take_state_output(self, loop: Loop) -> None:
         """The state entered ran: take what it produced (a model output)."""
 
     async def ending(self, loop: Loop) -> None:
@@ -69,10 +69,10 @@ class Journal(Protocol):
             Halted: it did not.
         """
 
-    def decided(self, entry: DecisionEntry) -> None:
+    def store_decision(self, entry: DecisionEntry) -> None:
         """A decision about the loop's next transition, written with its commit."""
 
-    def queued(self, loop: Loop) -> None:
+    def store_queued(self, loop: Loop) -> None:
         """A message was queued for the paused loop: store it with its record."""
 
     def closing(self, loop: Loop) -> None:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Final
 from agentfsm import _models
 from agentfsm._bus import Emitter
 from agentfsm._logging import get_logger
+from agentfsm.extensions import LoopExtension, overrides
 from agentfsm.inference import (
     InferenceInput,
     InferenceOutput,
@@ -37,7 +38,7 @@ from .model_call import request_model
 from .repair import ContextScan, context_scan
 from .steps import _S, _T, Step
 from .tool_call import ToolChain, chain_tool_wrappers
-from .wrappers import chain_wrappers
+from .wrappers import LayeredProviders, chain_wrappers, hook_failed
 
 if TYPE_CHECKING:
     import anyio
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
     from agentfsm.record import LoopRecord
 
     from .batch import BatchPlan
+    from .bounds import CallIds
     from .journal import Journal
 
 __all__ = ("Loop", "current_loop_id", "one_more_unreported")
@@ -154,8 +156,6 @@ class Loop(Emitter):
         # what the loop runs with (not data: not in the record)
         "_bound_log",
         "call_ids",
-        "call_ids_at",
-        "call_ids_of",
         "clock",
         "detached",
         "done",
@@ -163,6 +163,7 @@ class Loop(Emitter):
         "described",
         "cancel_scope",
         "event",
+        "extensions",
         "on_commit",
         "on_end",
         "on_halt",
@@ -191,7 +192,6 @@ class Loop(Emitter):
         event: Callable[[], anyio.Event],
         on_end: Callable[[Loop], None],
         clock: Callable[[], datetime],
-        on_commit: Callable[[Loop], None] | None = None,
     ) -> None:
         # (The runtime passes these by position: keyword arguments to a class
         # cost ~2,000 instructions more per loop, a dict built and unpacked.)
@@ -266,7 +266,11 @@ class Loop(Emitter):
         self.cancel_scope = cancel_scope
         self.event = event
         self.on_end = on_end
-        self.on_commit = on_commit
+        self.on_commit: Callable[[Loop], None] | None = None
+        """The extensions' `committed` hooks, composed (`extend_with`)."""
+        self.extensions: tuple[LoopExtension, ...] = ()
+        """The parts of the runtime's extensions with lifecycle hooks in it
+        (`extend_with`); the runtime calls them."""
         self.journal: Journal | None = None
         """What keeps it in the runtime's store (`journal.Journal`), if the
         runtime has one."""
@@ -285,14 +289,8 @@ class Loop(Emitter):
         """Its options and handlers as its records name them, with the objects
         they were made from (`snapshot.record_of`, made once per loop)."""
         self.scan: ContextScan = context_scan(inference_input.context)
-        self.call_ids: set[str] | None = None
-        """The ids of the calls in its context (`bounds.unique_call_ids`): made
-        with its first output holding calls, kept up to date from the items
-        appended since (a recovered loop's from its restored context)."""
-        self.call_ids_at = 0
-        """How many of the context's items `call_ids` has read."""
-        self.call_ids_of: list[Any] | None = None
-        """The context's item list `call_ids` was read from."""
+        self.call_ids: CallIds | None = None
+        """The ids of the calls in its context (`bounds.unique_call_ids`)."""
         self.released: InferenceInput | None = None
         """The input with its forced tool choice released (`turn.released`)."""
         self.tools_of: Sequence[Tool] | None = None
@@ -317,6 +315,85 @@ class Loop(Emitter):
     def _request_model(self, request: ModelRequest) -> Awaitable[InferenceOutput]:
         """The innermost link of the model wrappers' chain."""
         return request_model(self, request.input, request.streaming)
+
+    # ------------------------------------------- what the runtime sets up, by name
+
+    def extend_with(self, parts: Sequence[LoopExtension]) -> None:
+        """Compose the runtime's extensions into the loop, once, as it is
+        built: their provider and tool layers inside the loop's own wrappers,
+        their `committed` hooks as its commit hook. Only what a part
+        overrides is composed (`extensions.overrides`)."""
+        providers = [p.provider for p in parts if overrides(p, "provider")]
+        if providers:
+            self.providers = LayeredProviders(self.providers, providers)
+        tools = [p.call_tool for p in parts if overrides(p, "call_tool")]
+        if tools:
+            self.tool_chain = chain_tool_wrappers((*self.options.tool_wrappers, *tools))
+        hooks = [p for p in parts if overrides(p, "committed")]
+        if hooks:
+
+            def committed(loop: Loop) -> None:
+                for part in hooks:
+                    try:
+                        part.committed()
+                    except Exception as exc:  # noqa: BLE001 - never stops the loop
+                        hook_failed(loop, part, "committed", exc)
+
+            self.on_commit = committed
+        self.extensions = tuple(
+            p
+            for p in parts
+            if overrides(p, "start_run")
+            or overrides(p, "run_ended")
+            or overrides(p, "loop_ended")
+        )
+
+    def release_extensions(self) -> None:
+        """Let go of the extensions' parts once no hook is left to call (the
+        loop ended, or left this runtime): a part holds the loop's view, and
+        the loop would be freed only by the cycle collector."""
+        self.extensions = ()
+        self.on_commit = None
+        self.tool_chain = None
+        if isinstance(self.providers, LayeredProviders):
+            self.providers = self.providers.inner
+
+    def attach_journal(self, journal: Journal) -> None:
+        """Keep the loop in a store from now on, through `journal`."""
+        self.journal = journal
+
+    def halts_to(
+        self, callback: Callable[[Loop, str, StoreError | None], None]
+    ) -> None:
+        """Call `callback` when the loop stops here without ending (`driver.halt`)."""
+        self.on_halt = callback
+
+    def events_after(self, seq: int) -> None:
+        """Number the loop's next events after `seq` (a recovered loop whose
+        store kept events past its record)."""
+        self.seq = max(self.seq, seq)
+
+    def keep_deadline(self, deadline_at: float | None) -> None:
+        """The deadline a rebuilt loop had (on anyio's clock), not a new one."""
+        self.deadline_at = deadline_at
+
+    def detach(self) -> None:
+        """The loop leaves this runtime without ending (handed over): a task
+        it still has ends here without ending it (`driver.run`)."""
+        self.detached = True
+
+    def run_by(self, worker: Any) -> None:
+        """The worker now running the loop (None: none)."""
+        self.worker = worker
+
+    def add_handler(self, handler: InterceptionHandler) -> None:
+        """Run `handler` last, from the next transition on (a new tuple: a
+        driver in the middle of `intercept` keeps the one it holds)."""
+        self.handlers = (*self.handlers, handler)
+
+    def drop_last_handler(self) -> None:
+        """Stop running the handler `add_handler` added last."""
+        self.handlers = self.handlers[:-1]
 
     # ------------------------------------------------ from outside the loop's task
 
@@ -350,7 +427,7 @@ class Loop(Emitter):
         if self.journal is not None:
             from .snapshot import decision_entry
 
-            self.journal.decided(
+            self.journal.store_decision(
                 decision_entry(self, paused.pending, None, decision, by)
             )
         self.emit("loop.resumed", decision=decision.kind)

@@ -29,6 +29,7 @@ from agentfsm import _models
 from agentfsm.exceptions import ConfigurationError, StoreError
 from agentfsm.inference import InferenceInput, RequestMetadata
 from agentfsm.interception import (
+    APPROVAL_GATE,
     Abort,
     Decision,
     Pause,
@@ -57,7 +58,7 @@ from agentfsm.record import (
 )
 from agentfsm.tools import Tool, ToolDefinition
 
-from .intercept import APPROVAL_GATE, Paused, Resumed
+from .intercept import Paused, Resumed
 from .repair import REPAIRED
 from .states.model_message import jsonable
 

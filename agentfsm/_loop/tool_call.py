@@ -12,7 +12,6 @@ with its `tools.ToolCallContext` as the context's current call
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
@@ -28,12 +27,12 @@ from agentfsm.tools import (
     ToolCallContext,
     ToolResult,
     ToolWrapper,
-    _current_call,
 )
 
 from .batch import BatchPlan, PlannedCall, unknown
 from .bounds import checked_tool_images, checked_tool_output
 from .journal import Halted
+from .tool_run import run_tool
 from .wrappers import chain_wrappers
 
 if TYPE_CHECKING:
@@ -190,16 +189,14 @@ async def _invoke(
         key,
         token,
     )
-    running._publisher = loop
-    running._thread = threading.get_ident()
-    context = _current_call.set(running)
+    context = running.activate(loop)
     returned = False
     output, is_error, terminate = "", False, False
     images: tuple[ImageBlock, ...] = ()
     try:
         if chain is None:
             assert tool is not None
-            value = await tool._invoke(call.arguments, loop.cancel_scope)
+            value = await run_tool(tool, call.arguments, loop.cancel_scope)
         else:
             value = await chain(
                 ToolCall(
@@ -211,21 +208,10 @@ async def _invoke(
                 )
             )
         returned = True
-        if type(value) is str:  # the common case first: no class test
+        if type(value) is str:  # the common case first: no call, no class test
             output = value
-        elif isinstance(value, ToolResult):
-            output, is_error, images = value.output, value.is_error, value.images
-            asked: Any = value.terminate
-            terminate = asked is True
-            if type(asked) is not bool:  # built without validation
-                kind = type(asked).__name__
-                output = (
-                    f"tool {call.name!r} returned a {kind} as terminate, not a bool"
-                )
-                is_error, terminate = True, False
-        else:  # what `ToolResult.of` holds, without making one
-            # (escaped once, by `_output`)
-            output = _text.json_text(value)
+        else:
+            output, is_error, terminate, images = _taken(call.name, value)
     except UnknownTool:
         output, is_error = unknown(call, loop.tools_by_name), True
     except ToolError as exc:
@@ -234,14 +220,21 @@ async def _invoke(
         output = f"tool {call.name!r} raised {type(exc).__name__}: {error_text(exc)}"
         is_error = True
     finally:
-        # The call has ended. Without its result (cancelled, timed out, a
-        # wrapper gave up), the function may still run (a sync tool's thread
-        # cannot be killed): tell it so. And the call lets go of the loop:
-        # copies of this context outlive the call (the cancelled deadline
-        # timer asyncio keeps until it would have fired, a thread running
-        # on), and must not keep the loop alive.
-        running._publisher = None
-        if not returned:
-            running._interrupt()
-        _current_call.reset(context)
+        # Without its result (cancelled, timed out, a wrapper gave up) the
+        # function may still run: a sync tool's thread cannot be killed.
+        running.deactivate(context, returned=returned)
     return output, is_error, terminate, images
+
+
+def _taken(name: str, value: Any) -> tuple[str, bool, bool, tuple[ImageBlock, ...]]:
+    """What a call returned that is not text: `(output, is_error, terminate,
+    images)` of a `ToolResult`, or any other value as JSON (what
+    `ToolResult.of` holds, without making one)."""
+    if not isinstance(value, ToolResult):
+        return _text.json_text(value), False, False, ()
+    asked: Any = value.terminate
+    if type(asked) is not bool:  # built without validation
+        kind = type(asked).__name__
+        output = f"tool {name!r} returned a {kind} as terminate, not a bool"
+        return output, True, False, value.images
+    return value.output, value.is_error, asked, value.images

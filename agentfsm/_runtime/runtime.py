@@ -64,6 +64,13 @@ from agentfsm.results import LoopResult, LoopStatus, LoopView
 from agentfsm.states import LoopState
 
 from .backend import Primitives, primitives
+from .extending import (
+    extend,
+    extensions_checked,
+    loop_ended,
+    run_ended,
+    start_with_extensions,
+)
 from .ids import (
     Clock,
     IdSource,
@@ -80,7 +87,6 @@ from .inputs import (
     handlers_of,
     user_message_of,
 )
-from .instrument import Instrument
 from .services import Services
 from .workers import WorkerPool
 
@@ -91,6 +97,7 @@ if TYPE_CHECKING:
     from agentfsm._durable.requests import Watcher
     from agentfsm.eventlog import EventLogWriter
     from agentfsm.events import AgentEvent
+    from agentfsm.extensions import Extension
     from agentfsm.messages import ContextItem
     from agentfsm.record import LoopRecord
     from agentfsm.store import LoopStore
@@ -151,8 +158,11 @@ class Runtime:
             stop conditions, `finish_turn`, structured-output classes) stored
             loops may be rebound to: a list (each named `module:qualname`) or
             a mapping from such names.
-        instrument: traces the loops, e.g. `agentfsm.otel.OpenTelemetry()`
-            (OpenTelemetry GenAI spans).
+        extensions: plug into every loop (`agentfsm.extensions`): layers
+            around its model requests and tool calls, hooks on its runs and
+            commits; e.g. `agentfsm.otel.OpenTelemetry()` (GenAI spans).
+        instrument: one more extension (the older spelling of
+            `extensions=[instrument]`).
         clock: returns the time (a timezone-aware `datetime`) for event
             timestamps and a loop's `started_at`/`ended_at`; default
             `datetime.now(UTC)`. It must not raise.
@@ -187,7 +197,8 @@ class Runtime:
         store: LoopStore | None = None,
         tools: Sequence[Tool | Callable[..., Any]] = (),
         handlers: Mapping[str, Any] | Sequence[Any] = (),
-        instrument: Instrument | None = None,
+        extensions: Sequence[Extension] = (),
+        instrument: Extension | None = None,
         clock: Clock = utc_now,
         ids: IdSource = uuid7,
         breakpoints: Sequence[Break] = (),
@@ -209,14 +220,12 @@ class Runtime:
             )
             raise error(f"keep_streams must be an int >= 0, got {keep_streams!r}")
         check("event_log", event_log, str | os.PathLike | None, "a path")
-        check(
-            "instrument",
-            instrument,
-            Instrument | None,
-            "an instrument such as agentfsm.otel.OpenTelemetry()",
-        )
+        extensions_checked(extensions)
+        if instrument is not None:  # the older spelling of one extension
+            extensions_checked([instrument], "instrument")
+            extensions = (*extensions, instrument)
         bindings_checked(tools, handlers)
-        self._instrument = instrument
+        self._extensions = tuple(extensions)
         self.providers = (
             providers
             if isinstance(providers, ProviderRegistry)
@@ -239,9 +248,6 @@ class Runtime:
         self._primitives = Primitives(anyio.CancelScope, anyio.Event)
         self._timers: dict[str, anyio.CancelScope] = {}
         """The deadline timers of paused loops, by loop id."""
-        self._on_commit: Callable[[Loop], None] | None = None
-        """Called at each committed transition of every loop (the point at which
-        a loop's record is complete; tests watch records there)."""
         self._keeper: Keeper | None = None
         """The durable store's side (`agentfsm._durable.keeper`), with a store."""
         if store is not None:
@@ -427,10 +433,10 @@ class Runtime:
 
     def _spawn(self, loop: Loop) -> None:
         assert self._workers is not None
-        if self._instrument is None:
+        if not loop.extensions:
             self._workers.run(loop)
         else:
-            self._instrument.start_run(loop, self._workers.run)
+            start_with_extensions(loop, self._workers.run)
 
     @property
     def _running(self) -> int:
@@ -440,8 +446,8 @@ class Runtime:
     def _run_ended(self, loop: Loop) -> None:
         """A loop's run ended: it finished, or it paused (then its deadline, if it
         has one, is kept by a timer: a paused loop holds no task but this)."""
-        if self._instrument is not None:
-            self._instrument.run_ended(loop)
+        if loop.extensions:
+            run_ended(loop)
         if self._streaming and (loop.status is LoopStatus.done or loop.detached):
             self._stream_ended(loop)  # its held events are delivered now
         if (
@@ -556,11 +562,12 @@ class Runtime:
             primitives.event,
             self._loop_done,
             self._clock,
-            self._on_commit,
         )
+        if self._extensions:  # before anything is stored or published
+            extend(loop, self._extensions, strict=True)
         if self._keeper is not None:
             self._keeper.adopt(loop, named=named)
-            loop.on_halt = self._loop_halted
+            loop.halts_to(self._loop_halted)
         if stream:
             # Subscribed before the first event: none is missed, however late
             # `events` is called. Unbounded: a slow reader never holds the loop.
@@ -620,7 +627,7 @@ class Runtime:
             ConfigurationError: no store, or one that keeps no requests.
         """
         from agentfsm._durable.requests import Hooks, Watcher
-        from agentfsm._replay.inbox import apply_fork
+        from agentfsm.replay.inbox import apply_fork
         from agentfsm.store import Requests
 
         keeper = self._keeper
@@ -666,9 +673,8 @@ class Runtime:
             primitives.event,
             self._loop_done,
             self._clock,
-            self._on_commit,
         )
-        loop.on_halt = self._loop_halted
+        loop.halts_to(self._loop_halted)
         return loop
 
     def hand_over(
@@ -682,7 +688,7 @@ class Runtime:
 
         The loop must be paused, or waiting inside its provider for a request
         it has not sent (a Temporal workflow continuing as new,
-        `agentfsm._temporal.carry`): its record then says it is in
+        `agentfsm.temporal._carry`): its record then says it is in
         `inference`, and the runtime that adopts it sends the request. It
         publishes nothing more here and never runs here again; a task it
         still has ends with this runtime, without ending the loop. `check`
@@ -706,7 +712,9 @@ class Runtime:
         items = list(loop.input.context.items)
         if check is not None:
             check(record, items)
-        loop.detached = True  # (its task, cancelled, then ends nothing: `driver.run`)
+        loop.detach()
+        if loop.worker is None:  # no run of it returns here: no hook follows
+            loop.release_extensions()
         del self._loops[loop_id]
         timer = self._timers.pop(loop_id, None)
         if timer is not None:
@@ -791,7 +799,7 @@ class Runtime:
                 return self._blank(inference_input, mine(bound, own_handlers), options)
 
         loop = restore(record, items, bindings, make)
-        loop.deadline_at = record.deadline_at
+        loop.keep_deadline(record.deadline_at)
         self._take_recovered(loop)
         return loop.loop_id
 
@@ -899,6 +907,8 @@ class Runtime:
                 events.close()
 
     def _take_recovered(self, loop: Loop) -> None:
+        if self._extensions:
+            extend(loop, self._extensions, strict=False)
         self._detached.pop(loop.loop_id, None)
         self._loops[loop.loop_id] = loop
         self.breakpoints.chain(loop)  # this runtime's, not those it was stored with
@@ -1032,10 +1042,10 @@ class Runtime:
             loop.resume(chosen, by)
             workers.resume(loop)
 
-        if self._instrument is None:
+        if not loop.extensions:
             start(loop)
         else:
-            self._instrument.start_run(loop, start)
+            start_with_extensions(loop, start)
 
     def steer(self, loop_id: str, message: UserMessage | str) -> None:
         """Queue a steering message for a running loop.
@@ -1075,7 +1085,7 @@ class Runtime:
             refuse_unsupported_images((message,), loop.input.model, self.providers)
         loop.queue(message, follow_up=follow_up)
         if loop.journal is not None and loop.status is LoopStatus.paused:
-            loop.journal.queued(loop)  # stored with the pause, not only in memory
+            loop.journal.store_queued(loop)  # stored with the pause, not only in memory
 
     def loops(self, *, status: LoopStatus | None = None) -> list[str]:
         """Ids of the loops the runtime knows, oldest first (optionally of one status)."""
@@ -1100,8 +1110,8 @@ class Runtime:
             self._ended_streams.pop(forgotten, None)
         if self._streaming:
             self._stream_ended(loop)
-        if self._instrument is not None:
-            self._instrument.loop_ended(loop)
+        if loop.extensions:
+            loop_ended(loop)
         timer = self._timers.pop(loop.loop_id, None)
         if timer is not None:
             timer.cancel()
@@ -1126,8 +1136,8 @@ class Runtime:
         self._loops.pop(loop.loop_id, None)
         if self._keeper is not None:
             self._keeper.forget(loop.loop_id)
-        if self._instrument is not None:
-            self._instrument.loop_ended(loop)
+        if loop.extensions:
+            loop_ended(loop)
         timer = self._timers.pop(loop.loop_id, None)
         if timer is not None:
             timer.cancel()

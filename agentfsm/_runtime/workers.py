@@ -133,7 +133,7 @@ class WorkerPool:
                 if loop is None or context is None:
                     return  # woken by `close`
                 worker.loop = worker.context = worker.wake = None
-                loop.worker = worker
+                loop.run_by(worker)
                 try:
                     while True:
                         if task is None:
@@ -152,7 +152,7 @@ class WorkerPool:
                     # the handle: they are left out of its traceback.
                     raise exc.with_traceback(None)  # noqa: B904 - the same exception
                 finally:
-                    loop.worker = None
+                    loop.run_by(None)
                     self.running -= 1
                     self._on_loop_end(loop)
                     # Neither an idle worker nor the traceback of a cancelled

@@ -19,8 +19,7 @@ from agentfsm.inference import InferenceOutput
 from agentfsm.record import DecisionEntry, LoopRecord
 from agentfsm.results import LoopStatus
 from agentfsm.states import LoopState
-from agentfsm.store import CallRecord, StoredLoopSummary
-from agentfsm.store._sql import SQLStore
+from agentfsm.store import CallRecord, SQLStore, StoredLoopSummary
 from agentfsm.timeline import thumbnails
 
 from ._text import one_line

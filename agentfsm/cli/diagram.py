@@ -15,6 +15,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from agentfsm._arguments import private_opener
 from agentfsm._text import printable
 from agentfsm.diagrams import (
     LoopPath,
@@ -25,9 +26,8 @@ from agentfsm.diagrams import (
     render_png,
     render_svg,
 )
-from agentfsm.eventlog import _private_opener
 from agentfsm.exceptions import AgentFSMError, StoreError
-from agentfsm.store._sql import SQLStore
+from agentfsm.store import SQLStore
 
 from .inspect import loop_of, read_log, read_loop, readable, report_skipped
 from .loops import add_schema_argument, with_store
@@ -149,5 +149,5 @@ async def _stored(given: str | None, store: SQLStore[Any]) -> LoopPath:
 def _write(target: Path, drawing: str | bytes) -> None:
     # Created 0600: a drawing of a log names its agents and quotes its pauses.
     data = drawing if isinstance(drawing, bytes) else drawing.encode("utf-8")
-    with open(target, "wb", opener=_private_opener(0o600)) as file:
+    with open(target, "wb", opener=private_opener(0o600)) as file:
         file.write(data)

@@ -35,13 +35,13 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
+from agentfsm._arguments import private_opener
 from agentfsm._text import printable
 from agentfsm.diagrams import LoopPath, render_svg
-from agentfsm.eventlog import _private_opener, read_events
+from agentfsm.eventlog import read_events
 from agentfsm.events import AgentEvent
 from agentfsm.exceptions import AgentFSMError, EventLogError, StoreError
-from agentfsm.store import StoredLoopSummary, UnreadableLoop
-from agentfsm.store._sql import SQLStore
+from agentfsm.store import SQLStore, StoredLoopSummary, UnreadableLoop
 from agentfsm.timeline import (
     build_timeline,
     find_loop,
@@ -249,7 +249,7 @@ def read_log(name: str, path: str | None, skipped: list[int]) -> list[AgentEvent
 def write_page(path: str, page: str) -> None:
     """Write an HTML page, its owner's only, as the log and the store are: it
     quotes prompts and tool outputs."""
-    with open(path, "w", encoding="utf-8", opener=_private_opener(0o600)) as html:
+    with open(path, "w", encoding="utf-8", opener=private_opener(0o600)) as html:
         html.write(page)
 
 

@@ -29,8 +29,7 @@ from agentfsm._text import printable
 from agentfsm.exceptions import AgentFSMError
 from agentfsm.messages import TokenUsage
 from agentfsm.results import LoopStatus
-from agentfsm.store import SQLiteStore, StoredLoopSummary, UnreadableLoop
-from agentfsm.store._sql import SQLStore
+from agentfsm.store import SQLiteStore, SQLStore, StoredLoopSummary, UnreadableLoop
 from agentfsm.timeline import aligned, short_ids
 
 from ._interrupt import exit_at_interrupt

@@ -1,10 +1,10 @@
 """`agentfsm run`: run one agent loop on a real model and watch it happen.
 
 ```text
-agentfsm run "What is 2 + 3?" --tool agentfsm.demo_tools:add --tool-choice add
+agentfsm run "What is 2 + 3?" --tool agentfsm.cli.demo_tools:add --tool-choice add
 agentfsm run "What is 2 + 3?" --mcp "python examples/mcp_calc_server.py"
-agentfsm run "What is 2 + 3?" --tool agentfsm.demo_tools:add --needs-approval add
-agentfsm run "What is 2 + 3?" --tool agentfsm.demo_tools:add --break function_call
+agentfsm run "What is 2 + 3?" --tool agentfsm.cli.demo_tools:add --needs-approval add
+agentfsm run "What is 2 + 3?" --tool agentfsm.cli.demo_tools:add --break function_call
 agentfsm run "What is in this picture?" --model openai:gpt-4.1 --image cat.png
 ```
 
@@ -75,9 +75,9 @@ from agentfsm import (
 from agentfsm._text import printable, printable_log
 from agentfsm.events import LoopDetached, LoopIdle, LoopPaused
 from agentfsm.exceptions import ConfigurationError, ProviderError
+from agentfsm.inference import TOOL_CHOICE_MODES
 from agentfsm.messages import ImageBlock, TokenUsage, UserMessage
 from agentfsm.providers import Provider, split_model
-from agentfsm.providers._common import TOOL_CHOICE_MODES
 from agentfsm.providers.local import DEFAULT_MODEL, LocalProvider
 from agentfsm.results import LoopStatus, LoopView
 from agentfsm.states import LoopState, Outcome

@@ -26,8 +26,7 @@ from typing import Any
 
 from agentfsm._text import printable
 from agentfsm.exceptions import AgentFSMError
-from agentfsm.store import SQLiteStore
-from agentfsm.store._sql import SQLStore
+from agentfsm.store import SQLiteStore, SQLStore
 
 from .loops import add_store_arguments, is_store_url, open_store, with_store
 

@@ -51,6 +51,7 @@ from agentfsm.inference import (
 __all__ = (
     "NO_IMAGES",
     "ImageSupport",
+    "OneProviderRegistry",
     "InferenceInput",
     "InferenceOutput",
     "ItemSource",
@@ -262,10 +263,10 @@ class ProviderRegistry:
         return provider
 
 
-class _OneProviderRegistry(ProviderRegistry):
-    """A registry whose every model resolves to one provider, whatever its
+class OneProviderRegistry(ProviderRegistry):
+    """A registry whose every model resolves to `provider`, whatever its
     prefix (a replay serves every request from the recording; a Temporal
-    workflow from its activity)."""
+    workflow from its activity): `Runtime(providers=OneProviderRegistry(p))`."""
 
     __slots__ = ("_only",)
 

@@ -38,7 +38,6 @@ from agentfsm.messages import (
 )
 
 __all__ = (
-    "TOOL_CHOICE_MODES",
     "ImageMapping",
     "OwnedClient",
     "close_stream",
@@ -64,9 +63,6 @@ T = TypeVar("T")
 
 CLOSE_TIMEOUT: Final = 5.0
 """Seconds a provider waits for a stream to close."""
-
-TOOL_CHOICE_MODES: Final = frozenset({"auto", "required", "none"})
-"""`InferenceInput.tool_choice` values that are modes; anything else names a tool."""
 
 _RETRYABLE_STATUS: Final = frozenset({408, 409, 425, 429})
 

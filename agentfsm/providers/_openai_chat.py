@@ -36,6 +36,7 @@ from openai.types.chat.chat_completion_chunk import ChoiceDeltaToolCall
 from pydantic import BaseModel
 
 from agentfsm.exceptions import ProviderError
+from agentfsm.inference import TOOL_CHOICE_MODES
 from agentfsm.messages import (
     ContextItem,
     FunctionCallItem,
@@ -58,7 +59,6 @@ from agentfsm.providers import (
     UsageUpdate,
 )
 from agentfsm.providers._common import (
-    TOOL_CHOICE_MODES,
     ImageMapping,
     count,
     image_url,

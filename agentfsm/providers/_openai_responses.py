@@ -49,6 +49,7 @@ from openai.types.responses import (
 from pydantic import BaseModel
 
 from agentfsm.exceptions import ProviderError
+from agentfsm.inference import TOOL_CHOICE_MODES
 from agentfsm.messages import (
     ContextItem,
     FunctionCallItem,
@@ -70,7 +71,6 @@ from agentfsm.providers import (
     ToolCallDelta,
 )
 from agentfsm.providers._common import (
-    TOOL_CHOICE_MODES,
     ImageMapping,
     count,
     image_url,

@@ -37,10 +37,15 @@ from ._base import (
     UnreadableLoop,
 )
 from ._breaks import SharedBreakpoints, StoredBreak
+from ._outline import LARGE, is_large
+from ._sql import SQLStore
 from .memory import MemoryStore
 from .sqlite import SQLiteStore
 
 __all__ = (
+    "LARGE",
+    "SQLStore",
+    "is_large",
     "CallRecord",
     "Commit",
     "CommitLog",

@@ -43,7 +43,7 @@ except ImportError as exc:
 from agentfsm._logging import get_logger
 from agentfsm._runtime.runtime import Runtime
 from agentfsm.exceptions import ConfigurationError
-from agentfsm.store._sql import SQLStore
+from agentfsm.store import SQLStore
 
 from ._actions import Actions
 from ._app import build_app

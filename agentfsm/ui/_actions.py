@@ -25,7 +25,7 @@ names in its audit.
 A fork (of any loop, an ended one too) starts a new loop from the loop's
 first model request at or after `seq`, with `model` if given
 (`agentfsm.replay.fork`); any runtime watching the store that has the loop's
-tools applies it, once (`agentfsm._replay.inbox`).
+tools applies it, once (`agentfsm.replay.inbox`).
 """
 
 from __future__ import annotations
@@ -46,8 +46,7 @@ from agentfsm.messages import ImageBlock, ModelMessageItem, TextBlock, UserMessa
 from agentfsm.record import DecisionRecord, LoopRecord
 from agentfsm.results import LoopStatus
 from agentfsm.states import Trigger
-from agentfsm.store import CallRecord, LoopRequest, SQLiteStore
-from agentfsm.store._sql import SQLStore
+from agentfsm.store import CallRecord, LoopRequest, SQLiteStore, SQLStore
 
 __all__ = ("ActionError", "Actions", "fork_points", "offered", "parse_object")
 

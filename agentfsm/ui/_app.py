@@ -61,7 +61,7 @@ from starlette.types import ASGIApp
 
 from agentfsm.exceptions import StoreError
 from agentfsm.results import LoopStatus
-from agentfsm.store._sql import SQLStore
+from agentfsm.store import SQLStore
 
 from ._actions import MAX_BODY, ActionError, Actions
 from ._breaks import Breaks

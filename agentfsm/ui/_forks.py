@@ -10,11 +10,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from agentfsm._paths import LoopPath
-from agentfsm._replay.inbox import fork_id
 from agentfsm.diagrams import path_graph
 from agentfsm.events import AgentEvent, LoopStarted
-from agentfsm.store import LoopRequest
-from agentfsm.store._sql import SQLStore
+from agentfsm.replay.inbox import fork_id
+from agentfsm.store import LoopRequest, SQLStore
 
 from ._actions import fork_points
 
@@ -32,7 +31,7 @@ async def fork_data(
     """`from`: the source loop and seq, with the source's path drawn as data
     (`path_graph`; None when the store lacks it), or None: not a fork;
     `forks`: the fork requests, oldest first, each with its loop's id once
-    applied (`agentfsm._replay.inbox.fork_id`); `points`: the seqs a fork
+    applied (`agentfsm.replay.inbox.fork_id`); `points`: the seqs a fork
     of this loop may start from; `enabled`: whether this UI can store a
     fork request (`Actions.enabled`)."""
     origin = None

@@ -21,17 +21,17 @@ from typing import TYPE_CHECKING, Any, Final
 import anyio
 import anyio.to_thread
 
-from agentfsm._replay.inbox import bound
-from agentfsm._replay.recording import Recording
 from agentfsm.exceptions import ConfigurationError
 from agentfsm.replay import replay
+from agentfsm.replay.inbox import bound
+from agentfsm.replay.recording import Recording
 from agentfsm.results import LoopStatus
 
 from ._actions import ActionError
 
 if TYPE_CHECKING:
     from agentfsm.events import AgentEvent
-    from agentfsm.store._sql import SQLStore
+    from agentfsm.store import SQLStore
 
 __all__ = ("Replays",)
 

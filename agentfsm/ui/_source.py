@@ -26,8 +26,7 @@ from agentfsm.diagrams import path_graph
 from agentfsm.events import AgentEvent
 from agentfsm.messages import REFERENCE, ImageBlock
 from agentfsm.results import LoopStatus
-from agentfsm.store import LoopRequest, StoredLoopSummary, UnreadableLoop
-from agentfsm.store._sql import SQLStore
+from agentfsm.store import LoopRequest, SQLStore, StoredLoopSummary, UnreadableLoop
 from agentfsm.timeline import build_timeline
 
 from ._actions import Actions, offered

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import weakref
+from collections.abc import Callable
 from contextvars import ContextVar, copy_context
 from typing import Any, cast
 
@@ -15,6 +16,7 @@ import pytest
 
 from agentfsm import (
     InferenceInput,
+    LoopStatus,
     ModelContext,
     Outcome,
     Pause,
@@ -28,9 +30,12 @@ from agentfsm import (
 from agentfsm._loop import Loop
 from agentfsm._runtime.backend import Primitives
 from agentfsm._runtime.workers import MAX_IDLE, Worker, WorkerPool
+from agentfsm.extensions import Extension, LoopExtension, LoopInfo
 from agentfsm.inference import InferenceOutput, ModelNext, ModelRequest
+from agentfsm.providers import Provider
 from agentfsm.testing import ScriptedProvider, call, calls, text
-from tests.helpers import request
+from agentfsm.tools import ToolCall, ToolNext, ToolResult
+from tests.helpers import pause_tools, request
 
 request_id: ContextVar[str] = ContextVar("request_id", default="none")
 
@@ -167,14 +172,15 @@ async def answer() -> str:
 
 
 def start_watched(
-    runtime: Runtime, offered: Tool | None = None, **options: Any
+    runtime: Runtime, offered: Tool | None = None, *handlers: Any, **options: Any
 ) -> tuple[str, weakref.ref[ModelContext]]:
     """Start a loop on a context only the loop holds (made in this frame, not the
     test's: pydantic keeps the namespace of a frame that defines a model)."""
     context = ModelContext()
     tools = [answer if offered is None else offered]
     request_ = InferenceInput(model="scripted:test", context=context, tools=tools)
-    return runtime.run_loop("agent", "go", request_, **options), weakref.ref(context)
+    loop_id = runtime.run_loop("agent", "go", request_, *handlers, **options)
+    return loop_id, weakref.ref(context)
 
 
 async def passthrough(request: ModelRequest, next_: ModelNext) -> InferenceOutput:
@@ -194,6 +200,61 @@ async def test_a_loop_with_model_wrappers_is_freed_without_the_cycle_collector()
         ) as runtime:
             loop_id, alive = start_watched(runtime, model_wrappers=[passthrough])
             assert (await runtime.wait(loop_id)).outcome is Outcome.answered
+            await anyio.wait_all_tasks_blocked()
+            assert alive() is None
+    finally:
+        gc.enable()
+
+
+class Everything(LoopExtension):
+    """A part with every layer and hook, holding the loop's view."""
+
+    def __init__(self, info: LoopInfo) -> None:
+        self.info = info
+
+    def provider(self, provider: Provider, /) -> Provider:
+        return provider
+
+    async def call_tool(self, call: ToolCall, next_: ToolNext, /) -> ToolResult:
+        return await next_(call)
+
+    def start_run(self, start: Callable[[], None], /) -> None:
+        start()
+
+    def committed(self) -> None:
+        assert self.info.last_step is not None
+
+    def run_ended(self) -> None:
+        pass
+
+    def loop_ended(self) -> None:
+        pass
+
+
+class EveryLoop(Extension):
+    def open(self, loop: LoopInfo, /) -> LoopExtension:
+        return Everything(loop)
+
+
+@pytest.mark.parametrize("paused", [False, True], ids=["ended", "ended-paused"])
+async def test_a_loop_with_extensions_is_freed_without_the_cycle_collector(
+    paused: bool,
+) -> None:
+    """A part holds the loop's view (loop -> part -> view -> loop): the loop
+    lets go of its parts after their last hook, in its run or not."""
+    provider = ScriptedProvider([calls(call("answer")), text("done")], record=False)
+    gc.disable()
+    try:
+        async with Runtime(
+            providers={"scripted": provider}, keep_finished=0, extensions=[EveryLoop()]
+        ) as runtime:
+            handlers = [pause_tools] if paused else []
+            loop_id, alive = start_watched(runtime, None, *handlers)
+            if paused:
+                while runtime.get(loop_id).status is not LoopStatus.paused:
+                    await anyio.lowlevel.checkpoint()
+                runtime.cancel(loop_id)
+            await runtime.wait(loop_id)
             await anyio.wait_all_tasks_blocked()
             assert alive() is None
     finally:

@@ -1,6 +1,6 @@
 """OpenTelemetry spans of a runtime's loops, following the GenAI semantic conventions.
 
-`Runtime(instrument=OpenTelemetry())` traces every loop of the runtime (the
+`Runtime(extensions=[OpenTelemetry()])` traces every loop of the runtime (the
 `agentfsm[otel]` extra: it needs only `opentelemetry-api`):
 
 | span | kind | what |
@@ -31,8 +31,9 @@ reference: a `file` part (`modality: image`, `mime_type`, `file_id`: its
 in `agentfsm.tool.call.images`; an image by URL is a `uri` part.
 
 With no tracer provider configured (OpenTelemetry's default, a proxy until one
-is set) a loop costs two dictionary lookups more and makes no span; the first
-loop started once a provider is set is traced.
+is set) the extension takes no part in a loop (it costs the lookups that find
+no provider, when the loop is built) and makes no span; the first loop started
+once a provider is set is traced.
 
 Example:
     ```python
@@ -42,7 +43,8 @@ Example:
     from agentfsm.otel import OpenTelemetry, conversation
 
     async with Runtime(
-        providers=providers, instrument=OpenTelemetry(tracer_provider=TracerProvider())
+        providers=providers,
+        extensions=[OpenTelemetry(tracer_provider=TracerProvider())],
     ) as runtime:
         with conversation("support-ticket-42"):  # gen_ai.conversation.id (default: the loop id)
             loop_id = runtime.run_loop("support", "Where is my order?", request)
@@ -73,14 +75,17 @@ except ImportError as exc:  # pragma: no cover - depends on what is installed
         "agentfsm.otel needs opentelemetry-api: pip install 'agentfsm[otel]'"
     ) from exc
 
-from agentfsm._otel.loop_trace import Decisions, LoopTrace
-from agentfsm._otel.spans import guarded
 from agentfsm.exceptions import ConfigurationError
+from agentfsm.extensions import Extension, LoopExtension, LoopInfo
+from agentfsm.otel._loop_trace import Decisions, LoopTrace
+from agentfsm.otel._model import TracedProvider
+from agentfsm.otel._spans import guarded
 from agentfsm.results import LoopStatus
 
 if TYPE_CHECKING:
     from agentfsm._bus import EventBus
-    from agentfsm._loop import Loop
+    from agentfsm.providers import Provider
+    from agentfsm.tools import ToolCall, ToolNext, ToolResult
 
 __all__ = ("CAPTURE_CONTENT_ENV", "OpenTelemetry", "conversation")
 
@@ -143,8 +148,8 @@ def _capture_from_env() -> bool:
 
 
 @final
-class OpenTelemetry:
-    """Traces a runtime's loops: pass it as `Runtime(instrument=...)`.
+class OpenTelemetry(Extension):
+    """Traces a runtime's loops: pass it as `Runtime(extensions=[...])`.
 
     One instance may serve several runtimes.
 
@@ -229,56 +234,18 @@ class OpenTelemetry:
         self._tracer = tracer
         return tracer
 
-    # ------------------------------------------------------- the runtime's hooks
+    # --------------------------------------------------------- the extension
 
-    def start_run(self, loop: Loop, start: Callable[[Loop], None], /) -> None:
-        """Hand `loop` to a worker with its segment's span current (the worker
-        runs it in a copy of this context; the caller's is left as it was)."""
-        span = guarded("start_run", self._begin_run, loop, otherwise=None)
-        if span is None:  # nothing to trace to: the loop runs as it would
-            start(loop)
-            return
-        token = otel_context.attach(trace.set_span_in_context(span))
-        try:
-            start(loop)
-        finally:
-            otel_context.detach(token)
-
-    def _begin_run(self, loop: Loop) -> Span | None:
-        """The span of the run about to start; None if nothing is traced."""
-        trace_ = self._loops.get(loop.loop_id)
-        if trace_ is None:
-            tracer = self._tracer or self._active_tracer()
-            if tracer is None:
-                return None
-            trace_ = self._trace(loop, tracer)
-        elif trace_.span is not None:
-            # Resumed while its paused run was still publishing the pause: that
-            # run goes on with the resumed part, which is a segment of its own.
-            trace_.end_segment(loop)
-        return trace_.begin(loop, in_run=True)
-
-    def run_ended(self, loop: Loop, /) -> None:
-        """A run returned: its segment ends."""
-        trace_ = self._loops.get(loop.loop_id)
-        if trace_ is None:
-            return
-        guarded("run_ended", trace_.end_segment, loop, otherwise=None)
-        if loop.status is LoopStatus.done:
-            self._forget(trace_)
-
-    def loop_ended(self, loop: Loop, /) -> None:
-        """The loop ended: its outcome goes on its last segment."""
-        trace_ = self._loops.get(loop.loop_id)
-        if trace_ is None:
-            return
-        guarded("loop_ended", trace_.ended, loop, otherwise=None)
-        if not trace_.in_run:  # ended without a run: no `run_ended` follows
-            self._forget(trace_)
+    def open(self, loop: LoopInfo, /) -> LoopExtension | None:
+        """Trace `loop`, if there is a tracer to trace to (else it costs the
+        loop nothing)."""
+        if self._tracer is None and self._active_tracer() is None:
+            return None
+        return _Traced(self, loop)
 
     # ------------------------------------------------------------------ loops
 
-    def _trace(self, loop: Loop, tracer: Tracer) -> LoopTrace:
+    def _trace(self, loop: LoopInfo, tracer: Tracer) -> LoopTrace:
         decisions = None
         if loop.handlers:
             decisions = self._decisions.get(loop.bus)
@@ -296,7 +263,6 @@ class OpenTelemetry:
         )
         if decisions is not None:
             decisions.users += 1
-        trace_.wire(loop)
         self._loops[loop.loop_id] = trace_
         return trace_
 
@@ -312,3 +278,79 @@ class OpenTelemetry:
                 self._decisions = {
                     bus: d for bus, d in self._decisions.items() if d is not decisions
                 }
+
+
+@final
+class _Traced(LoopExtension):
+    """`OpenTelemetry`'s part in one loop. Its trace begins with the loop's
+    first run (`start_run`); before that, and once it ended, it passes
+    everything through."""
+
+    __slots__ = ("_info", "_otel", "_trace")
+
+    def __init__(self, otel: OpenTelemetry, info: LoopInfo) -> None:
+        self._otel = otel
+        self._info = info
+        self._trace: LoopTrace | None = None
+
+    def start_run(self, start: Callable[[], None], /) -> None:
+        """Hand the run to a worker with its segment's span current (the worker
+        runs it in a copy of this context; the caller's is left as it was)."""
+        span = guarded("start_run", self._begin_run, otherwise=None)
+        if span is None:  # nothing to trace to: the loop runs as it would
+            start()
+            return
+        token = otel_context.attach(trace.set_span_in_context(span))
+        try:
+            start()
+        finally:
+            otel_context.detach(token)
+
+    def _begin_run(self) -> Span | None:
+        """The span of the run about to start; None if nothing is traced."""
+        trace_ = self._trace
+        info = self._info
+        if trace_ is None:
+            otel = self._otel
+            tracer = otel._tracer or otel._active_tracer()
+            if tracer is None:
+                return None
+            trace_ = self._trace = otel._trace(info, tracer)
+        elif trace_.span is not None:
+            # Resumed while its paused run was still publishing the pause: that
+            # run goes on with the resumed part, which is a segment of its own.
+            trace_.end_segment(info)
+        return trace_.begin(info, in_run=True)
+
+    def run_ended(self) -> None:
+        """A run returned: its segment ends."""
+        trace_ = self._trace
+        if trace_ is None:
+            return
+        guarded("run_ended", trace_.end_segment, self._info, otherwise=None)
+        if self._info.status is LoopStatus.done:
+            self._otel._forget(trace_)
+
+    def loop_ended(self) -> None:
+        """The loop ended: its outcome goes on its last segment."""
+        trace_ = self._trace
+        if trace_ is None:
+            return
+        guarded("loop_ended", trace_.ended, self._info, otherwise=None)
+        if not trace_.in_run:  # ended without a run: no `run_ended` follows
+            self._otel._forget(trace_)
+
+    def committed(self) -> None:
+        trace_ = self._trace
+        if trace_ is not None:
+            trace_.committed(self._info)
+
+    def provider(self, provider: Provider, /) -> Provider:
+        trace_ = self._trace
+        return provider if trace_ is None else TracedProvider(provider, trace_)
+
+    async def call_tool(self, call: ToolCall, next_: ToolNext, /) -> ToolResult:
+        trace_ = self._trace
+        if trace_ is None:
+            return await next_(call)
+        return await trace_.execute_tool(call, next_)

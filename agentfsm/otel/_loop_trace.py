@@ -29,19 +29,17 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Link, Span, SpanContext, SpanKind, Tracer
 
-from agentfsm._loop.tool_call import chain_tool_wrappers
 from agentfsm.events import TransitionIntercepted
 from agentfsm.exceptions import BusClosed
-from agentfsm.messages import TokenUsage, UserMessage
+from agentfsm.messages import TokenUsage
 from agentfsm.providers import split_model
 from agentfsm.record import callable_name
 from agentfsm.results import LoopStatus
 from agentfsm.states import Outcome, Trigger
 from agentfsm.tools import ToolCall, ToolNext, ToolResult
 
-from . import content
-from .model import TracedProviders
-from .spans import (
+from . import _content as content
+from ._spans import (
     METADATA_CHARS,
     NO_SPAN,
     add_event,
@@ -56,7 +54,7 @@ from .spans import (
 
 if TYPE_CHECKING:
     from agentfsm._bus import EventBus, Subscription
-    from agentfsm._loop import Loop
+    from agentfsm.extensions import LoopInfo
 
 __all__ = ("Decisions", "LoopTrace")
 
@@ -101,7 +99,7 @@ class Decisions:
                 return
             trace_ = traces.get(event.loop_id)
             if trace_ is not None and isinstance(event, TransitionIntercepted):
-                trace_.decided(event)
+                trace_.add_decision(event)
 
     def close(self) -> None:
         self._subscription.close()
@@ -131,7 +129,7 @@ class LoopTrace:
 
     def __init__(
         self,
-        loop: Loop,
+        loop: LoopInfo,
         tracer: Tracer,
         *,
         capture_content: bool,
@@ -147,11 +145,8 @@ class LoopTrace:
         self.loop_id = loop.loop_id
         self.agent_id = loop.agent_id
         self.handlers = tuple(callable_name(h) for h in loop.handlers)
-        prefix, self.model = split_model(loop.input.model)
-        try:
-            served_by: object = loop.providers.resolve(loop.input.model)
-        except Exception:  # noqa: BLE001 - `run_loop` resolved it; only names depend on it
-            served_by = None
+        prefix, self.model = split_model(loop.model)
+        served_by = loop.resolve_provider()  # (only names depend on it)
         self.provider = provider_name(prefix, served_by, provider_names)
         self.span: Span | None = None
         """The open segment's span."""
@@ -164,30 +159,9 @@ class LoopTrace:
         self.first_seq = loop.seq
         """The last event's number when the open segment began."""
 
-    def wire(self, loop: Loop) -> None:
-        """Trace the loop's model requests, tool calls and transitions.
-
-        The loop's own slots are set, not its options: the tracing belongs to
-        the runtime, so a loop's record (`Runtime.snapshot`) does not show it.
-        """
-        loop.providers = TracedProviders(loop.providers, self)
-        loop.tool_chain = chain_tool_wrappers(
-            (*loop.options.tool_wrappers, self.execute_tool)  # innermost
-        )
-        before = loop.on_commit
-        if before is None:
-            loop.on_commit = self.committed
-        else:
-
-            def both(loop: Loop) -> None:
-                before(loop)
-                self.committed(loop)
-
-            loop.on_commit = both
-
     # ---------------------------------------------------------------- segments
 
-    def begin(self, loop: Loop, *, in_run: bool) -> Span:
+    def begin(self, loop: LoopInfo, *, in_run: bool) -> Span:
         """Open a segment's span, a child of the current span (whoever started,
         resumed or cancelled the loop), linked to the last segment."""
         attributes: dict[str, Any] = {
@@ -199,9 +173,9 @@ class LoopTrace:
             "agentfsm.loop_id": self.loop_id,
             "agentfsm.segment": self.segments,
         }
-        if self.capture_content and self.segments == 0 and loop.pending is not None:
-            message = loop.pending[1]  # the first step: `start` with the user message
-            if isinstance(message, UserMessage):
+        if self.capture_content and self.segments == 0:
+            message = loop.pending_message  # the first step's: the loop's message
+            if message is not None:
                 attributes["gen_ai.input.messages"] = content.input_messages([message])
         links: tuple[Link, ...] = ()
         if self.previous is not None:
@@ -218,7 +192,7 @@ class LoopTrace:
         self.first_seq = loop.seq
         return span
 
-    def end_segment(self, loop: Loop) -> None:
+    def end_segment(self, loop: LoopInfo) -> None:
         """End the open segment (the loop ended, or paused)."""
         span = self.span
         if span is None:
@@ -230,8 +204,8 @@ class LoopTrace:
             if loop.status is not LoopStatus.done:
                 # Paused (a resume calls `start_run` before it applies its decision).
                 attributes["agentfsm.status"] = "paused"
-                if loop.paused is not None:
-                    attributes["agentfsm.pause_reason"] = loop.paused.reason
+                if loop.pause_reason is not None:
+                    attributes["agentfsm.pause_reason"] = loop.pause_reason
             set_attributes(span, attributes)
         finally:
             end(span)
@@ -240,7 +214,7 @@ class LoopTrace:
             self.in_run = False
             self.segments += 1
 
-    def ended(self, loop: Loop) -> None:
+    def ended(self, loop: LoopInfo) -> None:
         """Record how the loop ended on its segment (one opened for it if it
         ended while paused, with no run: the runtime closed, its deadline)."""
         try:
@@ -251,7 +225,7 @@ class LoopTrace:
             if not self.in_run:
                 self.end_segment(loop)
 
-    def _outcome(self, span: Span, loop: Loop) -> None:
+    def _outcome(self, span: Span, loop: LoopInfo) -> None:
         failure = loop.outcome is Outcome.failed
         attributes: dict[str, Any] = {
             "agentfsm.outcome": str(loop.outcome),
@@ -279,17 +253,20 @@ class LoopTrace:
 
     # ---------------------------------------------------------------- events
 
-    def committed(self, loop: Loop) -> None:
+    def committed(self, loop: LoopInfo) -> None:
         """The loop's commit hook: the transition, after the decisions about it."""
         guarded("transition", self._committed, loop, otherwise=None)
 
-    def _committed(self, loop: Loop) -> None:
+    def _committed(self, loop: LoopInfo) -> None:
         if self.decisions is not None:
             self.decisions.drain()
         span = self.span or self.begin(loop, in_run=False)
         if not span.is_recording():
             return  # sampled out: the event would be dropped
-        source, trigger, dest, rewritten_from = loop.path[-1]
+        step = loop.last_step
+        if step is None:
+            return
+        source, trigger, dest, rewritten_from = step
         attributes = {
             "agentfsm.source": source.value,
             "agentfsm.trigger": trigger.value,
@@ -298,14 +275,14 @@ class LoopTrace:
         }
         if rewritten_from is not None:
             attributes["agentfsm.rewritten_from"] = rewritten_from.value
-        step = loop.step
-        if step is not None and step[2] is not None:
+        reason = loop.step_reason
+        if reason is not None:
             attributes["agentfsm.reason"] = self._reason(
-                step[2], trigger == Trigger.fail
+                reason, trigger == Trigger.fail
             )
         add_event(span, "agentfsm.transition", attributes)
 
-    def decided(self, event: TransitionIntercepted) -> None:
+    def add_decision(self, event: TransitionIntercepted) -> None:
         """A handler's decision (drained from the bus by `Decisions`)."""
         span = self.span
         if span is None or event.seq <= self.first_seq:
@@ -336,7 +313,7 @@ class LoopTrace:
     # ---------------------------------------------------------------- tools
 
     async def execute_tool(self, call: ToolCall, next_: ToolNext) -> ToolResult:
-        """The innermost tool wrapper: an `execute_tool {name}` span, current
+        """The tool layer: an `execute_tool {name}` span, current
         while the tool runs (a sync tool's worker thread runs in a copy of the
         context, so it sees the span too)."""
         span = guarded("execute_tool", self._tool_span, call, otherwise=NO_SPAN)

@@ -44,24 +44,26 @@ from temporalio.worker.workflow_sandbox import (
     SandboxRestrictions,
 )
 
-from agentfsm._temporal.activities import (
+from agentfsm.exceptions import ConfigurationError
+from agentfsm.providers import Provider, ProviderRegistry
+from agentfsm.temporal._activities import (
     Chunk,
     ContextStore,
     MemoryContextStore,
     SharedContextStore,
     activities_for,
 )
-from agentfsm._temporal.agent import (
+from agentfsm.temporal._agent import (
     LocalActivityHandler,
     TemporalAgent,
     ToolActivityOptions,
     local_activity,
     register,
 )
-from agentfsm._temporal.client import LoopClient, workflow_id
-from agentfsm._temporal.contexts import StoreContexts
-from agentfsm._temporal.wire import IMAGE_MISSING, MAX_PAYLOAD, ToolArgs
-from agentfsm._temporal.workflow import (
+from agentfsm.temporal._client import LoopClient, workflow_id
+from agentfsm.temporal._contexts import StoreContexts
+from agentfsm.temporal._wire import IMAGE_MISSING, MAX_PAYLOAD, ToolArgs
+from agentfsm.temporal._workflow import (
     AGENT_ATTRIBUTE,
     BAD_START,
     BAD_UPDATE,
@@ -75,8 +77,6 @@ from agentfsm._temporal.workflow import (
     WORKFLOW_NAME,
     LoopWorkflow,
 )
-from agentfsm.exceptions import ConfigurationError
-from agentfsm.providers import Provider, ProviderRegistry
 
 __all__ = (
     "AGENT_ATTRIBUTE",

@@ -23,10 +23,10 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from agentfsm._logging import get_logger
-from agentfsm._mcp.errors import MCPConnectionError, MCPRequestError
-from agentfsm._mcp.options import reason
-from agentfsm._mcp.stdio import ProcessTransport
 from agentfsm.exceptions import ConfigurationError
+from agentfsm.mcp._errors import MCPConnectionError, MCPRequestError
+from agentfsm.mcp._options import reason
+from agentfsm.mcp._stdio import ProcessTransport
 
 __all__ = ("Connection", "Session", "connect_error", "is_lost")
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextvars
 import copy
 import hashlib
-import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import timedelta
@@ -49,13 +48,12 @@ from agentfsm.tools import (
     ToolCallContext,
     ToolDefinition,
     ToolResult,
-    _current_call,
 )
 
-from .agent import LocalActivityHandler, TemporalAgent
-from .contexts import StoreContexts
-from .rebuild import carried_prefix, history_prefix, holds
-from .wire import (
+from ._agent import LocalActivityHandler, TemporalAgent
+from ._contexts import StoreContexts
+from ._rebuild import carried_prefix, history_prefix, holds
+from ._wire import (
     CONTEXT_MISSING,
     IMAGE_MISSING,
     MAX_ERROR_TEXT,
@@ -216,18 +214,14 @@ def _spec_tool(spec: ToolSpec) -> Tool:
     """A stand-in `Tool` that only describes itself: what a provider reads
     (the model sees its name, description and schema). Its body never runs
     here; the workflow runs calls as their own activities."""
-    stand_in: Tool = object.__new__(Tool)
-    stand_in._describe(
+    return Tool.from_definition(
         ToolDefinition(
             name=spec.name, description=spec.description, parameters=spec.parameters
         ),
         _never_here,
         timeout=spec.timeout,
-        needs_approval=False,
         execution_mode=spec.execution_mode,
-        awaits=False,
     )
-    return stand_in
 
 
 async def _never_here(**arguments: Any) -> Any:
@@ -519,10 +513,8 @@ def _tool(agent: TemporalAgent, tool: Tool, store: ContextStore) -> Callable[...
             args.arguments,
             args.idempotency_key,
         )
-        token = _current_call.set(running)
         beats = _Beats()
-        running._publisher = beats
-        running._thread = threading.get_ident()
+        token = running.activate(beats)
         returned = False
         try:
             result = await _heartbeating(tool.invoke(args.arguments), every, beats.beat)
@@ -533,10 +525,9 @@ def _tool(agent: TemporalAgent, tool: Tool, store: ContextStore) -> Callable[...
                 f"tool {args.name!r} raised {type(exc).__name__}: {error_text(exc)}"
             )
         finally:
-            running._publisher = None  # a late report is dropped, not a beat
-            if not returned:  # cancelled: a sync tool's thread may run on
-                running._interrupt()
-            _current_call.reset(token)
+            # A late report is dropped, not a beat; cancelled, a sync tool's
+            # thread may run on, and is told.
+            running.deactivate(token, returned=returned)
         output, is_error, images = result.output, result.is_error, result.images
         if images:  # checked here too: they cross the boundary before the loop's check
             output, is_error, images = checked_tool_images(

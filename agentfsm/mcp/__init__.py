@@ -70,11 +70,16 @@ from mcp.server import Server
 from mcp.server.mcpserver import MCPServer
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from ._arguments import seconds, timeout_or_none
-from ._logging import get_logger
-from ._mcp.arguments import Arguments
-from ._mcp.errors import MCPConnectionError, MCPRequestError
-from ._mcp.options import (
+from agentfsm._arguments import seconds, timeout_or_none
+from agentfsm._logging import get_logger
+from agentfsm._runtime import Runtime, current_runtime
+from agentfsm._text import clip
+from agentfsm.exceptions import AgentFSMError, ConfigurationError, ToolError
+from agentfsm.tools import DEFAULT_TOOL_TIMEOUT, Tool, ToolDefinition, ToolResult
+
+from ._arguments import Arguments
+from ._errors import MCPConnectionError, MCPRequestError
+from ._options import (
     ApprovalRule,
     ToolFilter,
     approval_rule,
@@ -85,14 +90,10 @@ from ._mcp.options import (
     reason,
     target_of,
 )
-from ._mcp.progress import reporter
-from ._mcp.resources import READABLE, URI_CHARS, Readable, contents_text, named_in
-from ._mcp.results import tool_result
-from ._mcp.session import Connection, connect_error
-from ._runtime import Runtime, current_runtime
-from ._text import clip
-from .exceptions import AgentFSMError, ConfigurationError, ToolError
-from .tools import DEFAULT_TOOL_TIMEOUT, Tool, ToolDefinition, ToolResult
+from ._progress import reporter
+from ._resources import READABLE, URI_CHARS, Readable, contents_text, named_in
+from ._results import tool_result
+from ._session import Connection, connect_error
 
 if TYPE_CHECKING:
     from mcp_types import BlobResourceContents, TextResourceContents
@@ -209,9 +210,8 @@ class MCPTool(Tool):
         needs_approval: bool | Callable[[dict[str, Any]], bool],
         execution_mode: Literal["parallel", "sequential"],
     ) -> None:
-        # `Tool.__init__` reads a Python function's signature; this tool has the
-        # server's schema instead, so it sets `Tool`'s fields itself. `Tool`'s
-        # call path is kept whole: the timeout's scope, the approval rule.
+        # The server's schema, not a Python signature, defines the tool; the
+        # call path is `Tool`'s whole: the timeout's scope, the approval rule.
         self.spec = spec
         """The tool as the server listed it."""
         self._toolset = toolset
@@ -219,37 +219,28 @@ class MCPTool(Tool):
         if spec.output_schema is not None:
             # The SDK validates results against it (without retrieving): a
             # schema it cannot use would fail every call.
-            from ._jsonschema import SchemaProblem, check
+            from agentfsm._jsonschema import SchemaProblem, check
 
             try:
                 check(spec.output_schema)
             except SchemaProblem as exc:
                 raise SchemaProblem(f"output schema {exc}") from None
-        self._describe(
-            ToolDefinition(
+        super().__init__(
+            self._send,
+            definition=ToolDefinition(
                 name=name,
                 description=spec.description or spec.title or "",
                 parameters=self._arguments.schema,
             ),
-            self._send,
+            validate=self._arguments.validate,
             timeout=timeout,
             needs_approval=needs_approval,
             execution_mode=execution_mode,
-            awaits=True,
             on_crash="pause",  # a server's tool is not known to be idempotent
         )
 
     def __repr__(self) -> str:
         return f"MCPTool({self.name!r}, server={self._toolset.name!r})"
-
-    def validate_arguments(self, arguments: str | Mapping[str, Any]) -> dict[str, Any]:
-        """Check the model's arguments (a JSON object) against the server's schema.
-
-        Raises:
-            ToolArgumentsError: not a JSON object, or naming each field that
-                does not fit the schema and why.
-        """
-        return self._arguments.validate(arguments)
 
     async def _send(self, /, **arguments: Any) -> ToolResult:
         # Positional-only `self`: an argument may be called "self".
@@ -557,7 +548,9 @@ class MCPToolset(Sequence[Tool]):
                     f"{', '.join(sorted(missing))} (it has: "
                     f"{', '.join(sorted(t.name for t in listed)) or 'none'})"
                 )
-        from ._jsonschema import SchemaProblem  # imports jsonschema, as listing does
+        from agentfsm._jsonschema import (
+            SchemaProblem,  # imports jsonschema, as listing does
+        )
 
         before = {t.spec.name: t for t in self._tools if isinstance(t, MCPTool)}
         offered: list[Tool] = []

@@ -2,7 +2,7 @@
 
 - `ReplayProvider` serves the n-th recorded `inference.completed` output to the
   n-th request (streamed: the recorded chunks, then the output), for whatever
-  model the request names (`providers._OneProviderRegistry` serves every
+  model the request names (`providers.OneProviderRegistry` serves every
   model from it).
 - `RecordedTool` is a tool with the recorded tool's spec (or the given tool's)
   whose calls return the recorded outputs (their images too, the recorded
@@ -15,7 +15,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -26,13 +26,11 @@ from agentfsm.tools import (
     Tool,
     ToolDefinition,
     ToolResult,
-    _current_call,
     report_progress,
+    running_call,
 )
 
 if TYPE_CHECKING:
-    import anyio
-
     from agentfsm.inference import StreamEvent
 
     from .recording import Invocation, Recording
@@ -110,41 +108,37 @@ class RecordedTool(Tool):
         approvals: set[tuple[str, str]],
         like: Tool | None = None,
     ) -> None:
-        # Not `Tool.__init__`: there is no function to read a schema from. The
-        # fields a loop reads are set from the spec (or the given tool).
+        # There is no function to read a schema from: the definition is the
+        # spec's (or the given tool's), and so is the validation.
         # A rule (a function of the arguments) is not data: the recording
         # says which calls it held for approval.
         self._rule = like is None and spec.needs_approval == "rule"
         if like is None:
-            self._describe(
-                ToolDefinition(
+            super().__init__(
+                _never,
+                definition=ToolDefinition(
                     name=spec.name,
                     description=spec.description,
                     parameters=spec.parameters,
                 ),
-                _never,
                 timeout=spec.timeout,
                 needs_approval=_recorded_rule
                 if self._rule
                 else bool(spec.needs_approval),
                 execution_mode=spec.execution_mode,
-                awaits=False,
             )
         else:
-            self._describe(
-                like.definition,
+            super().__init__(
                 _never,
+                definition=like.definition,
+                validate=like.validate_arguments,  # its rule validates arguments
                 timeout=like.timeout,
                 needs_approval=like.needs_approval,
                 execution_mode=like.execution_mode,
-                awaits=False,
                 on_crash=like.on_crash,
             )
         self._invocations = invocations
         self._approvals = approvals
-        if like is not None:
-            self._args_model = like._args_model  # its rule validates arguments
-            self._parameters = like._parameters
 
     def requires_approval(self, arguments: str | Mapping[str, Any]) -> bool:
         """As recorded for a rule (a function of the arguments, not data)."""
@@ -152,13 +146,11 @@ class RecordedTool(Tool):
             return (self.name, _text(arguments)) in self._approvals
         return super().requires_approval(arguments)
 
-    async def _invoke(
-        self,
-        arguments: str | Mapping[str, Any],
-        cancel_scope: Callable[[], anyio.CancelScope],
-    ) -> str | ToolResult:
+    async def invoke(self, arguments: str | Mapping[str, Any]) -> ToolResult:
+        """The recorded output of this call (matched by call id, then by
+        arguments), its progress reported again."""
         text = _text(arguments)
-        running = _current_call.get()
+        running = running_call()
         call_id = running.call_id if running is not None else None
         unused = [i for i in self._invocations if not i.used]
         # By call id first: the calls of a parallel batch may start in another
@@ -195,7 +187,7 @@ def _recorded_rule(arguments: dict[str, Any]) -> bool:
     raise AssertionError("a recorded rule is never called")
 
 
-def _never(**kwargs: Any) -> Any:
+async def _never(**kwargs: Any) -> Any:
     raise AssertionError("a recorded tool's function never runs")
 
 

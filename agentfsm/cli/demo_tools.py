@@ -1,4 +1,4 @@
-"""Small built-in tools for demos: `agentfsm run --tool agentfsm.demo_tools:add`.
+"""Small built-in tools for demos: `agentfsm run --tool agentfsm.cli.demo_tools:add`.
 
 `make demo` runs `add` on the embedded SmolLM2 model the way a model that
 small answers reliably: the tool forced once, then an answer at temperature 0
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from .tools import tool
+from agentfsm.tools import tool
 
 __all__ = ("add", "clock")
 

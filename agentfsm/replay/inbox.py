@@ -30,13 +30,13 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
+from agentfsm._bus.started import rebound
 from agentfsm._durable.requests import Refused
-from agentfsm._loop.intercept import APPROVAL_GATE
 from agentfsm.exceptions import ConfigurationError
+from agentfsm.interception import APPROVAL_GATE
 from agentfsm.store import EventArchive
 
 from .recording import Recording
-from .wire import rebound
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

@@ -325,7 +325,7 @@ class StartLoop(BaseModel):
     the agent's instructions, when it has some, replace the context's."""
     carried: Carried | None = None
     """The loop itself, when this run goes on with it from the run before
-    (continue-as-new, `agentfsm._temporal.carry`); `message` is then None.
+    (continue-as-new, `agentfsm.temporal._carry`); `message` is then None.
     Its record's `loop_id` is `loop_id` (the workflow's signals, updates and
     queries name the loop by it)."""
 

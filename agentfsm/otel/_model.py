@@ -38,8 +38,8 @@ from agentfsm.providers import (
     split_model,
 )
 
-from . import content
-from .spans import (
+from . import _content as content
+from ._spans import (
     METADATA_CHARS,
     NO_SPAN,
     end,
@@ -52,7 +52,7 @@ from .spans import (
 )
 
 if TYPE_CHECKING:
-    from .loop_trace import LoopTrace
+    from ._loop_trace import LoopTrace
 
 __all__ = ("TracedProvider", "TracedProviders")
 

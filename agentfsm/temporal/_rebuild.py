@@ -30,7 +30,7 @@ from temporalio.client import Client
 from agentfsm._errors import error_text
 from agentfsm.messages import ContextItem
 
-from .wire import (
+from ._wire import (
     Carried,
     CarriedArgs,
     ContextArgs,

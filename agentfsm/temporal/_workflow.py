@@ -8,7 +8,8 @@ leaves the workflow as an activity:
 
 - each model request: a provider (`calls.ActivityProvider`) whose `complete` runs
   the `agentfsm.<agent>.infer` activity, the context passed by reference;
-- each tool body: the innermost tool wrapper (`calls.ToolActivities`) runs the
+- each tool body: the workflow's extension's tool layer (`calls.ToolActivities`,
+  inside the agent's tool wrappers) runs the
   `agentfsm.<agent>.tool.<name>` activity, the tool's timeout its
   start-to-close timeout (the tool's own in-workflow timer is never armed:
   the tool's function does not run in the workflow), its crash policy its
@@ -35,7 +36,7 @@ cancels the loop and ends the workflow canceled).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from pydantic import TypeAdapter, ValidationError
 from temporalio import workflow
@@ -52,17 +53,19 @@ from agentfsm.exceptions import (
     ImageNotSupported,
     LoopStateError,
 )
+from agentfsm.extensions import Extension, LoopExtension, LoopInfo
 from agentfsm.inference import InferenceInput
 from agentfsm.interception import Decision, Rewrite, ToolBatch
 from agentfsm.messages import ContextItem, UserMessage
-from agentfsm.providers import _OneProviderRegistry
+from agentfsm.providers import OneProviderRegistry
 from agentfsm.results import LoopResult, LoopStatus, LoopView
 from agentfsm.states import LoopState, Outcome, Trigger
+from agentfsm.tools import ToolCall, ToolNext, ToolResult
 
-from .agent import LocalActivityHandler, TemporalAgent, agent_named
-from .calls import ActivityProvider, ToolActivities, local_handler
-from .carry import Carry
-from .wire import (
+from ._agent import LocalActivityHandler, TemporalAgent, agent_named
+from ._calls import ActivityProvider, ToolActivities, local_handler
+from ._carry import Carry
+from ._wire import (
     MAX_PAYLOAD,
     MAX_RESULT,
     StartLoop,
@@ -70,9 +73,6 @@ from .wire import (
     fitted_result,
     payload_size,
 )
-
-if TYPE_CHECKING:
-    from agentfsm._loop import Loop
 
 __all__ = (
     "AGENT_ATTRIBUTE",
@@ -164,28 +164,47 @@ def view_data(
     return view.model_dump(mode="json", exclude={"pending": {"metadata"}})
 
 
-class _Status:
-    """The runtime's instrument: keeps the state search attribute current,
-    when a run of the loop starts and when it returns (pauses or ends)."""
+class _InWorkflow(Extension):
+    """The workflow's extension of its runtime: each tool body runs as an
+    activity (its tool layer); it holds the loop's view (what `input.dropped`
+    is published on, what the transcript reads) and keeps the state search
+    attribute current when a run starts and when it returns."""
 
-    def __init__(self, owner: LoopWorkflow) -> None:
+    __slots__ = ("owner", "tools")
+
+    def __init__(self, owner: LoopWorkflow, tools: ToolActivities) -> None:
         self.owner = owner
+        self.tools = tools
 
-    def start_run(self, loop: Loop, start: Callable[[Loop], None], /) -> None:
-        self.owner.loop = loop  # what `input.dropped` is published on
-        start(loop)
-        self.owner.upsert(f"running:{loop.state}")
-
-    def run_ended(self, loop: Loop, /) -> None:
-        # A paused loop a run took up (continue-as-new) reaches the instrument
-        # here first, not through `start_run`: the transcript reads it.
+    def open(self, loop: LoopInfo, /) -> LoopExtension:
+        # A paused loop a run took up (continue-as-new) is opened too: the
+        # transcript reads it before it runs.
         self.owner.loop = loop
-        if loop.status is not LoopStatus.done:
-            self.owner.upsert(f"{loop.status}:{loop.state}")
+        return _InLoop(self.owner, loop, self.tools)
 
-    def loop_ended(self, loop: Loop, /) -> None:
+
+class _InLoop(LoopExtension):
+    __slots__ = ("info", "owner", "tools")
+
+    def __init__(
+        self, owner: LoopWorkflow, info: LoopInfo, tools: ToolActivities
+    ) -> None:
+        self.owner = owner
+        self.info = info
+        self.tools = tools
+
+    async def call_tool(self, call: ToolCall, next_: ToolNext, /) -> ToolResult:
+        return await self.tools(call, next_)
+
+    def start_run(self, start: Callable[[], None], /) -> None:
+        start()
+        self.owner.upsert(f"running:{self.info.state}")
+
+    def run_ended(self) -> None:
         # `done:idle` is upserted with the outcome, in one command (`_ended`).
-        pass
+        info = self.info
+        if info.status is not LoopStatus.done:
+            self.owner.upsert(f"{info.status}:{info.state}")
 
 
 @workflow.defn(name=WORKFLOW_NAME, failure_exception_types=FAILURE_EXCEPTION_TYPES)
@@ -195,7 +214,7 @@ class LoopWorkflow:
     def __init__(self) -> None:
         self.loop_id = ""
         self.runtime: Runtime | None = None
-        self.loop: Loop | None = None
+        self.loop: LoopInfo | None = None
         self.provider: ActivityProvider
         self._early: list[Callable[[Runtime], None]] = []
         self._state = ""
@@ -230,7 +249,6 @@ class LoopWorkflow:
         options = dict(agent.options)
         # The activity's start-to-close timeout, not an in-workflow timer.
         options.pop("inference_timeout", None)
-        options["tool_wrappers"] = (*options.get("tool_wrappers", ()), tools)
         # Kept current only on workflows started with it (the namespace has it).
         attributes = workflow.info().typed_search_attributes
         self._state = attributes.get(STATE_ATTRIBUTE) or ""
@@ -243,7 +261,9 @@ class LoopWorkflow:
         # The loop runs in a task of its own that Temporal's cancel does not
         # reach: the cancel asks the loop to end (`Runtime.cancel`), and the
         # workflow waits for it to end in idle, its result kept in the memo.
-        running = asyncio.ensure_future(self._run(start, agent, handlers, options))
+        running = asyncio.ensure_future(
+            self._run(start, agent, tools, handlers, options)
+        )
         try:
             result = await asyncio.shield(running)
         except asyncio.CancelledError:
@@ -276,13 +296,14 @@ class LoopWorkflow:
         self,
         start: StartLoop,
         agent: TemporalAgent,
+        tools: ToolActivities,
         handlers: list[Any],
         options: dict[str, Any],
     ) -> LoopResult:
         runtime = Runtime(
-            providers=_OneProviderRegistry(self.carry.provider()),
+            providers=OneProviderRegistry(self.carry.provider()),
             clock=workflow.now,
-            instrument=_Status(self),
+            extensions=[_InWorkflow(self, tools)],
         )
         async with runtime:
             # Subscribed before the loop starts, drained once it has: a start
@@ -474,9 +495,8 @@ class LoopWorkflow:
             )
 
         def publish(_: Runtime) -> None:
-            loop = self.loop
-            if loop is not None and loop.status is not LoopStatus.done:
-                loop.emit("input.dropped", input=signal, reason=reason)
+            if self.loop is not None:
+                self.loop.input_dropped(signal, reason)
 
         self._when_running(publish)
 

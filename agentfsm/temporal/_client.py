@@ -64,8 +64,8 @@ from agentfsm.interception import Decision
 from agentfsm.messages import ContextItem, ModelContext, UserMessage
 from agentfsm.results import LoopResult, LoopView
 
-from .wire import MAX_PAYLOAD, StartLoop, dump, payload_size
-from .workflow import (
+from ._wire import MAX_PAYLOAD, StartLoop, dump, payload_size
+from ._workflow import (
     AGENT_ATTRIBUTE,
     IMAGE_NOT_SUPPORTED,
     LOOP_FAILED,

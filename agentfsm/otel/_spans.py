@@ -21,7 +21,7 @@ from agentfsm._errors import error_text
 from agentfsm._logging import get_logger
 from agentfsm._text import encodable
 
-from . import content
+from . import _content as content
 
 __all__ = (
     "METADATA_CHARS",

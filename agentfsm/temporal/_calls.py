@@ -22,8 +22,8 @@ from temporalio.exceptions import (
     TimeoutType,
 )
 
+from agentfsm._bus.started import request_data
 from agentfsm._keys import idempotency_key
-from agentfsm._replay.wire import request_data
 from agentfsm.exceptions import ProviderError, ToolTimeout
 from agentfsm.inference import (
     ImageSupport,
@@ -34,10 +34,10 @@ from agentfsm.inference import (
 from agentfsm.interception import Decision, Pause, PendingTransition
 from agentfsm.messages import ContextItem, ImageBlock
 from agentfsm.states import LoopState
-from agentfsm.tools import ToolCall, ToolNext, ToolResult, _current_call
+from agentfsm.tools import ToolCall, ToolNext, ToolResult, running_call
 
-from .agent import LocalActivityHandler, TemporalAgent
-from .wire import (
+from ._agent import LocalActivityHandler, TemporalAgent
+from ._wire import (
     CONTEXT_MISSING,
     IMAGE_MISSING,
     MAX_PAYLOAD,
@@ -58,7 +58,7 @@ from .wire import (
 )
 
 if TYPE_CHECKING:
-    from .workflow import LoopWorkflow
+    from ._workflow import LoopWorkflow
 
 __all__ = ("ActivityProvider", "ToolActivities", "local_handler", "run_activity")
 
@@ -421,7 +421,8 @@ class ActivityProvider:
 
 
 class ToolActivities:
-    """The innermost tool wrapper: runs a call's tool body as an activity."""
+    """The workflow's tool layer (inside the agent's tool wrappers): runs a
+    call's tool body as an activity."""
 
     def __init__(self, agent: TemporalAgent, owner: LoopWorkflow) -> None:
         self.agent = agent
@@ -439,7 +440,7 @@ class ToolActivities:
         item = call.call
         # The loop's own record of the call (request number, position, key):
         # the activity's tool sees the same `current_call()` as in a process.
-        running = _current_call.get()
+        running = running_call()
         if running is not None and running.call_id == item.call_id:
             request, position = running.request, running.position
             key = running.idempotency_key

@@ -5,7 +5,7 @@ and back again.
 only when someone listens. `request_of` turns the recorded request back into an
 `InferenceInput` for a replay or a fork, with the tools given for it.
 
-This module converts public data only (it imports none of `_bus`, `_loop` or
+This module converts public data only (it imports none of `_loop` or
 `_runtime`), so the emitter may import it.
 """
 

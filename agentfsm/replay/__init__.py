@@ -29,12 +29,12 @@ not data, so they are given again:
 - `options`: overrides of the recorded options; callables the recording names
   (`stop_when`, wrappers, `finish_turn`) must be given here.
 
-What it compares, and what it leaves out, is in `agentfsm._replay.compare`:
+What it compares, and what it leaves out, is in `agentfsm.replay._compare`:
 the envelope (`event_id`, `loop_id`, `seq`, `ts`), durations, handlers'
 `proceed` decisions and the deciding handler's index differ by design, and so
 does the order the calls of a parallel batch interleave in (a batch is
 compared call by call). A loop a durable runtime recovered replays as one run
-without a crash (`agentfsm._replay.recording`: what the recovery published is
+without a crash (`agentfsm.replay.recording`: what the recovery published is
 read as such, not compared).
 
 Limits: steering and follow-up messages queued from outside the loop are not
@@ -63,25 +63,31 @@ import anyio
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, InstanceOf, JsonValue
 
-from ._loop.intercept import APPROVAL_GATE
-from ._replay.compare import edge_of, first_mismatch
-from ._replay.doubles import ReplayProvider, recorded_tools
-from ._replay.recording import Recording, loop_events
-from ._replay.wire import FORKED_FROM, rebound, request_of
-from .eventlog import read_events
-from .events import AgentEvent, ForkOrigin, LoopPaused, LoopTransition
-from .exceptions import ConfigurationError
-from .inference import InferenceInput
-from .interception import Abort, Decision, InterceptionHandler, PendingTransition
-from .messages import ModelContext
-from .options import LoopOptionsDict
-from .providers import _OneProviderRegistry
-from .results import LoopResult, PathStep
-from .states import Trigger
-from .tools import Tool
+from agentfsm._bus.started import FORKED_FROM, rebound, request_of
+from agentfsm.eventlog import read_events
+from agentfsm.events import AgentEvent, ForkOrigin, LoopPaused, LoopTransition
+from agentfsm.exceptions import ConfigurationError
+from agentfsm.inference import InferenceInput
+from agentfsm.interception import (
+    APPROVAL_GATE,
+    Abort,
+    Decision,
+    InterceptionHandler,
+    PendingTransition,
+)
+from agentfsm.messages import ModelContext
+from agentfsm.options import LoopOptionsDict
+from agentfsm.providers import OneProviderRegistry
+from agentfsm.results import LoopResult, PathStep
+from agentfsm.states import Trigger
+from agentfsm.tools import Tool
+
+from ._compare import edge_of, first_mismatch
+from ._doubles import ReplayProvider, recorded_tools
+from .recording import Recording, loop_events
 
 if TYPE_CHECKING:
-    from ._runtime import Runtime
+    from agentfsm._runtime import Runtime
 
 __all__ = (
     "Difference",
@@ -356,14 +362,14 @@ async def _run(
     provider: ReplayProvider,
 ) -> tuple[list[AgentEvent], LoopResult, str]:
     """Run the loop in a runtime of its own, resuming each pause as recorded."""
-    from ._runtime import Runtime
+    from agentfsm._runtime import Runtime
 
     started = recording.started
     events: list[AgentEvent] = []
     resumes = iter(recording.resumes)
     if recording.recovered:
         handlers = [*handlers, _as_recovered(recording)]
-    runtime = Runtime(providers=_OneProviderRegistry(provider), keep_finished=1)
+    runtime = Runtime(providers=OneProviderRegistry(provider), keep_finished=1)
     async with runtime:
         # Subscribed until after the runtime's exit: a loop left paused ends
         # only then (cancelled, as the recording's did), publishing its end.
@@ -494,7 +500,7 @@ async def fork(
             `at_seq`, or the replay diverged before reaching it, or
             `new_loop_id` is not a new loop's id.
     """
-    from ._runtime import current_runtime
+    from agentfsm._runtime import current_runtime
 
     target = runtime or current_runtime()
     prepared = await _prepare_fork(

@@ -60,8 +60,8 @@ from agentfsm.options import LoopOptions
 from agentfsm.record import callable_name
 from agentfsm.results import LoopStatus
 
-from .calls import run_activity
-from .wire import (
+from ._calls import run_activity
+from ._wire import (
     CONTEXT_MISSING,
     MAX_PAYLOAD,
     Carried,
@@ -86,8 +86,8 @@ if TYPE_CHECKING:
     from agentfsm.record import LoopRecord
     from agentfsm.results import LoopResult
 
-    from .agent import TemporalAgent
-    from .calls import ActivityProvider
+    from ._agent import TemporalAgent
+    from ._calls import ActivityProvider
 
 __all__ = ("Boundary", "Carry")
 
@@ -285,8 +285,7 @@ class Carry:
         loop = self.activities.owner.loop
         queued: list[ContextItem] = []
         if loop is not None:
-            queued.extend(loop.steering or ())
-            queued.extend(loop.follow_ups or ())
+            queued.extend(loop.queued)
         return await self.activities.images.keep([*items, *queued])
 
     async def _keep_queued(self) -> bool:

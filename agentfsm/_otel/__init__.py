@@ -1,1 +1,0 @@
-"""The parts of `agentfsm.otel`: spans of loops, model requests and tool calls."""

@@ -1,1 +1,0 @@
-"""Replay and fork: re-driving a loop from what its events recorded (see `agentfsm.replay`)."""
