@@ -755,6 +755,9 @@ async def test_without_a_tracer_provider_nothing_is_traced_until_one_is_set(
     provider = ScriptedProvider([text("hi")])
     async with Runtime(providers={"scripted": provider}, extensions=[instrument]) as rt:
         first = rt.run_loop("agent", "hi", request())
+        untraced = rt._loops[first]  # its direct path: no layer, no hook
+        assert (untraced.extensions, untraced.tool_chain) == ((), None)
+        assert untraced.providers is rt.providers
         await rt.wait(first)
         assert len(global_provider.exporter.get_finished_spans()) == 0
         trace.set_tracer_provider(global_provider.provider)

@@ -16,12 +16,8 @@ for (see `_durable.writer._AHEAD`): a zero-latency model answers before the
 flusher's task has had a moment, so the commit shares its trip to the thread
 with the next one waited for, the commit into `function_call` that follows or
 the loop's end (`Durable.ending`): 4 trips a run instead of 8, ~90 us of a
-thread hop each on the benchmark's machine (~110-125 through
-`anyio.to_thread`, before the SQL stores had a thread of their own,
-`store/_thread.py`). (When the loop waited for the tools' outputs before
-asking the model again and for its writes before its end was decided, a run
-made 7 trips: 1,698 against 1,277 us a run, with the SQLite store's layout 3
-through `anyio.to_thread`; 1.96x the floor against 1.55x.)
+thread hop each on the benchmark's machine (bench/PERFORMANCE.md, "Four
+trips to the store's thread a run", has the figures and what came before).
 Tests: tests/test_durable_flusher.py.
 
 The queue is one runtime's, so commits land in the order they were submitted:

@@ -111,12 +111,9 @@ _SCHEMA: Final = (
 """The tables (see `_sql`). One row in one table is what makes a commit cheap:
 each table (and index) a transaction touches is a page more to write to the
 WAL. So a commit is one statement, its own transaction, unless the loop's row
-(status, lease) must change. With the ledger in a table of its own (layout
-2), the six commits of the benchmark's run that carry intents or outputs were
-transactions of three statements: the thread spent ~100 µs a run more. For
-the same reason a loop's rows are found by their ids, not an index (layout 3:
-a b-tree more for every commit to write; the ranges, A/B: 791 against 820 µs
-a run). The unfinished loops are indexed by owner (`loops_unfinished`,
+(status, lease) must change, and a loop's rows are found by their ids, not
+an index (a b-tree more for every commit to write); bench/PERFORMANCE.md, "A
+loop's rows are a range of ids", has the figures. The unfinished loops are indexed by owner (`loops_unfinished`,
 `'done'` being `LoopStatus.done`'s value): a lease renewal and `unfinished`
 read them, not every loop the file holds."""
 
