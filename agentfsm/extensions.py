@@ -41,9 +41,11 @@ Example:
     async with Runtime(extensions=[CallCounter()]) as runtime: ...
     ```
 
-Hooks run in the loop's task (or the caller's, for `start_run`): one that
-raises fails what called it, as a wrapper's would, so an extension that must
-never disturb a loop (tracing) guards its own code.
+Hooks run in the loop's task (or the caller's, for `start_run`). One that
+raises is logged (`extension_hook_failed`) and passed over: an extension's
+bookkeeping never decides whether a loop runs (`start_run` still starts the
+run, once). A layer that raises fails what it wraps, as a wrapper would: the
+model request, or the tool call (an error output).
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ if TYPE_CHECKING:
     from agentfsm.record import LoopRecord
     from agentfsm.tools import ToolCall, ToolNext, ToolResult
 
-__all__ = ("Extension", "LoopExtension", "LoopInfo", "overrides")
+__all__ = ("Extension", "LoopExtension", "LoopInfo", "overrides", "overrides_any")
 
 
 class Extension:
@@ -112,16 +114,37 @@ class LoopExtension:
         entered has not run yet."""
 
     def run_ended(self) -> None:
-        """A run of the loop returned: it ended, or it paused."""
+        """A run of the loop returned: it ended, paused, or stopped here. Also
+        called once, with no run, for a paused loop taken up from a store
+        (the run that paused it was another runtime's)."""
 
     def loop_ended(self) -> None:
-        """The loop ended (`LoopInfo.outcome` is set): in a run, or without
-        one (a paused loop that the runtime's closing or its deadline ended)."""
+        """The loop ended (`LoopInfo.outcome` is set): in a run (`run_ended`
+        follows), or without one (a paused loop that the runtime's closing or
+        its deadline ended). Also called when a durable loop stopped in this
+        runtime without ending (its store could not take a write, or another
+        runtime took it): `outcome` is then None, and its store keeps it."""
 
 
 def overrides(part: LoopExtension, name: str) -> bool:
     """Whether `part`'s class overrides the hook or layer `name`."""
     return getattr(type(part), name) is not getattr(LoopExtension, name)
+
+
+_HOOKS: Final = (
+    "provider",
+    "call_tool",
+    "start_run",
+    "committed",
+    "run_ended",
+    "loop_ended",
+)
+
+
+def overrides_any(part: LoopExtension) -> bool:
+    """Whether `part`'s class overrides any hook or layer (one that does not
+    takes no part in the loop)."""
+    return any(overrides(part, name) for name in _HOOKS)
 
 
 _NO_MESSAGES: Final[tuple[UserMessage, ...]] = ()

@@ -33,6 +33,7 @@ from pydantic_core import to_json
 from ._bus import EventBus, Subscription
 from ._loop import current_loop_id
 from ._runtime import current_runtime
+from ._runtime.runtime import held_loop, kept_result
 from .events import AgentEvent
 from .exceptions import NoRuntimeError, ProviderError
 from .inference import InferenceInput, InferenceOutput, StreamEvent
@@ -203,7 +204,7 @@ class ScriptedProvider:
         the current context holds the loop (a loop runs in a copy of the context
         that started it), or kept among the unwatched ones."""
         runtime = _runtime_of_context()
-        loop = None if key is None or runtime is None else runtime._loops.get(key)
+        loop = None if key is None or runtime is None else held_loop(runtime, key)
         if runtime is None or loop is None:
             cursor = self._cursors[key] = _Cursor(index)
             self._keep_unwatched(key)
@@ -218,7 +219,7 @@ class ScriptedProvider:
         and the cursor is kept for whoever takes the loop up (as are those of
         loops a `Runtime(keep_finished=0)` ended: it keeps no result to tell)."""
         loop_id = cursor.loop_id
-        if loop_id in cursor.runtime._results:
+        if kept_result(cursor.runtime, loop_id):
             del self._cursors[loop_id]
         else:
             self._cursors[loop_id] = _Cursor(cursor.index)

@@ -249,7 +249,7 @@ class Tool:
     __slots__ = (
         "_args_model",
         "_parameters",
-        "_validate",
+        "_validator",
         "definition",
         "execution_mode",
         "function",
@@ -278,7 +278,9 @@ class Tool:
         definition: ToolDefinition | None = None,
         validate: Callable[[str | Mapping[str, Any]], dict[str, Any]] | None = None,
     ) -> None:
-        name = definition.name if definition is not None else name
+        if definition is not None:
+            _check_definition(definition, name, description)
+            name = definition.name
         name = name or function.__name__
         if on_crash not in ("pause", "retry"):
             raise ConfigurationError(
@@ -305,7 +307,7 @@ class Tool:
         """An async function with an `await` in it: only such a call can be
         interrupted, so only its deadline needs a timer."""
         self.run_in_thread = run_in_thread and definition is None
-        self._validate = validate
+        self._validator = validate
         self._parameters: tuple[str, ...] | None = None
         self._args_model: type[BaseModel] | None = None
         if definition is not None:
@@ -399,9 +401,22 @@ class Tool:
             ToolArgumentsError: naming each field that is wrong and why.
         """
         if self._args_model is None:  # a tool from a definition
-            if self._validate is not None:
-                return self._validate(arguments)
-            return _json_object(self.name, arguments)
+            if self._validator is None:
+                return _json_object(self.name, arguments)
+            try:
+                return self._validator(arguments)
+            except ToolArgumentsError:
+                raise
+            except ValidationError as exc:
+                raise ToolArgumentsError(
+                    f"invalid arguments for tool {self.name!r}: "
+                    f"{format_validation_error(exc)}",
+                    tool=self.name,
+                ) from exc
+            except (ValueError, TypeError, KeyError) as exc:
+                raise ToolArgumentsError(
+                    f"invalid arguments for tool {self.name!r}: {exc}", tool=self.name
+                ) from exc
         try:
             validator = self._args_model.__pydantic_validator__
             if isinstance(arguments, str):
@@ -435,6 +450,21 @@ class Tool:
         from agentfsm._loop.tool_run import run_function
 
         return ToolResult.of(await run_function(self, arguments, anyio.CancelScope))
+
+
+def _check_definition(
+    definition: object, name: str | None, description: str | None
+) -> None:
+    """Refuse a `definition` that is none, or given with what it holds."""
+    if not isinstance(definition, ToolDefinition):
+        raise ConfigurationError(
+            f"definition must be a ToolDefinition, got {type(definition).__name__}"
+        )
+    if name is not None or description is not None:
+        raise ConfigurationError(
+            f"tool {definition.name!r}: name and description come from the "
+            "definition; give them there, not beside it"
+        )
 
 
 def _check_reconcile(name: str, reconcile: "ReconcileFunction", on_crash: str) -> None:

@@ -334,3 +334,24 @@ async def test_instrument_is_one_more_extension() -> None:
     ) as rt:
         await rt.wait(rt.run_loop("agent", "hi", request()))
     assert [s for s in seen if s.endswith(":tool add")] == ["a:tool add", "b:tool add"]
+
+
+async def test_an_error_of_the_runtime_starting_a_run_reaches_the_caller(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What the runtime's own start raises is not a hook's failure: with or
+    without a `start_run` around it, the caller sees it."""
+    from agentfsm._runtime.workers import WorkerPool
+
+    def refuse(self: WorkerPool, loop: object) -> None:
+        raise RuntimeError("no worker")
+
+    for extensions in ([], [Recorder("a", [])]):
+        async with Runtime(
+            providers={"scripted": script()}, extensions=extensions
+        ) as rt:
+            with monkeypatch.context() as patched:
+                patched.setattr(WorkerPool, "run", refuse)
+                with pytest.raises(RuntimeError, match="no worker"):
+                    rt.run_loop("agent", "hi", request())
+            rt.cancel(rt.loops()[0])

@@ -893,3 +893,56 @@ async def test_content_is_serialized_for_spans_kept(
     monkeypatch.setattr(content, "output_messages", counted)
     await run(traces.instrument(capture_content=True))
     assert made == ["output_messages"] * 2  # one per model request
+
+
+@pytest.mark.parametrize("how", ["hand_over", "store"])
+async def test_a_loop_taken_up_by_another_runtime_goes_on_with_its_trace(
+    traces: Traces, how: str
+) -> None:
+    """One `OpenTelemetry` serving two runtimes: a loop handed over (or left
+    paused in a store and recovered) continues its trace, its next segment
+    linked to the last, in its conversation; nothing of the first runtime's
+    bus is kept once the loop ended."""
+    from agentfsm.store import MemoryStore
+
+    def hold(pending: PendingTransition) -> Any:
+        from agentfsm import Pause
+
+        return Pause("hold") if pending.trigger == "call_tools" else None
+
+    otel = traces.instrument()
+    store = MemoryStore() if how == "store" else None
+    first = ScriptedProvider([calls(call("add", a=1, b=2))])
+    async with Runtime(
+        providers={"scripted": first}, extensions=[otel], store=store
+    ) as before:
+        with conversation("conv-1"):
+            loop_id = before.run_loop("agent", "hi", request(add), hold)
+        while before.get(loop_id).status is not LoopStatus.paused:
+            await anyio.lowlevel.checkpoint()
+        if how == "hand_over":
+            record, items = before.hand_over(loop_id)
+    bindings: dict[str, Any] = {"tools": [add], "handlers": [hold]} if store else {}
+    async with Runtime(
+        providers={"scripted": ScriptedProvider([text("3")])},
+        extensions=[otel],
+        store=store,
+        **bindings,
+    ) as after:
+        if how == "hand_over":
+            after.adopt(record, items, tools=[add], handlers=[hold])
+        else:
+            await after.recover()
+        after.resume(loop_id)
+        assert (await after.wait(loop_id)).outcome is Outcome.answered
+    segments = [
+        (
+            attrs(s)["agentfsm.segment"],
+            len(s.links),
+            attrs(s)["gen_ai.conversation.id"],
+        )
+        for s in traces.named("invoke_agent")
+    ]
+    assert segments == [(0, 0, "conv-1"), (1, 1, "conv-1")]
+    assert otel._loops == {}
+    assert otel._decisions == {}

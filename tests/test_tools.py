@@ -7,7 +7,7 @@ import subprocess
 import sys
 import threading
 import warnings
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -16,7 +16,7 @@ import anyio.lowlevel
 import pytest
 from pydantic import BaseModel, Field, ValidationError
 
-from agentfsm import Runtime
+from agentfsm import Outcome, Runtime
 from agentfsm.exceptions import (
     ConfigurationError,
     ToolArgumentsError,
@@ -26,7 +26,7 @@ from agentfsm.exceptions import (
 from agentfsm.messages import FunctionCallOutputItem, ModelContext
 from agentfsm.providers import InferenceInput
 from agentfsm.testing import ScriptedProvider, call, calls, text
-from agentfsm.tools import DEFAULT_TOOL_TIMEOUT, Tool, tool
+from agentfsm.tools import DEFAULT_TOOL_TIMEOUT, Tool, ToolDefinition, ToolResult, tool
 
 
 class Point(BaseModel):
@@ -883,3 +883,99 @@ async def test_a_call_knows_its_idempotency_key() -> None:
         idempotency_key(loop_id, 1, n, "charge", '{ "amount" : 5 }') for n in (0, 1)
     )
     assert len(set(keys)) == 2
+
+
+class Doubled(BaseModel):
+    n: int
+
+
+def validate_doubled(arguments: Any) -> dict[str, Any]:
+    """A definition tool's own validation, as pydantic raises it."""
+    if isinstance(arguments, str):
+        return Doubled.model_validate_json(arguments).model_dump()
+    return Doubled.model_validate(arguments).model_dump()
+
+
+async def double(**arguments: Any) -> str:
+    await anyio.lowlevel.checkpoint()
+    return str(arguments["n"] * 2)
+
+
+DOUBLE = ToolDefinition(
+    name="double", description="Double n.", parameters={"type": "object"}
+)
+
+
+async def run_one(offered: Tool, **arguments: Any) -> tuple[Any, str]:
+    """A loop calling `offered` once: its result and the call's output."""
+    provider = ScriptedProvider([calls(call(offered.name, **arguments)), text("ok")])
+    async with Runtime(providers={"scripted": provider}) as runtime:
+        request = InferenceInput(
+            model="scripted:m", context=ModelContext(), tools=[offered]
+        )
+        result = await runtime.wait(runtime.run_loop("agent", "go", request))
+        context = request.context.items
+    [output] = [i for i in context if isinstance(i, FunctionCallOutputItem)]
+    return result, output.output
+
+
+class TestFromDefinition:
+    """A tool with no Python signature: the definition is what the model sees."""
+
+    async def test_it_runs_with_the_validated_arguments(self) -> None:
+        made = Tool.from_definition(DOUBLE, double, validate=validate_doubled)
+        assert (made.name, made.definition) == ("double", DOUBLE)
+        assert (made.is_async, made.suspends, made.run_in_thread) == (True, True, False)
+        result, output = await run_one(made, n=4)
+        assert (result.outcome, output) == (Outcome.answered, "8")
+
+    async def test_its_validation_errors_name_the_tool_even_with_a_rule(self) -> None:
+        """A pydantic error from `validate` is the tool's arguments error: an
+        error output, also where an approval rule reads the arguments."""
+        for rule in (False, lambda arguments: arguments["n"] > 10):
+            made = Tool.from_definition(
+                DOUBLE, double, validate=validate_doubled, needs_approval=rule
+            )
+            with pytest.raises(ToolArgumentsError, match=r"tool 'double': n:"):
+                made.validate_arguments('{"n": "x"}')
+            assert made.requires_approval('{"n": "x"}') is False
+            result, output = await run_one(made, n="x")
+            assert result.outcome is Outcome.answered
+            assert "invalid arguments for tool 'double'" in output
+
+    async def test_without_validate_any_json_object_is_taken(self) -> None:
+        made = Tool.from_definition(DOUBLE, double)
+        assert made.validate_arguments('{"n": 2, "extra": true}') == {
+            "n": 2,
+            "extra": True,
+        }
+        for bad, why in (
+            ("[1]", "a JSON object is needed, got list"),
+            ("{", "not JSON"),
+        ):
+            with pytest.raises(ToolArgumentsError, match=f"tool 'double'.*{why}"):
+                made.validate_arguments(bad)
+
+    def test_what_cannot_make_one_is_refused_by_name(self) -> None:
+        def sync(**arguments: Any) -> str:
+            return ""
+
+        with pytest.raises(ConfigurationError, match=r"'double'.*coroutine function"):
+            Tool.from_definition(DOUBLE, sync)  # type: ignore[arg-type]
+        with pytest.raises(
+            ConfigurationError, match="must be a ToolDefinition, got dict"
+        ):
+            Tool(double, definition={"name": "double"})  # type: ignore[arg-type]
+        with pytest.raises(ConfigurationError, match="come from the definition"):
+            Tool(double, definition=DOUBLE, name="other")
+        with pytest.raises(ConfigurationError, match=r"'double'.*execution_mode"):
+            Tool.from_definition(DOUBLE, double, execution_mode="both")  # type: ignore[arg-type]
+
+    async def test_a_subclass_overriding_invoke_runs_itself(self) -> None:
+        class Canned(Tool):
+            async def invoke(self, arguments: str | Mapping[str, Any]) -> ToolResult:
+                return ToolResult(output=f"canned for {arguments}")
+
+        made = Canned(double, definition=DOUBLE)
+        result, output = await run_one(made, n=1)
+        assert (result.outcome, output) == (Outcome.answered, 'canned for {"n":1}')

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Final
 from agentfsm import _models
 from agentfsm._bus import Emitter
 from agentfsm._logging import get_logger
-from agentfsm.extensions import LoopExtension, overrides
+from agentfsm.extensions import LoopExtension, overrides, overrides_any
 from agentfsm.inference import (
     InferenceInput,
     InferenceOutput,
@@ -269,8 +269,8 @@ class Loop(Emitter):
         self.on_commit: Callable[[Loop], None] | None = None
         """The extensions' `committed` hooks, composed (`extend_with`)."""
         self.extensions: tuple[LoopExtension, ...] = ()
-        """The parts of the runtime's extensions with lifecycle hooks in it
-        (`extend_with`); the runtime calls them."""
+        """The runtime's extensions' parts in it (`extend_with`): the runtime
+        calls their lifecycle hooks, and lets go of them after the last."""
         self.journal: Journal | None = None
         """What keeps it in the runtime's store (`journal.Journal`), if the
         runtime has one."""
@@ -340,13 +340,7 @@ class Loop(Emitter):
                         hook_failed(loop, part, "committed", exc)
 
             self.on_commit = committed
-        self.extensions = tuple(
-            p
-            for p in parts
-            if overrides(p, "start_run")
-            or overrides(p, "run_ended")
-            or overrides(p, "loop_ended")
-        )
+        self.extensions = tuple(p for p in parts if overrides_any(p))
 
     def release_extensions(self) -> None:
         """Let go of the extensions' parts once no hook is left to call (the

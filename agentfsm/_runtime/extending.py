@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from agentfsm._arguments import ArgumentTypeError, given
 from agentfsm._loop.wrappers import hook_failed
 from agentfsm.exceptions import ConfigurationError
-from agentfsm.extensions import Extension, LoopExtension, LoopInfo
+from agentfsm.extensions import Extension, LoopExtension, LoopInfo, overrides
 from agentfsm.results import LoopStatus
 
 if TYPE_CHECKING:
@@ -96,7 +96,8 @@ def start_with_extensions(loop: Loop, start: Callable[[Loop], None]) -> None:
     """Hand `loop` to a worker through its extensions' `start_run` hooks, the
     first outermost. The loop starts exactly once, whatever a hook does: the
     rest of the chain goes on after one that raised or returned without
-    calling it (logged), and a second call does nothing."""
+    calling it (logged), and a second call does nothing. What `start` itself
+    raises is the runtime's, and goes to the caller."""
     started = False
 
     def once() -> None:
@@ -107,7 +108,8 @@ def start_with_extensions(loop: Loop, start: Callable[[Loop], None]) -> None:
 
     call = once
     for part in reversed(loop.extensions):
-        call = _guarded_start(loop, part, call)
+        if overrides(part, "start_run"):
+            call = _guarded_start(loop, part, call)
     call()
 
 
@@ -116,17 +118,26 @@ def _guarded_start(
 ) -> Callable[[], None]:
     def start_run() -> None:
         called = False
+        failed: list[BaseException] = []
 
         def go_on() -> None:
             nonlocal called
             called = True
-            inner()
+            try:
+                inner()
+            except BaseException as exc:
+                failed.append(exc)  # not the hook's: the caller's to see
+                raise
 
         try:
             part.start_run(go_on)
         except Exception as exc:  # noqa: BLE001 - an extension never stops a loop
+            if failed:
+                raise failed[0]  # noqa: B904 - the runtime's own error, as it was
             hook_failed(loop, part, "start_run", exc)
         else:
+            if failed:
+                raise failed[0]  # the hook swallowed it
             if not called:
                 loop.log.error(
                     "extension_skipped_start", extension=type(part).__qualname__
@@ -155,6 +166,8 @@ def loop_ended(loop: Loop) -> None:
 
 def _notify(loop: Loop, hook: str) -> None:
     for part in loop.extensions:
+        if not overrides(part, hook):
+            continue
         try:
             getattr(part, hook)()
         except Exception as exc:  # noqa: BLE001 - see the module

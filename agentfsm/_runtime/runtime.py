@@ -105,7 +105,11 @@ if TYPE_CHECKING:
 
 __all__ = (
     "Runtime",
+    "bound_callables",
     "current_runtime",
+    "held_loop",
+    "kept_result",
+    "knows",
     "run_loop",
 )
 
@@ -375,6 +379,7 @@ class Runtime:
                 else:
                     self._loops.pop(loop.loop_id, None)
                     self._keeper.forget(loop.loop_id)
+                    loop.release_extensions()  # kept in the store, not here
 
     async def _close_the_rest(self, leaving: BaseException | None) -> None:
         """The store, the bus, the event log and the providers, once the loops
@@ -1211,3 +1216,30 @@ def run_loop(
         stream=stream,
         **options,
     )
+
+
+# What the library's own modules outside `_runtime` read of a runtime, by
+# name (the test of the layers refuses its private attributes elsewhere).
+
+
+def knows(runtime: Runtime, loop_id: str) -> bool:
+    """Whether `runtime` holds a loop of this id: running, paused, or ended
+    and kept."""
+    return runtime._knows(loop_id)
+
+
+def held_loop(runtime: Runtime, loop_id: str) -> Loop | None:
+    """The running or paused loop of this id `runtime` holds, or None."""
+    return runtime._loops.get(loop_id)
+
+
+def kept_result(runtime: Runtime, loop_id: str) -> bool:
+    """Whether `runtime` keeps the result of the loop of this id."""
+    return loop_id in runtime._results
+
+
+def bound_callables(runtime: Runtime) -> Mapping[str, Any] | None:
+    """The callables by name `runtime` binds its store's loops to (None
+    without a store)."""
+    keeper = runtime._keeper
+    return None if keeper is None else keeper.bindings.callables

@@ -155,7 +155,8 @@ class OpenTelemetry(Extension):
 
     Args:
         tracer_provider: where the spans go (default: OpenTelemetry's global
-            provider, looked up at each loop's start until one is set).
+            provider, looked up as each loop is built until one is set: a
+            loop built before then is not traced).
         capture_content: record messages, instructions, tool definitions, tool
             arguments and results (default: what
             `OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT` says, read now).
@@ -310,8 +311,13 @@ class _Traced(LoopExtension):
         """The span of the run about to start; None if nothing is traced."""
         trace_ = self._trace
         info = self._info
+        otel = self._otel
         if trace_ is None:
-            otel = self._otel
+            # A loop this instance traced in another runtime (handed over,
+            # or left paused in a store and taken up) goes on with its trace:
+            # its segments link, its conversation is kept.
+            trace_ = self._trace = otel._loops.get(info.loop_id)
+        if trace_ is None:
             tracer = otel._tracer or otel._active_tracer()
             if tracer is None:
                 return None

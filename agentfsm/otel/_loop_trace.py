@@ -8,7 +8,7 @@ no backend shows until it ends.
 
 The spans of a segment (its `chat` and `execute_tool` spans, and whatever the
 handlers, tools and providers open) nest under it: the runtime starts the run
-with the segment's span current (`OpenTelemetry.start_run`). Each committed
+with the segment's span current (`_Traced.start_run`, the extension's part). Each committed
 transition is an `agentfsm.transition` event of the segment's span, and each
 handler's decision an `agentfsm.decision` event (read from the bus: see
 `Decisions`).

@@ -1,7 +1,7 @@
 """`chat {model}` spans: one per request a provider is sent.
 
-A traced loop resolves its providers through `TracedProviders`, which hands out
-each provider wrapped in a `TracedProvider`. The wrapper is the innermost layer
+A traced loop's provider layer (`OpenTelemetry`'s part in the loop) wraps each
+provider the loop resolves in a `TracedProvider`. The wrapper is the innermost layer
 of a model request, below the model wrappers and the loop's retries: a wrapper
 that answers from a cache makes no span, and each retry of a transient error is
 a span of its own, as each is a request of its own. The span is current while
@@ -32,7 +32,6 @@ from agentfsm.inference import (
 from agentfsm.messages import TokenUsage
 from agentfsm.providers import (
     Provider,
-    ProviderRegistry,
     StreamEvent,
     image_support_of,
     split_model,
@@ -54,22 +53,7 @@ from ._spans import (
 if TYPE_CHECKING:
     from ._loop_trace import LoopTrace
 
-__all__ = ("TracedProvider", "TracedProviders")
-
-
-class TracedProviders(ProviderRegistry):
-    """The runtime's registry as a traced loop sees it: `resolve` is all a loop
-    asks of its registry (`model_call.request_model`), and it gets each
-    provider wrapped. Registering through this view is not supported: it holds
-    no providers of its own."""
-
-    def __init__(self, inner: ProviderRegistry, trace: LoopTrace) -> None:
-        super().__init__()
-        self._inner = inner
-        self._trace = trace
-
-    def resolve(self, model: str) -> Provider:
-        return TracedProvider(self._inner.resolve(model), self._trace)
+__all__ = ("TracedProvider",)
 
 
 class TracedProvider:

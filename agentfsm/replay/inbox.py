@@ -113,10 +113,11 @@ async def apply_fork(
     Raises:
         Refused: the request can never work (its note says why).
     """
+    from agentfsm._runtime.runtime import knows
     from agentfsm.replay import _prepare_fork
 
     new_id = fork_id(request.id, request.loop_id)
-    if runtime._knows(new_id) or await store.load(new_id) is not None:
+    if knows(runtime, new_id) or await store.load(new_id) is not None:
         return None  # applied here or elsewhere already (its first commit marks it)
     events = await _events(store, request.loop_id)
     try:

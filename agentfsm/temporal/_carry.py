@@ -47,9 +47,10 @@ the workflow's log, and tries again after the loop's next model request.
 from __future__ import annotations
 
 import asyncio  # noqa: TID251 - workflow code runs on asyncio only
+import re
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 from temporalio import workflow
@@ -59,6 +60,7 @@ from agentfsm.exceptions import LoopStateError, ProviderError
 from agentfsm.options import LoopOptions
 from agentfsm.record import callable_name
 from agentfsm.results import LoopStatus
+from agentfsm.tools import ToolCall, ToolNext, ToolResult
 
 from ._calls import run_activity
 from ._wire import (
@@ -94,6 +96,15 @@ __all__ = ("Boundary", "Carry")
 
 class _Refused(Exception):
     """What this run would carry cannot go (`Carry._check`)."""
+
+
+_MOVED: Final = re.compile(r"agentfsm\.temporal\._(\w+:.*)")
+_CARRIED_TOOL_LAYER: Final = "agentfsm._temporal.calls:ToolActivities"
+
+
+async def _passed_through(call: ToolCall, next_: ToolNext) -> ToolResult:
+    """Stands for the tool activities a run carried as a tool wrapper."""
+    return await next_(call)
 
 
 class Carry:
@@ -241,7 +252,17 @@ class Carry:
             found.append(given.finish_turn)
         callables: dict[str, Any] = {}
         for value in found:
-            callables.setdefault(callable_name(value), value)
+            name = callable_name(value)
+            callables.setdefault(name, value)
+            # What a run carried before `agentfsm._temporal` became the
+            # package's private modules names this module's callables so.
+            moved = _MOVED.match(name)
+            if moved is not None:
+                callables.setdefault(f"agentfsm._temporal.{moved[1]}", value)
+        # Such a run listed its tool activities among the tool wrappers: they
+        # are the workflow's extension's tool layer now, so nothing in its place.
+        callables.setdefault(_CARRIED_TOOL_LAYER, _passed_through)
+        callables.setdefault(callable_name(_passed_through), _passed_through)
         schema = self.agent.settings.get("structured_output")
         if isinstance(schema, type):
             callables[callable_name(schema)] = schema

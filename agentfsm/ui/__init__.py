@@ -41,7 +41,7 @@ except ImportError as exc:
     ) from exc
 
 from agentfsm._logging import get_logger
-from agentfsm._runtime.runtime import Runtime
+from agentfsm._runtime.runtime import Runtime, bound_callables
 from agentfsm.exceptions import ConfigurationError
 from agentfsm.store import SQLStore
 
@@ -148,10 +148,9 @@ def app(
         raise ConfigurationError(
             f"replay_timeout must be a positive number of seconds, got {replay_timeout!r}"
         )
-    keeper = source._keeper if isinstance(source, Runtime) else None
     replays = Replays(
         store,
-        callables=None if keeper is None else keeper.bindings.callables,
+        callables=bound_callables(source) if isinstance(source, Runtime) else None,
         timeout=float(replay_timeout),
     )
     token = token if token is not None else new_token()

@@ -1,5 +1,6 @@
-"""The layers hold: no package reaches into another's private names, and only
-`_loop` writes a loop's fields (others call its named methods).
+"""The layers hold: no package reaches into another's private names (imported,
+or read as an attribute), and only `_loop` writes a loop's fields (others
+call its named methods).
 
 A *unit* is a first-level entry of `agentfsm/` (`_loop`, `store`, `tools`,
 `mcp`, ...). A unit may import from another only names that do not start with
@@ -11,6 +12,7 @@ top-level private helpers (`agentfsm._text`, ...) are units of their own.
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -99,6 +101,57 @@ def private_imports(module: str, tree: ast.Module, is_package: bool) -> Iterator
             yield f"line {node.lineno}: {modules[node.value.id]}.{node.attr}"
 
 
+def private_definitions(trees: dict[str, ast.Module]) -> dict[str, set[str]]:
+    """Each private name a unit defines (a function, class, module global,
+    attribute or slot), with the units that define it."""
+    defined: dict[str, set[str]] = {}
+
+    def add(name: str, unit: str) -> None:
+        if _private(name):
+            defined.setdefault(name, set()).add(unit)
+
+    for module, tree in trees.items():
+        unit = _unit(module)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                add(node.name, unit)
+            elif isinstance(node, ast.Assign | ast.AnnAssign):
+                targets = (
+                    node.targets if isinstance(node, ast.Assign) else [node.target]
+                )
+                for target in targets:
+                    for part in ast.walk(target):
+                        if isinstance(part, ast.Attribute):
+                            add(part.attr, unit)
+                        elif isinstance(part, ast.Name):
+                            add(part.id, unit)
+                        if isinstance(part, ast.Name) and part.id == "__slots__":
+                            for slot in ast.walk(node.value or ast.Tuple(elts=[])):
+                                if isinstance(slot, ast.Constant) and isinstance(
+                                    slot.value, str
+                                ):
+                                    add(slot.value, unit)
+    return defined
+
+
+def private_reads(
+    module: str, tree: ast.Module, defined: dict[str, set[str]]
+) -> Iterator[str]:
+    """Attributes `module` reads (`runtime._loops`, `agentfsm.tools._x`) whose
+    private name only other units define (a name no unit defines is another
+    library's, not this check's)."""
+    unit = _unit(module)
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute) or not _private(node.attr):
+            continue
+        base = ast.unparse(node.value)
+        if base in ("self", "cls") or base.startswith("super("):
+            continue
+        owners = defined.get(node.attr)
+        if owners and unit not in owners:
+            yield f"line {node.lineno}: {ast.unparse(node)}"
+
+
 def _loop_names(function: ast.AST) -> set[str]:
     """Parameters of `function` annotated as a `Loop`."""
     names: set[str] = set()
@@ -150,8 +203,7 @@ def loop_writes(tree: ast.Module) -> Iterator[str]:
                         found[part.lineno, ast.unparse(part)] = None
             if (
                 isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Name)
-                and node.func.id == "setattr"
+                and ast.unparse(node.func) in ("setattr", "object.__setattr__")
                 and node.args
                 and _is_loop(node.args[0], annotated)
             ):
@@ -160,29 +212,43 @@ def loop_writes(tree: ast.Module) -> Iterator[str]:
         yield f"line {line}: {what}"
 
 
-def _sources() -> Iterator[tuple[str, Path]]:
-    for path in sorted(ROOT.rglob("*.py")):
-        yield _module_of(path), path
+@functools.cache
+def _trees() -> dict[str, tuple[Path, ast.Module]]:
+    """Every module of `agentfsm/`, parsed once."""
+    return {
+        _module_of(path): (path, ast.parse(path.read_text()))
+        for path in sorted(ROOT.rglob("*.py"))
+    }
 
 
 def test_no_unit_imports_a_private_name_of_another() -> None:
     found = [
         f"{module} {what}"
-        for module, path in _sources()
-        for what in private_imports(
-            module, ast.parse(path.read_text()), path.name == "__init__.py"
-        )
+        for module, (path, tree) in _trees().items()
+        for what in private_imports(module, tree, path.name == "__init__.py")
         if (module, what.split(": ", 1)[1]) not in ALLOWED
     ]
     assert not found, "private names taken across units:\n" + "\n".join(found)
 
 
+def test_no_unit_reads_a_private_attribute_of_another() -> None:
+    trees = {module: tree for module, (_, tree) in _trees().items()}
+    defined = private_definitions(trees)
+    found = [
+        f"{module} {what}"
+        for module, tree in trees.items()
+        for what in private_reads(module, tree, defined)
+        if (module, what.split(": ", 1)[1]) not in ALLOWED
+    ]
+    assert not found, "private attributes read across units:\n" + "\n".join(found)
+
+
 def test_only_the_loop_package_writes_a_loops_fields() -> None:
     found = [
         f"{module} {what}"
-        for module, path in _sources()
+        for module, (_, tree) in _trees().items()
         if not module.startswith("agentfsm._loop")
-        for what in loop_writes(ast.parse(path.read_text()))
+        for what in loop_writes(tree)
         if (module, what.split(": ", 1)[1]) not in ALLOWED
     ]
     assert not found, "loop fields written outside _loop:\n" + "\n".join(found)
@@ -217,8 +283,27 @@ def test_the_import_check_sees_a_private_name(
         ("loop.attach(j)", 0),
         ("loop.path[0] = step", 1),
         ("loops[loop.loop_id] = loop", 0),
+        ("object.__setattr__(loop, 'state', s)", 1),
         ("ticket.error = e", 0),
     ],
 )
 def test_the_write_check_sees_a_loop_field(source: str, expected: int) -> None:
     assert len(list(loop_writes(ast.parse(source)))) == expected
+
+
+@pytest.mark.parametrize(
+    ("module", "source", "expected"),
+    [
+        ("agentfsm.ui", "runtime._loops.get(loop_id)", 1),
+        ("agentfsm.cli.x", "import agentfsm.tools\nagentfsm.tools._current_call", 1),
+        ("agentfsm._runtime.x", "runtime._loops", 0),  # its own unit's
+        ("agentfsm.ui", "self._loops", 0),
+        ("agentfsm.ui", "trace._TRACER_PROVIDER", 0),  # no unit defines it
+    ],
+)
+def test_the_attribute_check_sees_a_private_read(
+    module: str, source: str, expected: int
+) -> None:
+    defined = {"_loops": {"_runtime"}, "_current_call": {"tools"}}
+    reads = list(private_reads(module, ast.parse(source), defined))
+    assert len(reads) == expected

@@ -33,6 +33,7 @@ from agentfsm._runtime.workers import MAX_IDLE, Worker, WorkerPool
 from agentfsm.extensions import Extension, LoopExtension, LoopInfo
 from agentfsm.inference import InferenceOutput, ModelNext, ModelRequest
 from agentfsm.providers import Provider
+from agentfsm.store import MemoryStore
 from agentfsm.testing import ScriptedProvider, call, calls, text
 from agentfsm.tools import ToolCall, ToolNext, ToolResult
 from tests.helpers import pause_tools, request
@@ -236,27 +237,56 @@ class EveryLoop(Extension):
         return Everything(loop)
 
 
-@pytest.mark.parametrize("paused", [False, True], ids=["ended", "ended-paused"])
+class ToolLayerOnly(LoopExtension):
+    """A part with one layer, holding the loop's view: it has no hook to be
+    told the loop ended, and must be let go of all the same."""
+
+    def __init__(self, info: LoopInfo) -> None:
+        self.info = info
+
+    async def call_tool(self, call: ToolCall, next_: ToolNext, /) -> ToolResult:
+        return await next_(call)
+
+
+class ToolLayerLoop(Extension):
+    def open(self, loop: LoopInfo, /) -> LoopExtension:
+        return ToolLayerOnly(loop)
+
+
+@pytest.mark.parametrize("extension", [EveryLoop, ToolLayerLoop])
+@pytest.mark.parametrize("path", ["ended", "cancelled-paused", "stored", "handed-over"])
 async def test_a_loop_with_extensions_is_freed_without_the_cycle_collector(
-    paused: bool,
+    extension: type[Extension], path: str
 ) -> None:
     """A part holds the loop's view (loop -> part -> view -> loop): the loop
-    lets go of its parts after their last hook, in its run or not."""
+    lets go of its parts once no hook is left to call, however it leaves the
+    runtime (ended in its run, ended while paused, left paused in its store
+    by the runtime's exit, handed over)."""
     provider = ScriptedProvider([calls(call("answer")), text("done")], record=False)
+    gc.collect()
     gc.disable()
     try:
         async with Runtime(
-            providers={"scripted": provider}, keep_finished=0, extensions=[EveryLoop()]
+            providers={"scripted": provider},
+            keep_finished=0,
+            extensions=[extension()],
+            store=MemoryStore() if path == "stored" else None,
         ) as runtime:
-            handlers = [pause_tools] if paused else []
+            handlers = [] if path == "ended" else [pause_tools]
             loop_id, alive = start_watched(runtime, None, *handlers)
-            if paused:
+            if path != "ended":
                 while runtime.get(loop_id).status is not LoopStatus.paused:
                     await anyio.lowlevel.checkpoint()
+            if path == "cancelled-paused":
                 runtime.cancel(loop_id)
-            await runtime.wait(loop_id)
+            if path == "handed-over":
+                runtime.hand_over(loop_id)
+            elif path != "stored":
+                await runtime.wait(loop_id)
             await anyio.wait_all_tasks_blocked()
-            assert alive() is None
+            if path != "stored":
+                assert alive() is None
+        assert alive() is None
     finally:
         gc.enable()
 
