@@ -11,7 +11,7 @@ checks that each model built this way equals the validated one,
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
@@ -20,10 +20,17 @@ __all__ = ("defaults", "json_of", "trusted")
 
 M = TypeVar("M", bound=BaseModel)
 
-new_bare = (
-    object.__new__
-)  # what `cls.__new__` is for a model, without the metaclass lookup
-set_raw = object.__setattr__
+# What `cls.__new__` is for a model, without the metaclass lookup.
+new_bare = object.__new__
+
+# The setters of a model's four slots, taken from their descriptors once:
+# `object.__setattr__(model, name, value)` looks each name up in the class
+# first (a model built this way: ~590 against ~450 ns by timeit).
+_SLOTS: Final = BaseModel.__dict__
+set_dict: Final = _SLOTS["__dict__"].__set__
+set_fields_set: Final = _SLOTS["__pydantic_fields_set__"].__set__
+_set_extra: Final = _SLOTS["__pydantic_extra__"].__set__
+_set_private: Final = _SLOTS["__pydantic_private__"].__set__
 
 
 def defaults(cls: type[BaseModel]) -> dict[str, Any]:
@@ -38,10 +45,10 @@ def defaults(cls: type[BaseModel]) -> dict[str, Any]:
 def trusted(cls: type[M], values: dict[str, Any], fields_set: set[str]) -> M:
     """An instance of `cls` holding `values` (every field, already valid) as they are."""
     model = new_bare(cls)
-    set_raw(model, "__dict__", values)
-    set_raw(model, "__pydantic_fields_set__", fields_set)
-    set_raw(model, "__pydantic_extra__", None)
-    set_raw(model, "__pydantic_private__", None)
+    set_dict(model, values)
+    set_fields_set(model, fields_set)
+    _set_extra(model, None)
+    _set_private(model, None)
     return model
 
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from agentfsm._models import (  # events are made as `_models.trusted` makes models
     new_bare,
-    set_raw,
+    set_fields_set,
 )
 from agentfsm.inference import InferenceInput
 
@@ -310,7 +310,7 @@ class Emitter:
         values["ts"] = self.clock()  # the runtime's (`Runtime(clock=)`)
         values["state"] = self.state
         values.update(fields)
-        set_raw(event, "__pydantic_fields_set__", fields_set)
+        set_fields_set(event, fields_set)
         event_: AgentEvent = event
         return event_
 
