@@ -1,8 +1,11 @@
 """How a Python function becomes a tool: its arguments model (the JSON schema the
 model sees and the validation of what it sends), its description and parameter
-descriptions from the docstring, and whether its body can suspend.
+descriptions from the docstring, and whether its body can suspend; and, for
+a tool with no Python signature (an MCP server's, a stand-in), the model's
+arguments as the JSON object they must be.
 
-`agentfsm.tools.Tool` calls these once, when the tool is made.
+`agentfsm.tools.Tool` calls these once, when the tool is made (`json_object`
+at each call of such a tool).
 """
 
 from __future__ import annotations
@@ -14,10 +17,35 @@ from typing import Annotated, Any, Final, get_origin, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 from pydantic.fields import FieldInfo
+from pydantic_core import from_json, to_json
 
-from .exceptions import ConfigurationError
+from .exceptions import ConfigurationError, ToolArgumentsError
 
 ToolFunction = Callable[..., Any]
+
+
+def json_object(tool: str, arguments: str | Mapping[str, Any]) -> dict[str, Any]:
+    """The model's arguments (JSON text, or decoded) as a dict.
+
+    Raises:
+        ToolArgumentsError: not JSON, or not an object, naming the tool.
+    """
+    if isinstance(arguments, str):
+        try:
+            value = from_json(arguments or "{}")
+        except ValueError as exc:
+            raise ToolArgumentsError(
+                f"invalid arguments for tool {tool!r}: not JSON ({exc})", tool=tool
+            ) from None
+    else:
+        value = dict(arguments)
+    if not isinstance(value, dict):
+        raise ToolArgumentsError(
+            f"invalid arguments for tool {tool!r}: expected a JSON object, "
+            f"got {to_json(value).decode()}",
+            tool=tool,
+        )
+    return value
 
 
 def awaits(function: Callable[..., Any]) -> bool:

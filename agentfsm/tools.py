@@ -19,7 +19,6 @@ Example:
 """
 
 import inspect
-import json
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar, Token
@@ -48,7 +47,7 @@ from pydantic import (
 
 from . import _models, _text
 from ._arguments import seconds_or_none, timeout_or_none
-from ._tool_schema import arguments_model, awaits, docstring
+from ._tool_schema import arguments_model, awaits, docstring, json_object
 from .exceptions import (
     ConfigurationError,
     NoToolCallError,
@@ -107,30 +106,6 @@ def format_validation_error(error: ValidationError, root: str = "arguments") -> 
         got = "" if err["type"] == "missing" else f" (got {err.get('input')!r})"
         problems.append(f"{where}: {err['msg']}{got}")
     return "; ".join(problems)
-
-
-def _json_object(name: str, arguments: str | Mapping[str, Any]) -> dict[str, Any]:
-    """The arguments of a tool from a definition with no `validate`: any JSON
-    object, as it is.
-
-    Raises:
-        ToolArgumentsError: not a JSON object.
-    """
-    value: Any = arguments
-    if isinstance(arguments, str):
-        try:
-            value = json.loads(arguments or "{}")
-        except ValueError as exc:
-            raise ToolArgumentsError(
-                f"invalid arguments for tool {name!r}: not JSON ({exc})", tool=name
-            ) from exc
-    if not isinstance(value, Mapping):
-        raise ToolArgumentsError(
-            f"invalid arguments for tool {name!r}: a JSON object is needed, "
-            f"got {type(value).__name__}",
-            tool=name,
-        )
-    return dict(value)
 
 
 _RESULT_FIELDS: Final = {"output"}
@@ -402,7 +377,7 @@ class Tool:
         """
         if self._args_model is None:  # a tool from a definition
             if self._validator is None:
-                return _json_object(self.name, arguments)
+                return json_object(self.name, arguments)
             try:
                 return self._validator(arguments)
             except ToolArgumentsError:

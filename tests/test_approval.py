@@ -135,3 +135,14 @@ class TestApproval:
             result = await runtime.wait(loop_id)
         assert (result.outcome, result.reason) == (Outcome.cancelled, "user left")
         assert items_of(inference_input.context) == ["user:clean up"]
+
+
+def test_the_gates_name_is_the_one_records_give_it() -> None:
+    """`interception.APPROVAL_GATE` is how records name the gate (replay and
+    forks leave it out of the handlers they rebind): it must stay the
+    gate's own `module:qualname`."""
+    from agentfsm._loop.intercept import approval_gate
+    from agentfsm.interception import APPROVAL_GATE
+    from agentfsm.record import callable_name
+
+    assert callable_name(approval_gate) == APPROVAL_GATE

@@ -950,7 +950,7 @@ class TestFromDefinition:
             "extra": True,
         }
         for bad, why in (
-            ("[1]", "a JSON object is needed, got list"),
+            ("[1]", r"expected a JSON object, got \[1\]"),
             ("{", "not JSON"),
         ):
             with pytest.raises(ToolArgumentsError, match=f"tool 'double'.*{why}"):

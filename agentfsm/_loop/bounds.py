@@ -265,18 +265,33 @@ def _free_id(call_id: str, *sets: set[str]) -> str:
 
 def _context_ids(loop: Loop) -> set[str]:
     """The ids of the calls in the loop's context (`CallIds`, made with its
-    first output holding calls)."""
+    first output holding calls), brought up to date from the items appended
+    since the previous look (a context shorter than before, or another list,
+    is read anew). In one function, not a method of the record: a call less
+    per model output."""
     index = loop.call_ids
+    items = loop.input.context.items
     if index is None:
         index = loop.call_ids = CallIds()
-    return index.of(loop.input.context.items)
+    ids = index.ids
+    start = index.read
+    if index.items is not items or len(items) < start:
+        ids = index.ids = set()
+        index.items = items
+        start = 0
+    elif start == len(items):
+        return ids
+    for item in items[start:]:
+        if type(item) is FunctionCallItem:
+            ids.add(item.call_id)
+    index.read = len(items)
+    return ids
 
 
 class CallIds:
-    """The ids of the calls in a loop's context, kept with the loop and
-    brought up to date from the items appended since the previous look (a
-    context shorter than before, or another list, is read anew): a recovered
-    loop's from its restored context."""
+    """The ids of the calls in a loop's context, kept with the loop
+    (`_context_ids` keeps them up to date; a recovered loop's are read from
+    its restored context)."""
 
     __slots__ = ("ids", "items", "read")
 
@@ -286,22 +301,6 @@ class CallIds:
         """The item list `ids` was read from."""
         self.read = 0
         """How many of its items `ids` has read."""
-
-    def of(self, items: list[Any]) -> set[str]:
-        """The ids of the calls in `items`."""
-        ids = self.ids
-        start = self.read
-        if self.items is not items or len(items) < start:
-            ids = self.ids = set()
-            self.items = items
-            start = 0
-        elif start == len(items):
-            return ids
-        for item in items[start:]:
-            if type(item) is FunctionCallItem:
-                ids.add(item.call_id)
-        self.read = len(items)
-        return ids
 
 
 def _cleaned_items(items: Any, model: str) -> tuple[list[Any], int, int]:

@@ -348,7 +348,7 @@ class Loop(Emitter):
         the loop would be freed only by the cycle collector."""
         self.extensions = ()
         self.on_commit = None
-        self.tool_chain = None
+        self.tool_chain = chain_tool_wrappers(self.options.tool_wrappers)
         if isinstance(self.providers, LayeredProviders):
             self.providers = self.providers.inner
 

@@ -32,7 +32,7 @@ from agentfsm.tools import (
 from .batch import BatchPlan, PlannedCall, unknown
 from .bounds import checked_tool_images, checked_tool_output
 from .journal import Halted
-from .tool_run import run_tool
+from .tool_run import BASE_INVOKE, run_function
 from .wrappers import chain_wrappers
 
 if TYPE_CHECKING:
@@ -196,7 +196,10 @@ async def _invoke(
     try:
         if chain is None:
             assert tool is not None
-            value = await run_tool(tool, call.arguments, loop.cancel_scope)
+            if type(tool).invoke is BASE_INVOKE:  # (else a subclass runs itself)
+                value = await run_function(tool, call.arguments, loop.cancel_scope)
+            else:
+                value = await tool.invoke(call.arguments)
         else:
             value = await chain(
                 ToolCall(

@@ -24,10 +24,11 @@ from agentfsm.tools import Tool, ToolResult
 if TYPE_CHECKING:
     from agentfsm.tools import ToolFunction
 
-__all__ = ("run_function", "run_tool")
+__all__ = ("BASE_INVOKE", "output_of", "run_function")
 
-_INVOKE: Final = Tool.invoke
-"""The base class's `invoke`: a subclass that overrides it runs itself."""
+BASE_INVOKE: Final = Tool.invoke
+"""The base class's `invoke`: a subclass that overrides it runs itself (the
+loop calls its `invoke` in place of `run_function`)."""
 
 _TEXT_OR_RESULT: Final = (str, ToolResult)
 """What a tool may return as it is (`output_of`)."""
@@ -35,18 +36,6 @@ _TEXT_OR_RESULT: Final = (str, ToolResult)
 _IMAGES_OR_LIST: Final = (ImageBlock, list, tuple)
 """What may hold images among a tool's other values (one test for a value
 that holds none, rather than three)."""
-
-
-def run_tool(
-    tool: Tool,
-    arguments: str | Mapping[str, Any],
-    cancel_scope: Callable[[], anyio.CancelScope],
-) -> Awaitable[str | ToolResult]:
-    """Run a call of `tool` the loop made: its function, or the tool's own
-    `invoke` where a subclass overrides it (replay's recorded tools)."""
-    if type(tool).invoke is not _INVOKE:
-        return tool.invoke(arguments)
-    return run_function(tool, arguments, cancel_scope)
 
 
 async def run_function(

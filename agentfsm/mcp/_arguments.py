@@ -11,8 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic_core import from_json, to_json
-
+from agentfsm._tool_schema import json_object
 from agentfsm.exceptions import ToolArgumentsError
 
 __all__ = ("Arguments",)
@@ -54,7 +53,7 @@ class Arguments:
         """
         from agentfsm._jsonschema import SchemaProblem, errors
 
-        values = self._object(arguments)
+        values = json_object(self.tool, arguments)
         try:
             found = errors(self._validator, values)
         except SchemaProblem as exc:
@@ -66,18 +65,6 @@ class Arguments:
         if problems:
             raise self._error("; ".join(problems))
         return values
-
-    def _object(self, arguments: str | Mapping[str, Any]) -> dict[str, Any]:
-        if isinstance(arguments, str):
-            try:
-                value = from_json(arguments or "{}")
-            except ValueError as exc:
-                raise self._error(f"not JSON ({exc})") from None
-        else:
-            value = dict(arguments)
-        if not isinstance(value, dict):
-            raise self._error(f"expected a JSON object, got {to_json(value).decode()}")
-        return value
 
     def _error(self, problem: str) -> ToolArgumentsError:
         return ToolArgumentsError(
