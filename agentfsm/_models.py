@@ -1,4 +1,5 @@
-"""Models and JSON text from data the library made itself, without validating it again.
+"""Models and JSON text from data the library made itself, without validating it
+again; and fields read at a slot's speed on Python 3.11 (`read_fields_fast`).
 
 The loop builds a dozen models per step (events, results, tool outputs) from
 values it already holds in the right types; validating them again was the
@@ -11,12 +12,14 @@ checks that each model built this way equals the validated one,
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable, Mapping
 from typing import Any, Final, TypeVar
 
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-__all__ = ("defaults", "json_of", "trusted")
+__all__ = ("defaults", "json_of", "read_fields_fast", "trusted")
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -58,3 +61,80 @@ def json_of(model: BaseModel, **options: Any) -> str:
     less a call, the method's own keyword handling, and a durable store makes
     ~26 calls a benchmark run (bench/bench_durable.py)."""
     return model.__pydantic_serializer__.to_json(model, **options).decode()
+
+
+def _attribute_reader_setter() -> Callable[[type], None] | None:
+    """What `read_fields_fast` does to a class on CPython 3.11, or None (nothing
+    to do elsewhere, or this interpreter's type objects are not as expected).
+
+    CPython 3.11 specializes an attribute read (`LOAD_ATTR`) only on a type
+    whose `tp_getattro` slot is the generic one, and a class with a
+    `__getattr__` anywhere in its MRO (every pydantic model: BaseModel's
+    serves private attributes and extra fields) gets a hook there instead, so
+    each field read takes the slow path (~440 instructions, against ~80 once
+    specialized). 3.12 specializes such reads itself (CPython gh-93911).
+    """
+    if sys.implementation.name != "cpython" or sys.version_info[:2] != (3, 11):
+        return None
+    import ctypes
+
+    # `tp_getattro` is the 19th pointer-sized field of a type object (after the
+    # object header, name, sizes, dealloc, vectorcall offset, getattr, setattr,
+    # async, repr, number, sequence, mapping, hash, call, str).
+    offset = 18 * ctypes.sizeof(ctypes.c_void_p)
+    generic = ctypes.cast(ctypes.pythonapi.PyObject_GenericGetAttr, ctypes.c_void_p)
+
+    def slot(cls: type) -> Any:
+        return ctypes.c_void_p.from_address(id(cls) + offset)
+
+    class Plain:
+        pass
+
+    class Hooked:
+        def __getattr__(self, name: str) -> Any:
+            raise AttributeError(name)
+
+    hook = slot(Hooked).value
+    # The offset is right only if it tells these apart: never write otherwise.
+    if slot(Plain).value != generic.value or hook in (None, generic.value):
+        return None
+    if slot(BaseModel).value != hook:
+        return None
+
+    def set_generic(cls: type) -> None:
+        getattro = slot(cls)
+        if getattro.value == hook:
+            getattro.value = generic.value
+
+    return set_generic
+
+
+_set_generic_getattr: Final = _attribute_reader_setter()
+
+
+def read_fields_fast(namespace: Mapping[str, Any]) -> None:
+    """Let CPython 3.11 specialize reads of the fields of the models a module
+    defines (`read_fields_fast(globals())` at its end); nothing elsewhere.
+
+    A model qualifies when BaseModel's `__getattr__` has nothing to serve it:
+    no private attributes, no extra fields, no `__getattr__` of its own. Its
+    type then gets the generic attribute lookup, which finds the same fields,
+    methods and descriptors; only a missing attribute's error skips pydantic's
+    hook, which raises the same `AttributeError` for such a model. A subclass
+    made later gets the hook back (as does the class if a `__getattr__` is
+    ever set on it); it is just slower. Saves ~48,000 instructions a benchmark
+    run (6.6%, `make bench-instructions`; bench/PERFORMANCE.md).
+    """
+    if _set_generic_getattr is None:
+        return
+    name = namespace["__name__"]
+    for value in list(namespace.values()):
+        if (
+            isinstance(value, type)
+            and issubclass(value, BaseModel)
+            and value.__module__ == name
+            and not value.__private_attributes__
+            and value.model_config.get("extra") != "allow"
+            and value.__getattr__ is BaseModel.__getattr__  # type: ignore[attr-defined]
+        ):
+            _set_generic_getattr(value)

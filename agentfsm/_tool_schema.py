@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from pydantic.fields import FieldInfo
 from pydantic_core import from_json, to_json
 
+from ._models import read_fields_fast
 from .exceptions import ConfigurationError, ToolArgumentsError
 
 ToolFunction = Callable[..., Any]
@@ -216,3 +217,6 @@ def _titled(title: str, body: str) -> str:
     return f"{title}:\n" + "\n".join(
         f"    {line}" if line else "" for line in body.splitlines()
     )
+
+
+read_fields_fast(globals())

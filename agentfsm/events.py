@@ -439,3 +439,5 @@ AgentEventAdapter: TypeAdapter[AgentEvent] = TypeAdapter(
 
 EVENT_TYPES: tuple[str, ...] = tuple(EVENT_SPECS)
 """Every event type name."""
+
+_models.read_fields_fast(globals())

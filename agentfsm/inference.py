@@ -27,6 +27,7 @@ from pydantic import (
 from pydantic_core import CoreSchema, core_schema
 
 from agentfsm._images import MAX_IMAGE_BYTES
+from agentfsm._models import read_fields_fast
 from agentfsm.messages import (
     FunctionCallItem,
     FunctionCallOutputItem,
@@ -584,3 +585,5 @@ Wrappers run in registration order, the first outermost. A wrapper may change
 the request (`await next(request.model_copy(update={"input": ...}))`), answer
 without calling the provider (a cache), or call `next` again (retry).
 """
+
+read_fields_fast(globals())

@@ -43,6 +43,7 @@ from typing import Annotated, Any, Final, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, InstanceOf, model_validator
 
+from ._models import read_fields_fast
 from ._text import EncodableStr, encodable, json_text
 from .inference import InferenceInput, RequestMetadata
 from .messages import FunctionCallItem, ModelMessageItem, TokenUsage, UserMessage
@@ -263,3 +264,5 @@ InterceptionHandler: TypeAlias = Callable[
     [PendingTransition], Awaitable[Decision | None] | Decision | None
 ]
 """A sync or async callable deciding about one pending transition."""
+
+read_fields_fast(globals())

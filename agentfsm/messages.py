@@ -573,3 +573,6 @@ class TokenUsage(BaseModel):
             "unreported_requests": self.unreported_requests + other.unreported_requests,
         }
         return _models.trusted(TokenUsage, values, set(values))
+
+
+_models.read_fields_fast(globals())

@@ -22,6 +22,7 @@ from typing import Final, Literal, TypeAlias, TypedDict
 from pydantic import BaseModel, ConfigDict
 
 from ._arguments import ArgumentTypeError, seconds, seconds_or_none
+from ._models import read_fields_fast
 from .exceptions import ConfigurationError
 from .inference import InferenceOutput, ModelWrapper
 from .messages import ContextItem, FunctionCallOutputItem
@@ -289,3 +290,5 @@ _SECONDS: Final = (
 _CALLABLES: Final = ("stop_when", "tool_wrappers", "model_wrappers")
 
 _DEFAULT: Final = LoopOptions()
+
+read_fields_fast(globals())

@@ -39,6 +39,7 @@ from typing import Any, Literal, TypeAlias, final
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from ._models import read_fields_fast
 from .tools import ToolResult
 
 __all__ = ("ReconcileFunction", "Reconciled")
@@ -90,3 +91,5 @@ ReconcileFunction: TypeAlias = Callable[
 """`fn(idempotency_key, arguments)`, sync or async: `arguments` is the dict of
 keyword arguments the tool's function would have been called with (validated
 against its parameters). A sync function runs in a worker thread."""
+
+read_fields_fast(globals())

@@ -330,3 +330,6 @@ class DecisionEntry(BaseModel):
     """Who gave it (`Runtime.resume(..., by=...)`); None for a handler's."""
     at: datetime
     """When it was made (the runtime's clock)."""
+
+
+_models.read_fields_fast(globals())

@@ -7,6 +7,7 @@ from typing import Any, Generic, NamedTuple, Self, final
 from pydantic import BaseModel, ConfigDict
 from typing_extensions import TypeVar  # (a default: Python 3.13's typing has it)
 
+from ._models import read_fields_fast
 from .exceptions import LoopAborted, LoopFailedError
 from .interception import PendingTransition
 from .messages import ModelMessageItem, TokenUsage
@@ -135,3 +136,6 @@ class LoopView(BaseModel):
     tool_calls: int
     last_tools: tuple[str, ...] = ()
     """Names of the tools that ran in the last tool batch (for stop conditions)."""
+
+
+read_fields_fast(globals())

@@ -790,3 +790,5 @@ the arguments (`await next(call.with_arguments(...))`), deny the call (return
 running the tool, change fields of the result (`result.model_copy(update=...)`),
 time or retry it. A wrapper that raises turns the call into an error output.
 """
+
+_models.read_fields_fast(globals())

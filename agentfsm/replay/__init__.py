@@ -64,6 +64,7 @@ import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, InstanceOf, JsonValue
 
 from agentfsm._bus.started import FORKED_FROM, rebound, request_of
+from agentfsm._models import read_fields_fast
 from agentfsm.eventlog import read_events
 from agentfsm.events import AgentEvent, ForkOrigin, LoopPaused, LoopTransition
 from agentfsm.exceptions import ConfigurationError
@@ -641,3 +642,6 @@ def _fork_point(recording: Recording, at_seq: int) -> tuple[ForkOrigin, int]:
     raise ConfigurationError(
         f"loop {recording.loop_id} made no model request at or after seq {at_seq}"
     )
+
+
+read_fields_fast(globals())

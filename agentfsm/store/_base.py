@@ -51,6 +51,7 @@ from agentfsm._arguments import (
     given,
     one_of,
 )
+from agentfsm._models import read_fields_fast
 from agentfsm._text import encodable, encodable_data
 from agentfsm.events import AgentEvent
 from agentfsm.exceptions import (
@@ -1050,3 +1051,6 @@ class LedgerFold:
         ]
         found.sort(key=lambda c: (c.request, c.position))
         return found
+
+
+read_fields_fast(globals())

@@ -18,6 +18,7 @@ from typing import Final
 from pydantic import BaseModel, ConfigDict
 
 from agentfsm._arguments import ArgumentValueError, check
+from agentfsm._models import read_fields_fast
 from agentfsm._text import encodable
 from agentfsm.exceptions import LoopStateError
 from agentfsm.states import LoopState
@@ -213,3 +214,6 @@ def ended_loop_break(loop_id: str) -> LoopStateError:
     return LoopStateError(
         f"loop {loop_id} has ended: it has no transition left to pause at"
     )
+
+
+read_fields_fast(globals())

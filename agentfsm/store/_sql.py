@@ -58,7 +58,7 @@ from pydantic_core import PydanticSerializationError
 from agentfsm._arguments import check
 from agentfsm._errors import error_text
 from agentfsm._keys import number_text
-from agentfsm._models import json_of
+from agentfsm._models import json_of, read_fields_fast
 from agentfsm._text import encodable_data
 from agentfsm.events import AgentEvent, AgentEventAdapter
 from agentfsm.inference import InferenceOutput
@@ -1647,3 +1647,5 @@ class SQLStore(
 
 _BREAK_COLUMNS: Final = "id, loop_id, agent_id, state, asker, created, removed, remover"
 """A `breakpoints` row's columns, as `_break_of` reads them."""
+
+read_fields_fast(globals())

@@ -27,6 +27,7 @@ from typing import Any, Final, Self
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
+from agentfsm._models import read_fields_fast
 from agentfsm.events import ToolSpec
 from agentfsm.inference import InferenceOutput
 from agentfsm.messages import (
@@ -504,3 +505,6 @@ class ToolOutcome(BaseModel):
     """The tool's images: references to those the context store keeps
     (`ImageBlock.as_reference`), or the bytes, with a store of the worker's
     own."""
+
+
+read_fields_fast(globals())
