@@ -144,7 +144,12 @@ class LoopOptions:
             condition is the limit a handler may lift).
         stop_when: conditions checked after each turn; the first that holds
             ends the loop `stopped` with its reason.
-        tool_execution: run a batch's calls one by one, or concurrently.
+        tool_execution: run a batch's calls one by one, or concurrently. In
+            parallel mode each of up to `max_tool_concurrency` tasks takes the
+            batch's next call as it ends one; a batch whose calls cannot wait
+            (async tools without an `await`, sync tools run in the loop's
+            thread; no tool wrappers, no store) runs them one by one in the
+            loop's task, as its tasks would.
         max_tool_concurrency: the most calls running at once in parallel mode.
         tool_wrappers: `(call, next)` wrappers around each tool call, outermost first.
         model_wrappers: `(request, next)` wrappers around each model request.

@@ -11,8 +11,9 @@ section says otherwise; CPU is `time.process_time()`, memory is tracemalloc.
   are user message / function call / function output / model message quads.
 - turns: one loop of 10 → 1,000 turns (a tool call each, then the answer), so
   the context grows inside the loop; µs per turn.
-- tools: one turn asking for 1 → 100 `add` calls, then the answer; sequential
-  and `tool_execution="parallel"` (default cap of 8 at once).
+- tools: one turn asking for 1 → 100 calls, then the answer; sequential
+  and `tool_execution="parallel"` (default cap of 8 at once), with `add`
+  (which never waits) and with a tool that yields to the event loop once.
 - loops: 1 → 10,000 loops in flight at once in one process (the model yields
   once per call, so they interleave); µs and traced KB per loop.
 - retained: the same runs after 0 → 10,000 finished loops are kept by the
@@ -234,44 +235,75 @@ async def section_turns() -> None:
 # ---------------------------------------------------------------------- tools
 
 
+@agentfsm.tool
+async def add_after_wait(a: int, b: int) -> int:
+    """Add two integers, after yielding to the event loop once."""
+    await asyncio.sleep(0)
+    return a + b
+
+
 async def section_tools() -> None:
-    print("\ntool calls per turn: one turn asking for k `add` calls, then the answer")
+    print(
+        "\ntool calls per turn: one turn asking for k calls, then the answer; `add`"
+        " (never waits) and `add_after_wait` (yields once); x = parallel / sequential"
+    )
     rows = []
-    for k in TOOLS_PER_TURN:
-        provider = ScriptedProvider(
-            [calls(*(call("add", a=i, b=1) for i in range(k))), text(ANSWER)],
-            record=False,
-        )
-        figures = []
-        async with agentfsm.Runtime(providers={"scripted": provider}) as runtime:
-            for mode in ("sequential", "parallel"):
-
-                async def run(mode: Any = mode, k: int = k) -> None:
-                    context = ModelContext()
-                    request = InferenceInput(
-                        model="scripted:bench", context=context, tools=[add]
-                    )
-                    loop_id = runtime.run_loop(
-                        "agent", PROMPT, request, tool_execution=mode
-                    )
-                    result = await runtime.wait(loop_id)
-                    assert result.answer is not None
-                    assert result.answer.content == ANSWER
-                    assert result.tool_calls == k, result.tool_calls
-                    outputs = [
-                        i for i in context.items if i.type == "function_call_output"
-                    ]
-                    assert [o.output for o in outputs] == [str(i + 1) for i in range(k)]
-
-                figures.append(await per_run_us(run))
-        seq, par = figures
-        rows.append(
-            [f"{k}", f"{seq:,.0f}", f"{seq / k:,.1f}", f"{par:,.0f}", f"{par / k:,.1f}"]
-        )
+    for tool in (add, add_after_wait):
+        for k in TOOLS_PER_TURN:
+            seq, par = await tools_per_turn(tool, k)
+            rows.append(
+                [
+                    tool.name,
+                    f"{k}",
+                    f"{seq:,.0f}",
+                    f"{seq / k:,.1f}",
+                    f"{par:,.0f}",
+                    f"{par / k:,.1f}",
+                    f"{par / seq:.2f}",
+                ]
+            )
     table(
-        ["calls/turn", "sequential µs/run", "µs/call", "parallel µs/run", "µs/call"],
+        [
+            "tool",
+            "calls/turn",
+            "sequential µs/run",
+            "µs/call",
+            "parallel µs/run",
+            "µs/call",
+            "x",
+        ],
         rows,
     )
+
+
+async def tools_per_turn(tool: agentfsm.Tool, k: int) -> tuple[float, float]:
+    """CPU µs a run, sequential and parallel, of one turn of `k` calls of `tool`."""
+    provider = ScriptedProvider(
+        [calls(*(call(tool.name, a=i, b=1) for i in range(k))), text(ANSWER)],
+        record=False,
+    )
+    figures = []
+    async with agentfsm.Runtime(providers={"scripted": provider}) as runtime:
+        for mode in ("sequential", "parallel"):
+
+            async def run(mode: Any = mode) -> None:
+                context = ModelContext()
+                request = InferenceInput(
+                    model="scripted:bench", context=context, tools=[tool]
+                )
+                loop_id = runtime.run_loop(
+                    "agent", PROMPT, request, tool_execution=mode
+                )
+                result = await runtime.wait(loop_id)
+                assert result.answer is not None
+                assert result.answer.content == ANSWER
+                assert result.tool_calls == k, result.tool_calls
+                outputs = [i for i in context.items if i.type == "function_call_output"]
+                assert [o.output for o in outputs] == [str(i + 1) for i in range(k)]
+
+            figures.append(await per_run_us(run))
+    seq, par = figures
+    return seq, par
 
 
 # ---------------------------------------------------------------------- loops

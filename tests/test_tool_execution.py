@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import anyio
+import anyio.lowlevel
 
 from agentfsm import (
     FunctionCallItem,
@@ -138,6 +139,66 @@ class TestToolExecution:
             )
         assert capped == 2
         assert peak == 1
+
+    async def test_a_parallel_batch_has_a_task_per_slot_taking_calls_in_order(
+        self,
+    ) -> None:
+        """Under the cap, calls start in the model's order as slots free up,
+        each slot one task; calls that cannot wait run in the loop's task."""
+        started: list[int] = []
+        tasks: dict[int, int] = {}
+        running = peak = 0
+
+        @tool
+        async def waits(n: int) -> int:
+            """Waits twice."""
+            nonlocal running, peak
+            started.append(n)
+            tasks[n] = anyio.get_current_task().id
+            running += 1
+            peak = max(peak, running)
+            await anyio.lowlevel.checkpoint()
+            await anyio.lowlevel.checkpoint()
+            running -= 1
+            return n
+
+        @tool
+        async def quick(n: int) -> int:
+            """Never waits."""
+            started.append(n)
+            tasks[n] = anyio.get_current_task().id
+            return n
+
+        provider = ScriptedProvider(
+            [
+                calls(*(call("waits", n=i) for i in range(10))),
+                calls(*(call("quick", n=i) for i in range(10, 13))),
+                text("done"),
+            ]
+        )
+        async with Runtime(providers={"scripted": provider}) as runtime:
+            inference_input = request(waits, quick)
+            result = await runtime.wait(
+                runtime.run_loop(
+                    "a",
+                    "go",
+                    inference_input,
+                    tool_execution="parallel",
+                    max_tool_concurrency=3,
+                )
+            )
+        assert result.answer is not None
+        assert started == list(range(13))
+        assert peak == 3
+        assert len({tasks[n] for n in range(10)}) == 3  # one task per slot
+        assert len({tasks[n] for n in range(10, 13)}) == 1  # the loop's own
+        assert tasks[10] not in {tasks[n] for n in range(10)}
+        outputs = [
+            i.output
+            for i in inference_input.context.items
+            if isinstance(i, FunctionCallOutputItem)
+        ]
+        assert outputs == [str(n) for n in range(13)]
 
     async def test_progress_is_published_and_dropped_after_the_call(self) -> None:
         """A tool reports progress (async and from a worker thread); late progress is dropped."""

@@ -455,6 +455,27 @@ class TestResults:
 
         assert (await Tool.from_function(give).invoke("{}")).output == expected
 
+    def test_text_and_results_are_taken_as_they_are(self) -> None:
+        """Text and a `ToolResult`, subclasses included, are kept (not JSON);
+        a JSON scalar is its JSON (the loop tests its type before any class)."""
+        from agentfsm._loop.tool_run import output_of
+
+        class Label(str):
+            pass
+
+        class Marked(ToolResult):
+            pass
+
+        label, result, marked = Label("x"), ToolResult(output="r"), Marked(output="m")
+        for value in (label, result, marked, "plain"):
+            assert output_of(scale, value) is value
+        assert [output_of(scale, v) for v in (2, 2.5, False, None)] == [
+            "2",
+            "2.5",
+            "false",
+            "null",
+        ]
+
     async def test_model_argument_result(self) -> None:
         """A model argument arrives as a model instance and the model result is JSON."""
         assert (

@@ -16,6 +16,7 @@ from agentfsm.interception import ToolBatch
 from agentfsm.messages import FunctionCallItem
 from agentfsm.tools import Tool
 
+from .tool_run import BASE_INVOKE
 from .turn import tool_index
 
 if TYPE_CHECKING:
@@ -59,8 +60,10 @@ class BatchPlan(NamedTuple):
     batch: ToolBatch
     calls: tuple[PlannedCall, ...]
     parallel: bool
-    """The calls run concurrently (the loop runs tools in parallel, the batch
-    has two calls or more, and none of its tools must run alone)."""
+    """The calls run concurrently: the loop runs tools in parallel, the batch
+    has two calls or more, none of its tools must run alone, and one call at
+    least may wait (see `_may_wait`). Calls that cannot wait would run one
+    after the other in their tasks anyway: they run in sequence without them."""
     concurrency: int
     """At most this many run at once (`max_tool_concurrency`)."""
 
@@ -106,11 +109,31 @@ def plan_of(loop: Loop, batch: ToolBatch) -> BatchPlan:
         options.tool_execution == "parallel"
         and len(calls) > 1
         and all(c.tool is None or c.tool.execution_mode == "parallel" for c in calls)
+        and (
+            chain is not None or loop.journal is not None or any(map(_may_wait, calls))
+        )
     )
     plan = loop.plan = _new(
         BatchPlan, (batch, tuple(calls), parallel, options.max_tool_concurrency)
     )
     return plan
+
+
+def _may_wait(planned: PlannedCall) -> bool:
+    """Whether a call of a batch may suspend while it runs, letting others run
+    meanwhile: a tool whose function may (an async one with a yield point in
+    its code, a sync one run in a thread) or that runs its calls itself (a
+    subclass's `invoke`). Tool wrappers and a journal may too (`plan_of`).
+
+    A batch none of whose calls may wait runs in sequence: a task and a slot
+    of the concurrency cap per call cost ~5x the call, and bought nothing.
+    """
+    tool = planned.tool
+    if tool is None or planned.output is not None:
+        return False  # it does not run
+    if type(tool).invoke is not BASE_INVOKE:
+        return True
+    return tool.suspends if tool.is_async else tool.run_in_thread
 
 
 def _planned(

@@ -37,6 +37,9 @@ _IMAGES_OR_LIST: Final = (ImageBlock, list, tuple)
 """What may hold images among a tool's other values (one test for a value
 that holds none, rather than three)."""
 
+_SCALARS: Final = frozenset({int, float, bool, type(None)})
+"""Values that are JSON as they are: neither text, a result nor images."""
+
 
 async def run_function(
     tool: Tool,
@@ -84,13 +87,20 @@ def output_of(tool: Tool, value: Any) -> str | ToolResult:
     Serialized here, not by the loop, so that a value JSON cannot hold is
     reported as that, not as the tool having raised.
     """
-    if isinstance(value, _TEXT_OR_RESULT):  # a tuple: a union is built per call
-        return value
-    if isinstance(value, _IMAGES_OR_LIST):
-        if isinstance(value, ImageBlock):
-            return ToolResult(output="", images=(value,))
-        if any(isinstance(v, ImageBlock) for v in value):
-            return _blocks_output(tool.name, value)
+    kind = type(value)
+    if kind is str or kind is ToolResult:  # the common values: no class test
+        taken: str | ToolResult = value
+        return taken
+    # A class test against a model class goes through its metaclass's
+    # `__instancecheck__` (~1,200 instructions each): not for the JSON scalars.
+    if kind not in _SCALARS:
+        if isinstance(value, _TEXT_OR_RESULT):  # a tuple: a union is built per call
+            return value
+        if isinstance(value, _IMAGES_OR_LIST):
+            if isinstance(value, ImageBlock):
+                return ToolResult(output="", images=(value,))
+            if any(isinstance(v, ImageBlock) for v in value):
+                return _blocks_output(tool.name, value)
     try:
         return _text.json_text(value)
     except ValueError as exc:  # PydanticSerializationError, circular references

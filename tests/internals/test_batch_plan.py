@@ -4,11 +4,13 @@ without their `__new__` (`_new`): each field must land where it is named."""
 
 from __future__ import annotations
 
-from typing import Unpack
+from collections.abc import Mapping
+from typing import Any, Unpack
 
+import anyio.lowlevel
 import pytest
 
-from agentfsm import InferenceInput, ModelContext, ToolBatch, tool
+from agentfsm import InferenceInput, ModelContext, Tool, ToolBatch, ToolResult, tool
 from agentfsm._loop.batch import TRUNCATED, PlannedCall, plan_of
 from agentfsm._loop.loop import Loop
 from agentfsm.inference import InferenceOutput
@@ -28,13 +30,52 @@ async def alone(x: int) -> int:
     return x
 
 
+@tool
+async def waits(a: int, b: int) -> int:
+    """Add, after a wait."""
+    await anyio.lowlevel.checkpoint()
+    return a + b
+
+
+@tool
+def threaded(a: int, b: int) -> int:
+    """Add, in a worker thread."""
+    return a + b
+
+
+@tool(run_in_thread=False)
+def here(a: int, b: int) -> int:
+    """Add, in the loop's thread."""
+    return a + b
+
+
+class _RunsItself(Tool):
+    """A tool whose `invoke` runs its calls (as replay's recorded tools do)."""
+
+    async def invoke(self, arguments: str | Mapping[str, Any]) -> ToolResult:
+        return ToolResult(output="recorded")
+
+
+async def _recorded(a: int, b: int) -> int:
+    """Add (never runs)."""
+    return a + b
+
+
+itself = _RunsItself(_recorded, name="itself")
+
+
 def loop_with(**options: Unpack[LoopOptionsDict]) -> Loop:
-    request = InferenceInput(model="m:m", context=ModelContext(), tools=[add, alone])
+    request = InferenceInput(
+        model="m:m",
+        context=ModelContext(),
+        tools=[add, alone, waits, threaded, here, itself],
+    )
     loop = Loop.__new__(Loop)
     loop.request = request
     loop.tools_of = None
     loop.output = None
     loop.tool_chain = None
+    loop.journal = None
     loop.plan = None
     loop.options = LoopOptions.of(options)
     loop.loop_id = "L"
@@ -92,10 +133,17 @@ def test_a_truncated_response_runs_nothing() -> None:
 @pytest.mark.parametrize(
     ("names", "cap", "parallel", "starting"),
     [
-        (("add", "add", "add"), 3, True, 3),
-        (("add", "add", "add"), 2, True, 0),  # one waits for a slot
-        (("add", "alone"), 3, False, 1),  # a tool that runs alone
-        (("add",), 3, False, 1),
+        (("waits", "waits", "waits"), 3, True, 3),
+        (("waits", "waits", "waits"), 2, True, 0),  # one waits for a slot
+        (("add", "waits", "add"), 3, True, 3),
+        (("add", "threaded"), 3, True, 2),
+        (("add", "itself"), 3, True, 2),  # its `invoke` may wait
+        (("waits", "alone"), 3, False, 1),  # a tool that runs alone
+        (("waits",), 3, False, 1),
+        # No call can wait: in sequence (tasks would run them one by one).
+        (("add", "add", "add"), 3, False, 1),
+        (("add", "here"), 3, False, 1),
+        (("add", "nope"), 3, False, 1),  # an unknown tool does not run
     ],
 )
 def test_parallel_batches(
@@ -104,6 +152,19 @@ def test_parallel_batches(
     loop = loop_with(tool_execution="parallel", max_tool_concurrency=cap)
     plan = plan_of(loop, ToolBatch(calls=calls(*names)))
     assert (plan.parallel, len(plan.starting())) == (parallel, starting)
+
+
+def test_calls_that_cannot_wait_run_concurrently_through_wrappers_or_a_journal() -> (
+    None
+):
+    """A tool wrapper or a journal may suspend around any call: such a batch
+    keeps its tasks."""
+    loop = loop_with(tool_execution="parallel")
+    loop.tool_chain = object()  # type: ignore[assignment]
+    assert plan_of(loop, ToolBatch(calls=calls("add", "add"))).parallel
+    loop = loop_with(tool_execution="parallel")
+    loop.journal = object()  # type: ignore[assignment]
+    assert plan_of(loop, ToolBatch(calls=calls("add", "add"))).parallel
 
 
 def test_a_call_s_key_is_its_idempotency_key() -> None:
