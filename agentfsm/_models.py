@@ -117,13 +117,16 @@ def read_fields_fast(namespace: Mapping[str, Any]) -> None:
     defines (`read_fields_fast(globals())` at its end); nothing elsewhere.
 
     A model qualifies when BaseModel's `__getattr__` has nothing to serve it:
-    no private attributes, no extra fields, no `__getattr__` of its own. Its
-    type then gets the generic attribute lookup, which finds the same fields,
-    methods and descriptors; only a missing attribute's error skips pydantic's
-    hook, which raises the same `AttributeError` for such a model. A subclass
-    made later gets the hook back (as does the class if a `__getattr__` is
-    ever set on it); it is just slower. Saves ~48,000 instructions a benchmark
-    run (6.6%, `make bench-instructions`; bench/PERFORMANCE.md).
+    no private attributes, no extra fields allowed by its config, no
+    `__getattr__` or `__getattribute__` of its own. Its type then gets the
+    generic attribute lookup, which finds the same fields, methods and
+    descriptors; a missing attribute raises the same `AttributeError`. One
+    difference shows on 3.11: extra fields allowed at validation time only
+    (`model_validate(data, extra="allow")`) are in `model_extra` but not
+    readable as attributes. A subclass made later gets the hook back
+    (as does the class if a `__getattr__` is ever set on it); it is just
+    slower. Saves ~48,000 instructions a benchmark run (6.6%, `make
+    bench-instructions`; bench/PERFORMANCE.md).
     """
     if _set_generic_getattr is None:
         return
@@ -136,5 +139,6 @@ def read_fields_fast(namespace: Mapping[str, Any]) -> None:
             and not value.__private_attributes__
             and value.model_config.get("extra") != "allow"
             and value.__getattr__ is BaseModel.__getattr__  # type: ignore[attr-defined]
+            and value.__getattribute__ is object.__getattribute__
         ):
             _set_generic_getattr(value)

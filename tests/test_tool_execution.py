@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextvars
+from typing import Literal
+
 import anyio
 import anyio.lowlevel
+import pytest
 
 from agentfsm import (
     FunctionCallItem,
@@ -22,6 +26,7 @@ from agentfsm import (
     report_progress,
     tool,
 )
+from agentfsm._loop.tool_call import INTERRUPTED
 from agentfsm.events import (
     FunctionCallCompleted,
     FunctionCallProgress,
@@ -37,6 +42,8 @@ from agentfsm.testing import (
 )
 from agentfsm.tools import ToolNext
 from tests.helpers import add, items_of, request, wait_until
+
+_VAR: contextvars.ContextVar[str | None] = contextvars.ContextVar("_VAR", default=None)
 
 
 class TestToolExecution:
@@ -199,6 +206,95 @@ class TestToolExecution:
             if isinstance(i, FunctionCallOutputItem)
         ]
         assert outputs == [str(n) for n in range(13)]
+
+    @pytest.mark.parametrize("mode", ["sequential", "parallel"])
+    async def test_a_cancel_while_a_call_ends_starts_no_other_call(
+        self, mode: Literal["sequential", "parallel"]
+    ) -> None:
+        """A call that ends normally after `Runtime.cancel` (its work shielded)
+        is the batch's last: the calls after it get the interrupted output."""
+        ran: list[str] = []
+        entered = anyio.Event()
+
+        @tool
+        async def save(n: int) -> str:
+            """Saves, shielded from cancellation."""
+            entered.set()
+            with anyio.CancelScope(shield=True):
+                await anyio.sleep(0.01)
+            ran.append(f"save{n}")
+            return "saved"
+
+        @tool
+        async def charge(n: int) -> str:
+            """Charges (never waits)."""
+            ran.append(f"charge{n}")
+            return "charged"
+
+        provider = ScriptedProvider(
+            [
+                calls(call("save", n=0), call("charge", n=1), call("charge", n=2)),
+                text("done"),
+            ]
+        )
+        async with Runtime(providers={"scripted": provider}) as runtime:
+            inference_input = request(save, charge)
+            loop_id = runtime.run_loop(
+                "a", "go", inference_input, tool_execution=mode, max_tool_concurrency=1
+            )
+            await entered.wait()
+            runtime.cancel(loop_id, "stop")
+            result = await runtime.wait(loop_id)
+        assert result.outcome is Outcome.cancelled
+        assert ran == ["save0"]
+        outputs = [
+            i.output
+            for i in inference_input.context.items
+            if isinstance(i, FunctionCallOutputItem)
+        ]
+        assert outputs == ["saved", INTERRUPTED, INTERRUPTED]
+
+    async def test_each_call_of_a_parallel_batch_has_its_own_context(self) -> None:
+        """A `ContextVar` a call sets stays with it, as in a task of its own,
+        whether the batch's calls wait or not."""
+        seen: list[tuple[int, str | None]] = []
+
+        @tool
+        async def quick(n: int) -> str:
+            """Never waits."""
+            seen.append((n, _VAR.get()))
+            _VAR.set(f"call{n}")
+            return "ok"
+
+        @tool
+        async def waits(n: int) -> str:
+            """Waits once."""
+            seen.append((n, _VAR.get()))
+            _VAR.set(f"call{n}")
+            await anyio.lowlevel.checkpoint()
+            assert _VAR.get() == f"call{n}"
+            return "ok"
+
+        provider = ScriptedProvider(
+            [
+                calls(call("quick", n=0), call("quick", n=1)),
+                calls(*(call("waits", n=n) for n in range(2, 6))),
+                text("done"),
+            ]
+        )
+        async with Runtime(providers={"scripted": provider}) as runtime:
+            result = await runtime.wait(
+                runtime.run_loop(
+                    "a",
+                    "go",
+                    request(quick, waits),
+                    tool_execution="parallel",
+                    max_tool_concurrency=2,
+                )
+            )
+        assert result.answer is not None
+        assert seen == [(n, None) for n in range(6)]
+        assert _VAR.get() is None
 
     async def test_progress_is_published_and_dropped_after_the_call(self) -> None:
         """A tool reports progress (async and from a worker thread); late progress is dropped."""

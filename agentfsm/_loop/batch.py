@@ -22,7 +22,7 @@ from .turn import tool_index
 if TYPE_CHECKING:
     from .loop import Loop
 
-__all__ = ("TRUNCATED", "BatchPlan", "PlannedCall", "plan_of")
+__all__ = ("TRUNCATED", "BatchPlan", "PlannedCall", "may_wait", "plan_of")
 
 TRUNCATED: Final = (
     "the call was not run: the response hit the output token limit, "
@@ -60,10 +60,9 @@ class BatchPlan(NamedTuple):
     batch: ToolBatch
     calls: tuple[PlannedCall, ...]
     parallel: bool
-    """The calls run concurrently: the loop runs tools in parallel, the batch
-    has two calls or more, none of its tools must run alone, and one call at
-    least may wait (see `_may_wait`). Calls that cannot wait would run one
-    after the other in their tasks anyway: they run in sequence without them."""
+    """The calls run concurrently (the loop runs tools in parallel, the batch
+    has two calls or more, and none of its tools must run alone); in tasks
+    only if one of them at least `may_wait`."""
     concurrency: int
     """At most this many run at once (`max_tool_concurrency`)."""
 
@@ -109,9 +108,6 @@ def plan_of(loop: Loop, batch: ToolBatch) -> BatchPlan:
         options.tool_execution == "parallel"
         and len(calls) > 1
         and all(c.tool is None or c.tool.execution_mode == "parallel" for c in calls)
-        and (
-            chain is not None or loop.journal is not None or any(map(_may_wait, calls))
-        )
     )
     plan = loop.plan = _new(
         BatchPlan, (batch, tuple(calls), parallel, options.max_tool_concurrency)
@@ -119,21 +115,28 @@ def plan_of(loop: Loop, batch: ToolBatch) -> BatchPlan:
     return plan
 
 
-def _may_wait(planned: PlannedCall) -> bool:
-    """Whether a call of a batch may suspend while it runs, letting others run
-    meanwhile: a tool whose function may (an async one with a yield point in
-    its code, a sync one run in a thread) or that runs its calls itself (a
-    subclass's `invoke`). Tool wrappers and a journal may too (`plan_of`).
+def may_wait(loop: Loop, plan: BatchPlan) -> bool:
+    """Whether a call of a parallel batch may suspend while it runs, letting
+    others run meanwhile: through the loop's tool wrappers or journal, a tool
+    whose function may (an async one with a yield point in its code, a sync
+    one run in a thread), or one that runs its calls itself (a subclass's
+    `invoke`).
 
-    A batch none of whose calls may wait runs in sequence: a task and a slot
-    of the concurrency cap per call cost ~5x the call, and bought nothing.
+    A batch none of whose calls may wait runs them one by one without tasks
+    (`tool_call.run_batch`): a task and a slot of the concurrency cap per call
+    cost ~5x the call, and its tasks would run them one after the other anyway.
     """
-    tool = planned.tool
-    if tool is None or planned.output is not None:
-        return False  # it does not run
-    if type(tool).invoke is not BASE_INVOKE:
+    if loop.tool_chain is not None or loop.journal is not None:
         return True
-    return tool.suspends if tool.is_async else tool.run_in_thread
+    for planned in plan.calls:
+        tool = planned.tool
+        if tool is None or planned.output is not None:
+            continue  # it does not run
+        if type(tool).invoke is not BASE_INVOKE:
+            return True
+        if tool.suspends if tool.is_async else tool.run_in_thread:
+            return True
+    return False
 
 
 def _planned(

@@ -12,11 +12,13 @@ with its `tools.ToolCallContext` as the context's current call
 
 from __future__ import annotations
 
+import contextvars
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 import anyio
+from anyio.lowlevel import checkpoint_if_cancelled
 
 from agentfsm import _models, _text
 from agentfsm._errors import error_text
@@ -29,7 +31,7 @@ from agentfsm.tools import (
     ToolWrapper,
 )
 
-from .batch import BatchPlan, PlannedCall, unknown
+from .batch import BatchPlan, PlannedCall, may_wait, unknown
 from .bounds import checked_tool_images, checked_tool_output
 from .journal import Halted
 from .tool_run import BASE_INVOKE, run_function
@@ -80,7 +82,16 @@ async def run_batch(
     """
     if not plan.parallel:
         for planned in plan.calls:
+            if planned.position:  # a cancel while the last call ended: no more
+                await checkpoint_if_cancelled()
             results[planned.position] = await run_call(loop, planned)
+        return
+    if not may_wait(loop, plan):
+        # No call can suspend: their tasks would run them one after the other.
+        # Each runs in a copy of the context, as in a task of its own.
+        for planned in plan.calls:
+            await checkpoint_if_cancelled()
+            results[planned.position] = await _InContext(run_call(loop, planned))
         return
 
     # At most `concurrency` tasks, each taking the next call as it ends one:
@@ -94,7 +105,8 @@ async def run_batch(
     async def run_some() -> None:
         try:
             for planned in pending:  # shared: each call is taken once
-                results[planned.position] = await run_call(loop, planned)
+                await checkpoint_if_cancelled()
+                results[planned.position] = await _InContext(run_call(loop, planned))
         except Halted as exc:  # the loop stops here: its siblings too
             halted.append(exc)
             tg.cancel_scope.cancel()
@@ -104,6 +116,41 @@ async def run_batch(
             tg.start_soon(run_some, name=f"agentfsm-tools-{loop.loop_id}")
     if halted:
         raise halted[0]
+
+
+class _InContext:
+    """Awaits a coroutine with each of its steps run in a copy of the current
+    context, as a task of its own would run it: a `ContextVar` one call of a
+    parallel batch sets (structlog's bound values, say) stays with that call."""
+
+    __slots__ = ("_context", "_coro")
+
+    def __init__(self, coro: Coroutine[Any, Any, CallResult]) -> None:
+        self._coro = coro
+        self._context = contextvars.copy_context()
+
+    def __await__(self) -> Generator[Any, Any, CallResult]:
+        coro, run = self._coro, self._context.run
+        step: Callable[[Any], Any] = coro.send
+        value: Any = None
+        while True:
+            try:
+                yielded = run(step, value)
+            except StopIteration as done:
+                result: CallResult = done.value
+                return result
+            except BaseException:
+                # The error's traceback holds this frame: no cycle through it.
+                del value
+                raise
+            try:
+                value = yield yielded
+                step = coro.send
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:  # noqa: BLE001 - forwarded into the coroutine
+                step, value = coro.throw, exc
 
 
 async def run_call(loop: Loop, planned: PlannedCall) -> CallResult:

@@ -11,7 +11,7 @@ import anyio.lowlevel
 import pytest
 
 from agentfsm import InferenceInput, ModelContext, Tool, ToolBatch, ToolResult, tool
-from agentfsm._loop.batch import TRUNCATED, PlannedCall, plan_of
+from agentfsm._loop.batch import TRUNCATED, PlannedCall, may_wait, plan_of
 from agentfsm._loop.loop import Loop
 from agentfsm.inference import InferenceOutput
 from agentfsm.messages import FunctionCallItem
@@ -131,40 +131,39 @@ def test_a_truncated_response_runs_nothing() -> None:
 
 
 @pytest.mark.parametrize(
-    ("names", "cap", "parallel", "starting"),
+    ("names", "cap", "parallel", "starting", "waits"),
     [
-        (("waits", "waits", "waits"), 3, True, 3),
-        (("waits", "waits", "waits"), 2, True, 0),  # one waits for a slot
-        (("add", "waits", "add"), 3, True, 3),
-        (("add", "threaded"), 3, True, 2),
-        (("add", "itself"), 3, True, 2),  # its `invoke` may wait
-        (("waits", "alone"), 3, False, 1),  # a tool that runs alone
-        (("waits",), 3, False, 1),
-        # No call can wait: in sequence (tasks would run them one by one).
-        (("add", "add", "add"), 3, False, 1),
-        (("add", "here"), 3, False, 1),
-        (("add", "nope"), 3, False, 1),  # an unknown tool does not run
+        (("waits", "waits", "waits"), 3, True, 3, True),
+        (("waits", "waits", "waits"), 2, True, 0, True),  # one waits for a slot
+        (("add", "waits", "add"), 3, True, 3, True),
+        (("add", "threaded"), 3, True, 2, True),
+        (("add", "itself"), 3, True, 2, True),  # its `invoke` may wait
+        (("waits", "alone"), 3, False, 1, True),  # a tool that runs alone
+        (("waits",), 3, False, 1, True),
+        # No call can wait: one by one, without tasks.
+        (("add", "add", "add"), 3, True, 3, False),
+        (("add", "here"), 3, True, 2, False),
+        (("add", "nope"), 3, True, 1, False),  # an unknown tool does not run
     ],
 )
 def test_parallel_batches(
-    names: tuple[str, ...], cap: int, parallel: bool, starting: int
+    names: tuple[str, ...], cap: int, parallel: bool, starting: int, waits: bool
 ) -> None:
     loop = loop_with(tool_execution="parallel", max_tool_concurrency=cap)
     plan = plan_of(loop, ToolBatch(calls=calls(*names)))
     assert (plan.parallel, len(plan.starting())) == (parallel, starting)
+    assert may_wait(loop, plan) is waits
 
 
-def test_calls_that_cannot_wait_run_concurrently_through_wrappers_or_a_journal() -> (
-    None
-):
+def test_calls_that_cannot_wait_may_through_wrappers_or_a_journal() -> None:
     """A tool wrapper or a journal may suspend around any call: such a batch
     keeps its tasks."""
     loop = loop_with(tool_execution="parallel")
     loop.tool_chain = object()  # type: ignore[assignment]
-    assert plan_of(loop, ToolBatch(calls=calls("add", "add"))).parallel
+    assert may_wait(loop, plan_of(loop, ToolBatch(calls=calls("add", "add"))))
     loop = loop_with(tool_execution="parallel")
     loop.journal = object()  # type: ignore[assignment]
-    assert plan_of(loop, ToolBatch(calls=calls("add", "add"))).parallel
+    assert may_wait(loop, plan_of(loop, ToolBatch(calls=calls("add", "add"))))
 
 
 def test_a_call_s_key_is_its_idempotency_key() -> None:

@@ -133,18 +133,37 @@ class _OwnHook(BaseModel):
         return super().__getattr__(name)  # type: ignore[misc]
 
 
+class _Audited(BaseModel):
+    value: int = 0
+
+    def __getattribute__(self, name: str) -> Any:
+        if name == "value":
+            return -1
+        return super().__getattribute__(name)
+
+
 class _Sub(FunctionCallItem):
     _note: str = PrivateAttr(default="kept")
 
 
 def test_models_the_hook_serves_keep_it() -> None:
     """Private attributes, extra fields and a model's own `__getattr__` need
-    BaseModel's hook: `read_fields_fast` leaves those models as they are."""
+    BaseModel's hook, and a model's own `__getattribute__` its slot:
+    `read_fields_fast` leaves those models as they are."""
     _models.read_fields_fast(globals())
     assert _Private()._secret == 7
     assert _Extra(value=1, more=2).more == 2  # type: ignore[call-arg,attr-defined]
     assert _OwnHook(value=2).computed == 4
+    assert _Audited(value=3).value == -1
     # A subclass of a library model made later gets the hook back.
     assert _Sub(call_id="c", name="n", arguments="{}")._note == "kept"
-    for cls in (_Private, _Extra, _OwnHook, _Sub):
+    for cls in (_Private, _Extra, _OwnHook, _Audited, _Sub):
         assert not reads_generically(cls)
+
+
+def test_extra_fields_allowed_at_validation_are_kept() -> None:
+    """The one difference on 3.11: kept in `model_extra`, read as
+    attributes only where the hook is (elsewhere, always)."""
+    usage = TokenUsage.model_validate({"trace_id": "t-1"}, extra="allow")
+    assert usage.model_extra == {"trace_id": "t-1"}
+    assert getattr(usage, "trace_id", None) == (None if ON_311 else "t-1")
