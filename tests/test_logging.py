@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import textwrap
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 import structlog
 from structlog.typing import EventDict
 
@@ -79,6 +81,48 @@ async def test_answered_loop_logs_no_warning(log_output: list[EventDict]) -> Non
         loop_id,
         "answered",
     )
+
+
+@pytest.mark.parametrize(
+    ("wrapper_class", "kept"),
+    [
+        pytest.param(
+            structlog.make_filtering_bound_logger(logging.INFO), True, id="info"
+        ),
+        pytest.param(
+            structlog.make_filtering_bound_logger(logging.WARNING), False, id="warning"
+        ),
+        pytest.param(structlog.BoundLogger, True, id="unfiltered"),  # no is_enabled_for
+    ],
+)
+async def test_the_end_line_follows_the_configured_level(
+    wrapper_class: type[Any], kept: bool
+) -> None:
+    """A loop's one info line (`Loop.log_info`, no logger bound for it) carries
+    its ids where info is kept, and is not made where it is filtered out."""
+    old = structlog.get_config()
+    with structlog.testing.capture_logs() as logs:
+        structlog.configure(wrapper_class=wrapper_class)
+        try:
+            async with Runtime(
+                providers={"scripted": ScriptedProvider([text("hi")])}
+            ) as rt:
+                loop_id = rt.run_loop("agent-1", "hi", request())
+                await rt.wait(loop_id)
+        finally:
+            structlog.configure(wrapper_class=old["wrapper_class"])
+    lines = [line for line in logs if line["event"] == "loop_idle"]
+    expected = [("info", loop_id, "agent-1", "answered", None)] if kept else []
+    assert [
+        (
+            line["log_level"],
+            line["loop_id"],
+            line["agent_id"],
+            line["outcome"],
+            line["reason"],
+        )
+        for line in lines
+    ] == expected
 
 
 async def test_context_bound_for_code_in_the_loop() -> None:

@@ -392,7 +392,7 @@ def end(
         loop.tool_calls,
         loop.journal is not None,
     )
-    loop.log.info("loop_idle", outcome=outcome, reason=reason)
+    loop.log_info("loop_idle", outcome=outcome, reason=reason)
     if loop.journal is None:
         wake(loop)
 
