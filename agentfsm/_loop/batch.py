@@ -123,7 +123,7 @@ def may_wait(loop: Loop, plan: BatchPlan) -> bool:
     `invoke`).
 
     A batch none of whose calls may wait runs them one by one without tasks
-    (`tool_call.run_batch`): a task and a slot of the concurrency cap per call
+    (`tool_call.run_parallel`): a task and a slot of the concurrency cap per call
     cost ~5x the call, and its tasks would run them one after the other anyway.
     """
     if loop.tool_chain is not None or loop.journal is not None:

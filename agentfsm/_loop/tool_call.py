@@ -40,7 +40,13 @@ from .wrappers import chain_wrappers
 if TYPE_CHECKING:
     from .loop import Loop
 
-__all__ = ("INTERRUPTED", "CallResult", "chain_tool_wrappers", "run_batch")
+__all__ = (
+    "INTERRUPTED",
+    "CallResult",
+    "chain_tool_wrappers",
+    "run_call",
+    "run_parallel",
+)
 
 INTERRUPTED: Final = "the tool call was interrupted: the loop was cancelled"
 """The output of a call the loop stopped waiting for (or never started): a sync
@@ -69,10 +75,11 @@ async def _innermost(tool_call: ToolCall) -> ToolResult:
     return await tool_call.tool.invoke(tool_call.arguments)
 
 
-async def run_batch(
+async def run_parallel(
     loop: Loop, plan: BatchPlan, results: list[CallResult | None]
 ) -> None:
-    """Run a batch, filling `results` (one slot per call) as calls end.
+    """Run a parallel batch (`plan.parallel`), filling `results` (one slot per
+    call) as calls end; `function_call` runs a sequential one itself.
 
     A slot still `None` afterwards is a call that never ended: the caller sees
     which calls finished even when the batch was interrupted.
@@ -80,12 +87,6 @@ async def run_batch(
     Raises:
         Halted: the journal stopped the loop (the other calls were cancelled).
     """
-    if not plan.parallel:
-        for planned in plan.calls:
-            if planned.position:  # a cancel while the last call ended: no more
-                await checkpoint_if_cancelled()
-            results[planned.position] = await run_call(loop, planned)
-        return
     if not may_wait(loop, plan):
         # No call can suspend: their tasks would run them one after the other.
         # Each runs in a copy of the context, as in a task of its own.
