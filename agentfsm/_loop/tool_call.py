@@ -148,7 +148,7 @@ class _InContext:
                 value = yield yielded
                 step = coro.send
             except GeneratorExit:
-                coro.close()
+                run(coro.close)  # its `finally` blocks in its own context too
                 raise
             except BaseException as exc:  # noqa: BLE001 - forwarded into the coroutine
                 step, value = coro.throw, exc
