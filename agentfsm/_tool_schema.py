@@ -13,11 +13,11 @@ from __future__ import annotations
 import inspect
 import re
 from collections.abc import Callable, Mapping
-from typing import Annotated, Any, Final, get_origin, get_type_hints
+from typing import Annotated, Any, Final, Protocol, get_origin, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 from pydantic.fields import FieldInfo
-from pydantic_core import from_json, to_json
+from pydantic_core import SchemaValidator, from_json, to_json
 
 from ._models import read_fields_fast
 from .exceptions import ConfigurationError, ToolArgumentsError
@@ -115,6 +115,44 @@ def arguments_model(
         __config__=ConfigDict(extra="forbid", defer_build=True),
         **fields,
     )
+
+
+class FieldsValidator(Protocol):
+    """Validates a tool's arguments into `(values, ...)`: a dict of the
+    arguments model's fields first (what pydantic-core's model-fields
+    validator returns)."""
+
+    def validate_json(self, data: str, /) -> tuple[Any, ...]: ...
+
+    def validate_python(self, data: Any, /) -> tuple[Any, ...]: ...
+
+
+def fields_validator(model: type[BaseModel]) -> FieldsValidator:
+    """A validator of an arguments model's fields alone: the same checks,
+    errors and values as the model's own validator, without making the model
+    a call keeps only the dict of (~2,700 instructions a tool call less, `make
+    bench-instructions`). Built on a tool's first call: the model's schema is
+    deferred until then. A schema it cannot take apart (a model referring to
+    itself is wrapped in its definitions) is validated as a whole model."""
+    schema: Any = model.__pydantic_core_schema__
+    if schema["type"] == "model" and schema["schema"]["type"] == "model-fields":
+        return SchemaValidator(schema["schema"], schema.get("config"))
+    return _WholeModel(model)
+
+
+class _WholeModel:
+    """`fields_validator`'s answer for a schema it cannot take apart."""
+
+    __slots__ = ("_validator",)
+
+    def __init__(self, model: type[BaseModel]) -> None:
+        self._validator = model.__pydantic_validator__
+
+    def validate_json(self, data: str, /) -> tuple[Any, ...]:
+        return (self._validator.validate_json(data).__dict__,)
+
+    def validate_python(self, data: Any, /) -> tuple[Any, ...]:
+        return (self._validator.validate_python(data).__dict__,)
 
 
 def _check_described(

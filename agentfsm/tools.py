@@ -47,7 +47,14 @@ from pydantic import (
 
 from . import _models, _text
 from ._arguments import seconds_or_none, timeout_or_none
-from ._tool_schema import arguments_model, awaits, docstring, json_object
+from ._tool_schema import (
+    FieldsValidator,
+    arguments_model,
+    awaits,
+    docstring,
+    fields_validator,
+    json_object,
+)
 from .exceptions import (
     ConfigurationError,
     NoToolCallError,
@@ -223,6 +230,7 @@ class Tool:
 
     __slots__ = (
         "_args_model",
+        "_fields",
         "_parameters",
         "_validator",
         "definition",
@@ -285,6 +293,8 @@ class Tool:
         self._validator = validate
         self._parameters: tuple[str, ...] | None = None
         self._args_model: type[BaseModel] | None = None
+        self._fields: FieldsValidator | None = None
+        """Validates the arguments against `_args_model`'s fields (on first use)."""
         if definition is not None:
             if not self.is_async:
                 raise ConfigurationError(
@@ -392,12 +402,14 @@ class Tool:
                 raise ToolArgumentsError(
                     f"invalid arguments for tool {self.name!r}: {exc}", tool=self.name
                 ) from exc
+        fields = self._fields
+        if fields is None:
+            fields = self._fields = fields_validator(self._args_model)
         try:
-            validator = self._args_model.__pydantic_validator__
             if isinstance(arguments, str):
-                model = validator.validate_json(arguments or "{}")
+                values: dict[str, Any] = fields.validate_json(arguments or "{}")[0]
             else:
-                model = validator.validate_python(arguments)
+                values = fields.validate_python(arguments)[0]
         except ValidationError as exc:
             raise ToolArgumentsError(
                 f"invalid arguments for tool {self.name!r}: "
@@ -405,11 +417,8 @@ class Tool:
                 tool=self.name,
             ) from exc
         if self._parameters is None:
-            # Each field is named after its parameter, and the model is dropped:
-            # its dict is the caller's.
-            values: dict[str, Any] = model.__dict__
-            return values
-        return dict(zip(self._parameters, model.__dict__.values(), strict=True))
+            return values  # each field is named after its parameter
+        return dict(zip(self._parameters, values.values(), strict=True))
 
     async def invoke(self, arguments: str | Mapping[str, Any]) -> ToolResult:
         """Validate the arguments, run the function and return its result.

@@ -26,7 +26,14 @@ from agentfsm.exceptions import (
 from agentfsm.messages import FunctionCallOutputItem, ModelContext
 from agentfsm.providers import InferenceInput
 from agentfsm.testing import ScriptedProvider, call, calls, text
-from agentfsm.tools import DEFAULT_TOOL_TIMEOUT, Tool, ToolDefinition, ToolResult, tool
+from agentfsm.tools import (
+    DEFAULT_TOOL_TIMEOUT,
+    Tool,
+    ToolDefinition,
+    ToolResult,
+    format_validation_error,
+    tool,
+)
 
 
 class Point(BaseModel):
@@ -169,7 +176,72 @@ def _query(sql: str, schema: str = "public", json: bool = False) -> str:
     return f"{schema}.{sql}"
 
 
+class _Tree(BaseModel):
+    name: str
+    children: list[_Tree] = []
+
+
+def _grow(tree: _Tree, depth: Annotated[int, Field(ge=0)] = 1) -> str:
+    """A model referring to itself: its schema comes wrapped in definitions."""
+    return tree.name
+
+
+def _by_the_model(tool_: Tool, arguments: str | dict[str, Any]) -> object:
+    """What `validate_arguments` gave when it made the arguments model."""
+    assert tool_._args_model is not None
+    validator = tool_._args_model.__pydantic_validator__
+    try:
+        if isinstance(arguments, str):
+            model = validator.validate_json(arguments or "{}")
+        else:
+            model = validator.validate_python(arguments)
+    except ValidationError as exc:
+        return format_validation_error(exc)
+    names = tool_._parameters or tuple(model.__dict__)
+    return dict(zip(names, model.__dict__.values(), strict=True))
+
+
 class TestValidation:
+    @pytest.mark.parametrize(
+        "arguments",
+        [
+            '{"point": {"x": 2}}',
+            '{"point": {"x": "two"}, "factor": "x"}',
+            '{"point": {"x": 1}, "other": 1}',
+            "{}",
+            "[1]",
+            "not json",
+            '{"point": {"x": 1, "y": 2}, "label": null, "factor": 1e400}',
+            {"point": {"x": 1}, "factor": "3"},
+            {"point": Point(x=1, y=2)},
+            {"point": 3},
+        ],
+    )
+    def test_the_fields_validator_gives_what_the_model_gave(
+        self, arguments: str | dict[str, Any]
+    ) -> None:
+        """`validate_arguments` validates the model's fields alone
+        (`_tool_schema.fields_validator`): the same values and errors as
+        validating the whole model, for every kind of tool."""
+        tools = [
+            scale,
+            add,
+            Tool.from_function(_bounded),
+            Tool.from_function(_query),  # parameters named like model attributes
+            Tool.from_function(_grow),  # validated as a whole model
+        ]
+        for tool_ in tools:
+            expected = _by_the_model(tool_, arguments)
+            try:
+                got: object = tool_.validate_arguments(arguments)
+            except ToolArgumentsError as exc:
+                got = str(exc).removeprefix(
+                    f"invalid arguments for tool {tool_.name!r}: "
+                )
+            assert got == expected, tool_.name
+        kinds = [type(t._fields).__name__ for t in tools]
+        assert kinds == ["SchemaValidator"] * 4 + ["_WholeModel"]
+
     def test_valid_arguments(self) -> None:
         """Valid JSON text is decoded into typed values, defaults filled in."""
         assert scale.validate_arguments('{"point": {"x": 2}}') == {
