@@ -19,7 +19,6 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from pydantic.fields import FieldInfo
 from pydantic_core import SchemaValidator, from_json, to_json
 
-from ._models import read_fields_fast
 from .exceptions import ConfigurationError, ToolArgumentsError
 
 ToolFunction = Callable[..., Any]
@@ -255,6 +254,3 @@ def _titled(title: str, body: str) -> str:
     return f"{title}:\n" + "\n".join(
         f"    {line}" if line else "" for line in body.splitlines()
     )
-
-
-read_fields_fast(globals())

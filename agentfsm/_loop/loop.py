@@ -324,12 +324,13 @@ class Loop(Emitter):
         logger's class says whether it keeps info lines (other loggers are
         asked to log it).
         """
-        logger = self._bound_log or get_logger().bind()
+        bound = self._bound_log
+        logger = bound or get_logger().bind()
         # Asked of the class: a generic logger's `__getattr__` answers any name.
         enabled = getattr(type(logger), "is_enabled_for", None)
         if enabled is not None and not enabled(logger, logging.INFO):
             return
-        if self._bound_log is None:
+        if bound is None:
             values = {"loop_id": self.loop_id, "agent_id": self.agent_id, **values}
         logger.info(event, **values)
 

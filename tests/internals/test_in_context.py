@@ -4,7 +4,6 @@ of the context, every step of it (sends, throws, and its closing) included."""
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Coroutine
 from typing import Any
 
 import anyio
@@ -16,8 +15,15 @@ from agentfsm._loop.tool_call import _InContext
 VAR: contextvars.ContextVar[str | None] = contextvars.ContextVar("VAR", default=None)
 
 
-def _as_result(coro: Coroutine[Any, Any, Any]) -> Any:
-    return _InContext(coro)
+async def waiting(resets: list[str], label: str) -> Any:
+    """Sets VAR, waits long, and resets VAR on its way out, however it ends
+    (a token of another context would raise there)."""
+    token = VAR.set(label)
+    try:
+        await anyio.sleep(10)
+    finally:
+        VAR.reset(token)
+        resets.append(label)
 
 
 async def test_what_a_call_sets_stays_with_it_across_its_steps() -> None:
@@ -29,7 +35,8 @@ async def test_what_a_call_sets_stays_with_it_across_its_steps() -> None:
         seen.append(VAR.get())
         return ("out", False)
 
-    assert await _as_result(call()) == ("out", False)
+    result: Any = await _InContext(call())
+    assert result == ("out", False)
     assert seen == ["call"]
     assert VAR.get() is None
 
@@ -43,39 +50,22 @@ async def test_an_error_and_a_cancel_reach_the_call_in_its_context() -> None:
             await anyio.lowlevel.checkpoint()
             raise ValueError("boom")
         finally:
-            VAR.reset(token)  # (a token of another context would raise)
+            VAR.reset(token)
             resets.append("failing")
 
     with pytest.raises(ValueError, match="boom"):
-        await _as_result(failing())
-
-    async def waiting() -> Any:
-        token = VAR.set("waiting")
-        try:
-            await anyio.sleep(10)
-        finally:
-            VAR.reset(token)
-            resets.append("waiting")
-
+        await _InContext(failing())
     with anyio.move_on_after(0.01):
-        await _as_result(waiting())
-    assert resets == ["failing", "waiting"]
+        await _InContext(waiting(resets, "cancelled"))
+    assert resets == ["failing", "cancelled"]
     assert VAR.get() is None
 
 
 async def test_closing_the_awaiter_closes_the_call_in_its_context() -> None:
     resets: list[str] = []
 
-    async def waiting() -> Any:
-        token = VAR.set("waiting")
-        try:
-            await anyio.sleep(10)
-        finally:
-            VAR.reset(token)  # (a token of another context would raise)
-            resets.append("closed")
-
     async def awaiter() -> Any:
-        return await _as_result(waiting())
+        return await _InContext(waiting(resets, "closed"))
 
     stepped = awaiter()
     stepped.send(None)  # by hand: suspended inside `waiting`
