@@ -26,8 +26,8 @@ import anyio
 from anyio.lowlevel import checkpoint
 
 from agentfsm._errors import error_text
-from agentfsm._logging import bind_contextvars
-from agentfsm._machine import TABLE
+from agentfsm._logging import bind_loop_ids
+from agentfsm._machine import NEXT
 from agentfsm.exceptions import LoopAborted, LoopTimeout
 from agentfsm.interception import TransitionPayload
 from agentfsm.messages import ModelMessageItem
@@ -99,7 +99,7 @@ async def run(loop: Loop) -> None:
     # Each run is in its own copy of the starter's context (see `_runtime.workers`),
     # so binding needs no reset.
     _current_loop.set(loop.loop_id)
-    bind_contextvars(loop_id=loop.loop_id, agent_id=loop.agent_id)
+    bind_loop_ids(loop.loop_id, loop.agent_id)
     journal = loop.journal
     # `Runtime.cancel` cancels the task of the worker running the loop; the
     # cancellation arrives here like the runtime closing does.
@@ -277,7 +277,7 @@ async def drive(loop: Loop) -> None:
         if journal is not None:
             journal.check()  # a write it did not wait for failed: it stops now
         source = loop.state
-        dest = TABLE[source, step[0]]
+        dest = NEXT[source][step[0]]
         rewritten_from: LoopState | None = None
         # Read at each step, not once: breakpoints set while the loop runs
         # give it a handler (`agentfsm.breakpoints`), from its next transition.

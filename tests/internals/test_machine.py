@@ -172,6 +172,15 @@ def test_allowed_loses_no_edge() -> None:
             assert TABLE[state, trigger] is dest
 
 
+def test_next_is_the_table_by_source() -> None:
+    """The driver's lookup (`NEXT[source][trigger]`) holds every edge of
+    `TABLE`, and nothing else."""
+    from agentfsm._machine import NEXT
+
+    flat = {(s, t): d for s, by in NEXT.items() for t, d in by.items()}
+    assert flat == dict(TABLE)
+
+
 def test_compile_table_accepts_declaration() -> None:
     """Compiling the real declaration again gives the same table."""
     assert dict(compile_table(TRANSITIONS)) == dict(TABLE)
