@@ -548,6 +548,23 @@ class TestResults:
             "null",
         ]
 
+    def test_an_int_is_its_json(self) -> None:
+        """An int is taken as its digits (`str`, not the JSON encoder), as the
+        encoder writes it: negative, huge (past `str`'s digit limit) and
+        subclasses (an `IntEnum`, `True`) included."""
+        from enum import IntEnum
+
+        from pydantic_core import to_json
+
+        from agentfsm._loop.tool_run import output_of
+
+        class Level(IntEnum):
+            high = 3
+
+        huge = 10**5000  # `str(huge)` raises: the encoder takes it
+        for value in (0, 7, -12, 2**64 + 1, huge, Level.high, True):
+            assert output_of(scale, value) == to_json(value).decode()
+
     async def test_model_argument_result(self) -> None:
         """A model argument arrives as a model instance and the model result is JSON."""
         assert (

@@ -91,9 +91,16 @@ def output_of(tool: Tool, value: Any) -> str | ToolResult:
     if kind is str or kind is ToolResult:  # the common values: no class test
         taken: str | ToolResult = value
         return taken
+    if kind is int:
+        # Its JSON is its digits: `str` costs ~1,600 instructions less than
+        # the JSON encoder (an int past `str`'s digit limit goes to the encoder).
+        try:
+            return str(value)
+        except ValueError:
+            pass
     # A class test against a model class goes through its metaclass's
     # `__instancecheck__` (~1,200 instructions each): not for the JSON scalars.
-    if kind not in _SCALARS:
+    elif kind not in _SCALARS:
         if isinstance(value, _TEXT_OR_RESULT):  # a tuple: a union is built per call
             return value
         if isinstance(value, _IMAGES_OR_LIST):
