@@ -13,17 +13,17 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Callable
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
 
-__all__ = ("bind_contextvars", "get_logger")
+__all__ = ("bind_loop_ids", "get_logger")
 
 _logger: FilteringBoundLogger | None = None
 _structlog: Any = None  # the module, once imported
-_bind: Callable[..., Any] | None = None
+_loop_vars: tuple[ContextVar[Any], ContextVar[Any]] | None = None
 
 
 def get_logger() -> FilteringBoundLogger:
@@ -75,11 +75,25 @@ def _quiet_processors() -> list[Any]:
     return _processors
 
 
-def bind_contextvars(**values: Any) -> None:
-    """Bind `values` in structlog's context variables (for every log line of this task)."""
-    global _bind
-    if _bind is None:
+def bind_loop_ids(loop_id: str, agent_id: str) -> None:
+    """Bind `loop_id` and `agent_id` in structlog's context variables (for
+    every log line of this task, a tool's own included).
+
+    The first call binds through structlog and keeps the two variables its
+    tokens name (`Token.var`); later calls set those: structlog's
+    `bind_contextvars` builds a dict of keywords, a name per key and a dict of
+    tokens each time (~7,000 instructions a loop, `make bench-instructions`;
+    tests/test_logging.py checks structlog reads what is set).
+    """
+    global _loop_vars
+    if _loop_vars is None:
         import structlog.contextvars
 
-        _bind = structlog.contextvars.bind_contextvars
-    _bind(**values)
+        tokens = structlog.contextvars.bind_contextvars(
+            loop_id=loop_id, agent_id=agent_id
+        )
+        _loop_vars = (tokens["loop_id"].var, tokens["agent_id"].var)
+        return
+    loop_var, agent_var = _loop_vars
+    loop_var.set(loop_id)
+    agent_var.set(agent_id)

@@ -14,7 +14,7 @@ import pytest
 import structlog
 from structlog.typing import EventDict
 
-from agentfsm import PendingTransition, Runtime, Tool
+from agentfsm import PendingTransition, Runtime, Tool, _logging
 from agentfsm.exceptions import ProviderError
 from agentfsm.testing import ScriptedProvider, call, calls, text
 from tests.helpers import request
@@ -125,7 +125,9 @@ async def test_the_end_line_follows_the_configured_level(
     ] == expected
 
 
-async def test_context_bound_for_code_in_the_loop() -> None:
+async def test_context_bound_for_code_in_the_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Tools (sync in a thread, and async) see loop_id/agent_id in structlog contextvars."""
     seen: list[dict[str, Any]] = []
 
@@ -138,16 +140,23 @@ async def test_context_bound_for_code_in_the_loop() -> None:
         return "ok"
 
     tools = (Tool.from_function(sync_probe), Tool.from_function(async_probe))
-    provider = ScriptedProvider(
-        [calls(call("sync_probe"), call("async_probe")), text("")]
-    )
+    turn = [calls(call("sync_probe"), call("async_probe")), text("")]
+    provider = ScriptedProvider(turn * 3)
+    # The first loop binds through structlog, the next ones set the variables
+    # it named (`_logging.bind_loop_ids`); the caller's own binding stays its.
+    monkeypatch.setattr(_logging, "_loop_vars", None)
+    structlog.contextvars.bind_contextvars(loop_id="caller")
     with anyio.fail_after(10):
         async with Runtime(providers={"scripted": provider}) as runtime:
-            loop_id = runtime.run_loop("agent-7", "go", request(*tools))
-            await runtime.wait(loop_id)
-    expected = {"loop_id": loop_id, "agent_id": "agent-7"}
-    assert [{k: s.get(k) for k in expected} for s in seen] == [expected, expected]
-    assert "loop_id" not in structlog.contextvars.get_contextvars()
+            ids = []
+            for agent in ("agent-7", "agent-8", "agent-9"):
+                loop_id = runtime.run_loop(agent, "go", request(*tools))
+                await runtime.wait(loop_id)
+                ids.append((loop_id, agent))
+    expected = [{"loop_id": i, "agent_id": a} for i, a in ids for _ in range(2)]
+    assert [{k: s.get(k) for k in ("loop_id", "agent_id")} for s in seen] == expected
+    assert structlog.contextvars.get_contextvars() == {"loop_id": "caller"}
+    structlog.contextvars.clear_contextvars()
 
 
 def test_library_never_configures_structlog() -> None:
