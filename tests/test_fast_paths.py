@@ -26,7 +26,7 @@ from agentfsm import (
     tool,
 )
 from agentfsm._loop.states.inference import calls_and_message
-from agentfsm._runtime.backend import primitives
+from agentfsm._runtime.backend import AsyncioEvent, primitives
 from agentfsm.interception import Decision
 from agentfsm.messages import FunctionCallItem, FunctionCallOutputItem
 from agentfsm.testing import ScriptedProvider, call, calls, text
@@ -44,7 +44,9 @@ async def test_the_backend_classes_are_the_running_backends(anyio_backend: str) 
     there: a scope cancels, an event wakes its waiter."""
     found = primitives()
     assert type(found.cancel_scope()).__module__ == f"anyio._backends._{anyio_backend}"
-    assert type(found.event()).__module__ == f"anyio._backends._{anyio_backend}"
+    # On asyncio, the event is agentfsm's own (see `AsyncioEvent`).
+    expected = AsyncioEvent if anyio_backend == "asyncio" else type(anyio.Event())
+    assert found.event is expected
     with found.cancel_scope() as scope:
         scope.cancel()
         await anyio.sleep(10)
@@ -55,6 +57,82 @@ async def test_the_backend_classes_are_the_running_backends(anyio_backend: str) 
         await anyio.wait_all_tasks_blocked()
         event.set()
     assert event.is_set()
+
+
+class TestAsyncioEvent:
+    """`AsyncioEvent` behaves as anyio's event on asyncio (which holds an
+    `asyncio.Event`): the runtime's loops, workers and subscribers wait on it."""
+
+    pytestmark = pytest.mark.parametrize("anyio_backend", ["asyncio"])
+
+    async def test_set_wakes_every_waiter_once(self) -> None:
+        event = AsyncioEvent()
+        woken: list[int] = []
+
+        async def waiter(n: int) -> None:
+            await event.wait()
+            woken.append(n)
+
+        async with anyio.create_task_group() as tg:
+            for n in range(3):
+                tg.start_soon(waiter, n)
+            await anyio.wait_all_tasks_blocked()
+            assert event.statistics().tasks_waiting == 3
+            assert not event.is_set()
+            event.set()
+            event.set()  # a second set changes nothing
+        assert sorted(woken) == [0, 1, 2]
+        assert event.is_set()
+        assert event.statistics().tasks_waiting == 0
+
+    async def test_a_cancelled_waiter_leaves_the_others_waiting(self) -> None:
+        event = AsyncioEvent()
+        woken: list[str] = []
+
+        async def waiter(name: str) -> None:
+            await event.wait()
+            woken.append(name)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter, "stays")
+            with anyio.CancelScope() as scope:
+                async with anyio.create_task_group() as inner:
+                    inner.start_soon(waiter, "cancelled")
+                    await anyio.wait_all_tasks_blocked()
+                    scope.cancel()
+            assert scope.cancelled_caught
+            await anyio.wait_all_tasks_blocked()
+            assert event.statistics().tasks_waiting == 1
+            event.set()
+        assert woken == ["stays"]
+
+    async def test_waiting_on_a_set_event_is_a_checkpoint(self) -> None:
+        """As anyio's: a cancelled scope stops there, and other tasks run."""
+        event = AsyncioEvent()
+        event.set()
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await event.wait()
+            pytest.fail("the wait was no checkpoint")  # pragma: no cover
+        ran: list[bool] = []
+
+        async def other() -> None:
+            ran.append(True)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(other)
+            await event.wait()
+            assert ran == [True]
+
+    async def test_a_waiter_cancelled_after_the_set_leaves(self) -> None:
+        """A waiter cancelled after the set leaves the line too."""
+        event = AsyncioEvent()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(event.wait)
+            await anyio.wait_all_tasks_blocked()
+            event.set()
+            tg.cancel_scope.cancel()  # the waiter's future is done: no harm
+        assert event.statistics().tasks_waiting == 0
 
 
 async def test_a_loops_tool_deadline_and_wait_use_the_runtimes_classes() -> None:
@@ -72,7 +150,7 @@ async def test_a_loops_tool_deadline_and_wait_use_the_runtimes_classes() -> None
         async with Runtime(providers={"scripted": script}) as runtime:
             # The classes found once are the running backend's own.
             assert runtime._primitives.cancel_scope is type(anyio.CancelScope())
-            assert runtime._primitives.event is type(anyio.Event())
+            assert runtime._primitives.event is primitives().event
             request = InferenceInput(
                 model="scripted:x", context=ModelContext(), tools=[slow]
             )

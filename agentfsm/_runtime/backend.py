@@ -11,15 +11,25 @@ found once, a worker's switch into a loop's context, and coroutine stepping.
 
 from __future__ import annotations
 
+import asyncio  # noqa: TID251 - the asyncio backend's event (`AsyncioEvent`)
 import sys
 import types
 from collections.abc import Callable, Coroutine, Generator
 from contextvars import Context
-from typing import Any
+from typing import Any, Self
 
 import anyio
+from anyio import EventStatistics
+from anyio.lowlevel import checkpoint
 
-__all__ = ("Primitives", "in_context", "in_trio_context", "primitives", "trio_task")
+__all__ = (
+    "AsyncioEvent",
+    "Primitives",
+    "in_context",
+    "in_trio_context",
+    "primitives",
+    "trio_task",
+)
 
 
 class Primitives:
@@ -37,8 +47,61 @@ class Primitives:
 
 
 def primitives() -> Primitives:
-    """The running backend's `CancelScope` and `Event` classes."""
-    return Primitives(type(anyio.CancelScope()), type(anyio.Event()))
+    """The running backend's `CancelScope` and `Event` classes (on asyncio,
+    `AsyncioEvent` for anyio's)."""
+    event: Callable[[], anyio.Event] = type(anyio.Event())
+    if event.__module__ == "anyio._backends._asyncio":
+        event = AsyncioEvent
+    return Primitives(type(anyio.CancelScope()), event)
+
+
+class AsyncioEvent(anyio.Event):
+    """anyio's `Event` on asyncio, with asyncio's own `Event` inlined.
+
+    anyio's asyncio event holds an `asyncio.Event` and forwards to it: a
+    second object per event, a coroutine more per wait, and asyncio's check
+    of which event loop the event belongs to (a lock taken on its first wait).
+    Each loop makes one event for whoever waits for its end and one for its
+    worker's next loop, and a subscriber one each time it waits: this one
+    waits on a future of the running loop directly (~3,500 instructions less
+    an event, `make bench-instructions`; bench/PERFORMANCE.md). Same
+    behaviour: `set` wakes every waiter, a waiter cancelled meanwhile is
+    dropped, and `wait` on a set event is a checkpoint (anyio's rule).
+    """
+
+    __slots__ = ("_value", "_waiters")
+
+    def __new__(cls) -> Self:
+        return object.__new__(cls)
+
+    def __init__(self) -> None:
+        self._value = False
+        self._waiters: list[asyncio.Future[None]] = []
+
+    def set(self) -> None:
+        if self._value:
+            return
+        self._value = True
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def is_set(self) -> bool:
+        return self._value
+
+    async def wait(self) -> None:
+        if self._value:
+            await checkpoint()
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        finally:
+            self._waiters.remove(waiter)
+
+    def statistics(self) -> EventStatistics:
+        return EventStatistics(len(self._waiters))
 
 
 def trio_task() -> Any:
