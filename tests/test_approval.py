@@ -136,6 +136,35 @@ class TestApproval:
         assert (result.outcome, result.reason) == (Outcome.cancelled, "user left")
         assert items_of(inference_input.context) == ["user:clean up"]
 
+    async def test_the_gate_is_in_a_loop_of_any_gated_tool_only(self) -> None:
+        """A loop gets the approval gate when any of its tools needs approval,
+        the first or a later one (the batch pauses for it); a loop with none
+        answers."""
+
+        @tool
+        async def look() -> str:
+            """Looks."""
+            return "seen"
+
+        @tool(needs_approval=True)
+        async def pay() -> str:
+            """Pays."""
+            return "paid"
+
+        script = [calls(call("look"), call("pay")), text("done")]
+        provider = ScriptedProvider(script * 3)
+        async with Runtime(providers={"scripted": provider}) as runtime:
+            for tools in ((look, pay), (pay, look)):
+                loop_id = runtime.run_loop("agent", "go", request(*tools))
+                await wait_until(
+                    lambda: runtime.get(loop_id).status is LoopStatus.paused  # noqa: B023
+                )
+                runtime.cancel(loop_id)
+                assert (await runtime.wait(loop_id)).outcome is Outcome.cancelled
+            # `pay` unknown here: an error output, and nothing to approve.
+            result = await runtime.wait(runtime.run_loop("agent", "go", request(look)))
+        assert result.outcome is Outcome.answered
+
 
 def test_the_gates_name_is_the_one_records_give_it() -> None:
     """`interception.APPROVAL_GATE` is how records name the gate (replay and

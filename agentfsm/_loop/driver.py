@@ -27,7 +27,7 @@ from anyio.lowlevel import checkpoint
 
 from agentfsm._errors import error_text
 from agentfsm._logging import bind_loop_ids
-from agentfsm._machine import NEXT
+from agentfsm._machine import NEXT, TABLE
 from agentfsm.exceptions import LoopAborted, LoopTimeout
 from agentfsm.interception import TransitionPayload
 from agentfsm.messages import ModelMessageItem
@@ -50,10 +50,20 @@ __all__ = ("end", "end_paused", "expire_paused", "halt", "run")
 
 _tuple_new = tuple.__new__
 
-_STEPS: dict[tuple[LoopState, Trigger, LoopState, LoopState | None], PathStep] = {}
-"""One `PathStep` per edge taken (a few dozen), shared by every loop's path: a
-step is an immutable tuple, and a path of shared steps leaves the garbage
-collector ten objects fewer to walk per loop in flight or kept for `wait`."""
+_EDGES: Final[dict[LoopState, dict[Trigger, PathStep]]] = {s: {} for s in LoopState}
+"""The `PathStep` of each edge of the machine (`TABLE`), by source, then
+trigger: shared by every loop's path. A step is an immutable tuple, and a path
+of shared steps leaves the garbage collector ten objects fewer to walk per
+loop in flight or kept for `wait`; found by two lookups, not by a tuple of the
+edge made and hashed per transition (~250 instructions each, `make
+bench-instructions`)."""
+for (_source, _trigger), _dest in TABLE.items():
+    _EDGES[_source][_trigger] = _tuple_new(PathStep, (_source, _trigger, _dest, None))
+del _source, _trigger, _dest
+
+_REWRITTEN: dict[tuple[LoopState, Trigger, LoopState, LoopState | None], PathStep] = {}
+"""The `PathStep`s of the edges `_EDGES` does not hold as they were taken (a
+handler rewrote the destination), made once each."""
 
 _DONE: Final = LoopStatus.done  # a module constant: enum members cost more to look up
 
@@ -327,10 +337,12 @@ def commit(
 ) -> None:
     """Take the edge: record it in the path, enter `dest`, publish it."""
     trigger = step[0]
-    edge = (source, trigger, dest, rewritten_from)
-    path_step = _STEPS.get(edge)
-    if path_step is None:
-        path_step = _STEPS[edge] = _tuple_new(PathStep, edge)
+    path_step = _EDGES[source].get(trigger)
+    if path_step is None or path_step[2] is not dest or rewritten_from is not None:
+        edge = (source, trigger, dest, rewritten_from)
+        path_step = _REWRITTEN.get(edge)
+        if path_step is None:
+            path_step = _REWRITTEN[edge] = _tuple_new(PathStep, edge)
     loop.path.append(path_step)
     loop.state = dest
     loop.step = step
