@@ -755,16 +755,17 @@ async def test_loop_started_is_built_only_for_a_subscriber_of_it(
 ) -> None:
     """`loop.started` copies the request's items and describes its tools and
     options: a bus whose subscribers take other types only does not build it."""
-    from agentfsm._bus import started as wire
+    from agentfsm._bus import emitter
+    from agentfsm._bus.started import started_fields as real
 
     built: list[str] = []
-    real = wire.started_fields
 
     def counted(*args: object, **kwargs: object) -> object:
         built.append("loop.started")
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(wire, "started_fields", counted)
+    # What the emitter calls (it imports `started_fields` once).
+    monkeypatch.setattr(emitter, "_started_fields", counted)
     async with Runtime(providers={"scripted": ScriptedProvider([text("hi")])}) as rt:
         recorder = EventRecorder(rt.bus, subscribed)
         await rt.wait(rt.run_loop("agent", "hi", request()))

@@ -82,6 +82,20 @@ def _event_specs() -> dict[str, tuple[Any, dict[str, Any], set[str]]]:
     return _SPECS
 
 
+_started_fields: Callable[..., dict[str, Any]] | None = None
+"""`started.started_fields`, once `_import_started_fields` has imported it (an
+import statement per `loop.started` cost ~1,500 instructions)."""
+
+
+def _import_started_fields() -> Callable[..., dict[str, Any]]:
+    """`started.started_fields`, imported on the first `loop.started` built."""
+    global _started_fields
+    from agentfsm._bus.started import started_fields
+
+    _started_fields = started_fields
+    return started_fields
+
+
 class Emitter:
     """Builds, numbers and routes the events of one loop.
 
@@ -134,8 +148,7 @@ class Emitter:
         nothing for it)."""
         seq = self.seq = self.seq + 1
         if self.bus.listening and self.bus.wants("loop.started", self.loop_id):
-            from agentfsm._bus.started import started_fields
-
+            started_fields = _started_fields or _import_started_fields()
             fields = started_fields(message, request, options, handlers)
             self._publish("loop.started", seq, fields)
 

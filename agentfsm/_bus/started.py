@@ -67,7 +67,7 @@ def started_fields(
         "streaming": request.streaming,
         "request": request_data(request),
         "options": options_record(options),
-        "handlers": tuple(callable_name(h) for h in handlers),
+        "handlers": tuple([callable_name(h) for h in handlers]) if handlers else (),
         "forked_from": FORKED_FROM.get(),
     }
 
