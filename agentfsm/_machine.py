@@ -19,7 +19,7 @@ from transitions import Machine
 from .exceptions import ConfigurationError
 from .states import ERROR_TRIGGERS, TRANSITIONS, LoopState, TransitionSpec, Trigger
 
-__all__ = ("ALLOWED", "MACHINE", "NEXT", "TABLE", "build_machine", "compile_table")
+__all__ = ("ALLOWED", "MACHINE", "TABLE", "build_machine", "compile_table")
 
 
 def _sources(spec: TransitionSpec) -> list[LoopState]:
@@ -99,15 +99,6 @@ def build_machine(specs: Iterable[TransitionSpec] = TRANSITIONS) -> Machine:
 
 TABLE: Final = compile_table(TRANSITIONS)
 """Frozen `(state, trigger) -> dest`, compiled from `TRANSITIONS`."""
-
-NEXT: Final[dict[LoopState, dict[Trigger, LoopState]]] = {}
-"""`TABLE` by source, then trigger: what the driver looks up at each step. Two
-lookups of members whose hashes are cached cost ~400 instructions less than
-one of a tuple made for the purpose (~4,000 a benchmark run, `make
-bench-instructions`); tests/internals/test_machine.py checks it is `TABLE`."""
-for (_source, _trigger), _dest in TABLE.items():
-    NEXT.setdefault(_source, {})[_trigger] = _dest
-del _source, _trigger, _dest
 
 MACHINE: Final = build_machine(TRANSITIONS)
 """The transitions machine built from the same declaration (for tests and drawing)."""

@@ -27,7 +27,7 @@ from anyio.lowlevel import checkpoint
 
 from agentfsm._errors import error_text
 from agentfsm._logging import bind_loop_ids
-from agentfsm._machine import NEXT, TABLE
+from agentfsm._machine import TABLE
 from agentfsm.exceptions import LoopAborted, LoopTimeout
 from agentfsm.interception import TransitionPayload
 from agentfsm.messages import ModelMessageItem
@@ -51,12 +51,13 @@ __all__ = ("end", "end_paused", "expire_paused", "halt", "run")
 _tuple_new = tuple.__new__
 
 _EDGES: Final[dict[LoopState, dict[Trigger, PathStep]]] = {s: {} for s in LoopState}
-"""The `PathStep` of each edge of the machine (`TABLE`), by source, then
-trigger: shared by every loop's path. A step is an immutable tuple, and a path
-of shared steps leaves the garbage collector ten objects fewer to walk per
-loop in flight or kept for `wait`; found by two lookups, not by a tuple of the
-edge made and hashed per transition (~250 instructions each, `make
-bench-instructions`)."""
+"""The machine (`TABLE`) by source, then trigger: the `PathStep` of each edge,
+whose destination the driver takes and which every loop's path shares. Two
+lookups of members whose hashes are cached, where a tuple of the edge made
+and hashed per transition cost ~650 instructions more (`make
+bench-instructions`); a step is an immutable tuple, and a path of shared
+steps leaves the garbage collector ten objects fewer to walk per loop in
+flight or kept for `wait`."""
 for (_source, _trigger), _dest in TABLE.items():
     _EDGES[_source][_trigger] = _tuple_new(PathStep, (_source, _trigger, _dest, None))
 del _source, _trigger, _dest
@@ -287,7 +288,7 @@ async def drive(loop: Loop) -> None:
         if journal is not None:
             journal.check()  # a write it did not wait for failed: it stops now
         source = loop.state
-        dest = NEXT[source][step[0]]
+        dest = _EDGES[source][step[0]][2]  # the destination of the edge's step
         rewritten_from: LoopState | None = None
         # Read at each step, not once: breakpoints set while the loop runs
         # give it a handler (`agentfsm.breakpoints`), from its next transition.

@@ -63,7 +63,7 @@ class AsyncioEvent(anyio.Event):
     of which event loop the event belongs to (a lock taken on its first wait).
     Each loop makes one event for whoever waits for its end and one for its
     worker's next loop, and a subscriber one each time it waits: this one
-    waits on a future of the running loop directly (~3,500 instructions less
+    waits on a future of the running loop directly (~6,000 instructions less
     an event, `make bench-instructions`; bench/PERFORMANCE.md). Same
     behaviour: `set` wakes every waiter, a waiter cancelled meanwhile is
     dropped, and `wait` on a set event is a checkpoint (anyio's rule).

@@ -172,13 +172,17 @@ def test_allowed_loses_no_edge() -> None:
             assert TABLE[state, trigger] is dest
 
 
-def test_next_is_the_table_by_source() -> None:
-    """The driver's lookup (`NEXT[source][trigger]`) holds every edge of
-    `TABLE`, and nothing else."""
-    from agentfsm._machine import NEXT
+def test_the_drivers_edges_are_the_table() -> None:
+    """The driver's lookup (`_EDGES[source][trigger]`, the edge's `PathStep`)
+    holds every edge of `TABLE`, nothing else, each as a step not rewritten."""
+    from agentfsm._loop.driver import _EDGES
+    from agentfsm.results import PathStep
 
-    flat = {(s, t): d for s, by in NEXT.items() for t, d in by.items()}
-    assert flat == dict(TABLE)
+    flat = {(s, t): step for s, by in _EDGES.items() for t, step in by.items()}
+    assert flat.keys() == dict(TABLE).keys()
+    for (source, trigger), step in flat.items():
+        assert type(step) is PathStep
+        assert step == PathStep(source, trigger, TABLE[source, trigger], None)
 
 
 def test_compile_table_accepts_declaration() -> None:
