@@ -66,7 +66,11 @@ _REWRITTEN: dict[tuple[LoopState, Trigger, LoopState, LoopState | None], PathSte
 """The `PathStep`s of the edges `_EDGES` does not hold as they were taken (a
 handler rewrote the destination), made once each."""
 
-_DONE: Final = LoopStatus.done  # a module constant: enum members cost more to look up
+# Module constants: an enum member looked up on its class costs ~900
+# instructions more (tests/internals/test_names.py checks they mirror the enums).
+_DONE: Final = LoopStatus.done
+_ANSWERED: Final = Outcome.answered
+_STOPPED: Final = Outcome.stopped
 
 _YIELD_MASK: Final = 7
 _YIELD_AFTER: Final = 0.01
@@ -282,6 +286,7 @@ async def drive(loop: Loop) -> None:
         if journal is not None:
             await journal.take_state_output(loop)
     loop.pending = None
+    idle = _S.idle  # a local: compared at every transition
     while True:
         if loop.cancel_requested and _cancelled(loop):  # the flag first: no call
             return
@@ -299,14 +304,14 @@ async def drive(loop: Loop) -> None:
             step, dest, rewritten_from = decided
             if loop.cancel_requested and _cancelled(loop):  # by a handler: not taken
                 return
-        if journal is not None and dest is _S.idle:
+        if journal is not None and dest is idle:
             # Its writes land before it ends, or go with its end (`ending`).
             # (The journal tested first: the state first cost a loop without a
             # store ~2,400 instructions a benchmark run, `make
             # bench-instructions`.)
             await journal.ending(loop)
         commit(loop, source, step, dest, rewritten_from)
-        if dest is _S.idle:
+        if dest is idle:
             end(loop, *step)
             return
         if journal is None:
@@ -379,7 +384,7 @@ def end(
             reason is None or payload is not loop.message
         ):
             _settle_answer(loop, payload)  # type: ignore[arg-type]
-        outcome = Outcome.answered if reason is None else Outcome.stopped
+        outcome = _ANSWERED if reason is None else _STOPPED
     else:
         outcome = _OUTCOMES[trigger]
         if trigger is _T.stop and reason is None:

@@ -87,6 +87,11 @@ def one_more_unreported(total: TokenUsage) -> TokenUsage:
     return total + _UNREPORTED_ONLY[1]
 
 
+# Module constants: an enum member looked up on its class costs ~900
+# instructions more (tests/internals/test_names.py checks they mirror the enums).
+_RUNNING: Final = LoopStatus.running
+_DONE: Final = LoopStatus.done
+
 _NO_TOOLS: Final[dict[str, Tool]] = {}
 """What `tools_by_name` is before the first batch (never written to: `tool_index`
 replaces it)."""
@@ -222,7 +227,7 @@ class Loop(Emitter):
 
         Emitter.__init__(self, bus)  # `seq`, and what events go out through
         self.state: LoopState = _S.idle
-        self.status = LoopStatus.running
+        self.status = _RUNNING
         self.path: list[PathStep] = []
         self.pending: Step | None = (_T.start, message, None)
         """The step waiting to be taken while no driver holds it: the first one
@@ -465,7 +470,7 @@ class Loop(Emitter):
 
     async def wait(self) -> None:
         """Wait until the loop is done."""
-        if self.status is LoopStatus.done:
+        if self.status is _DONE:
             return
         if self.done is None:
             self.done = self.event()
