@@ -96,12 +96,11 @@ async def run_parallel(
             results[planned.position] = await _InContext(run_call(loop, planned))
         return
 
-    # At most `concurrency` slots, each taking the next call as it ends one:
+    # At most `concurrency` tasks, each taking the next call as it ends one:
     # calls start in the model's order as slots free up, and a batch pays for
-    # a task per slot but the first, which the loop's own task runs, not per
-    # call, and for no limiter (a task and a limiter's slot per call cost
-    # ~2.4x a sequential call of a tool that waits once, `bench/bench_scaling.py
-    # --only tools`).
+    # one task per slot, not per call, and for no limiter (a task and a
+    # limiter's slot per call cost ~2.4x a sequential call of a tool that
+    # waits once, `bench/bench_scaling.py --only tools`).
     pending = iter(plan.calls)
     halted: list[Halted] = []
 
@@ -115,9 +114,8 @@ async def run_parallel(
             tg.cancel_scope.cancel()
 
     async with anyio.create_task_group() as tg:
-        for _ in range(min(plan.concurrency, len(plan.calls)) - 1):
+        for _ in range(min(plan.concurrency, len(plan.calls))):
             tg.start_soon(run_some, name=f"agentfsm-tools-{loop.loop_id}")
-        await run_some()  # the first slot: it takes the first call
     if halted:
         raise halted[0]
 
