@@ -4,6 +4,7 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Literal
 
 import anyio
 import pytest
@@ -30,6 +31,7 @@ from agentfsm import (
 from agentfsm.events import FunctionCallCompleted, LoopIdle
 from agentfsm.exceptions import NoToolCallError, ToolCancelled
 from agentfsm.interception import Decision
+from agentfsm.providers import Provider
 from agentfsm.providers.function import FunctionProvider
 from agentfsm.testing import (
     EventRecorder,
@@ -501,3 +503,113 @@ class TestSyncToolsSeeTheCancel:
         assert output.output == "probe False"
         (error,) = errors
         assert error.startswith("wait_cancelled() blocks its thread")
+
+
+class TestACancelledErrorOfItsOwn:
+    """On asyncio, code that awaits a task it cancelled itself raises that
+    task's `CancelledError`, which cancels nothing of the loop's: a tool's is
+    its error output, a provider's or a handler's fails its loop. Neither ends
+    the loop as cancelled nor reaches the runtime, its other loops or the
+    caller (`_errors.cancelled_from_outside`)."""
+
+    pytestmark = pytest.mark.parametrize("anyio_backend", ["asyncio"])
+
+    @staticmethod
+    async def raise_a_cancel_of_its_own() -> None:
+        import asyncio  # noqa: TID251 - the asyncio slip this class is about
+
+        task = asyncio.create_task(asyncio.sleep(10))
+        await asyncio.sleep(0)
+        task.cancel()
+        await task
+
+    @pytest.mark.parametrize("mode", ["sequential", "parallel"])
+    async def test_a_tools_is_its_error_output(
+        self, mode: Literal["sequential", "parallel"]
+    ) -> None:
+        @tool
+        async def slips() -> str:
+            """Awaits a task it cancelled."""
+            await TestACancelledErrorOfItsOwn.raise_a_cancel_of_its_own()
+            return "never"
+
+        @tool
+        async def waits() -> str:
+            """Waits a little."""
+            await anyio.sleep(0.01)
+            return "waited"
+
+        provider = ScriptedProvider([calls(call("slips"), call("waits")), text("A")])
+        other = ScriptedProvider([calls(call("waits")), text("B")])
+        with anyio.fail_after(10):
+            async with Runtime(providers={"scripted": provider, "o": other}) as rt:
+                b = rt.run_loop("b", "go", request(waits, model="o:x"))
+                inference_input = request(slips, waits)
+                a = rt.run_loop("a", "go", inference_input, tool_execution=mode)
+                result = await rt.wait(a)
+                await anyio.lowlevel.checkpoint()  # the caller goes on
+                other_result = await rt.wait(b)
+        assert (result.outcome, other_result.outcome) == (
+            Outcome.answered,
+            Outcome.answered,
+        )
+        outputs = [
+            i
+            for i in inference_input.context.items
+            if type(i) is FunctionCallOutputItem
+        ]
+        assert [o.is_error for o in outputs] == [True, False]
+        assert "raised CancelledError of its own" in outputs[0].output
+        assert outputs[1].output == "waited"
+
+    async def test_a_providers_fails_its_loop(self) -> None:
+        async def slips(_request: InferenceInput) -> InferenceOutput:
+            await TestACancelledErrorOfItsOwn.raise_a_cancel_of_its_own()
+            raise AssertionError("not reached")
+
+        providers: dict[str, Provider] = {
+            "slips": FunctionProvider(slips),
+            "scripted": ScriptedProvider([text("fine")]),
+        }
+        with anyio.fail_after(10):
+            async with Runtime(providers=providers) as rt:
+                failed = await rt.wait(rt.run_loop("a", "go", request(model="slips:x")))
+                fine = await rt.wait(rt.run_loop("b", "go", request()))
+        assert failed.outcome is Outcome.failed
+        assert failed.error is not None
+        assert failed.error.type == "CancelledError"
+        assert fine.outcome is Outcome.answered
+
+    async def test_a_handlers_fails_its_loop(self) -> None:
+        async def slips(_pending: PendingTransition) -> Decision:
+            await TestACancelledErrorOfItsOwn.raise_a_cancel_of_its_own()
+            raise AssertionError("not reached")
+
+        provider = ScriptedProvider([text("hi"), text("fine")])
+        with anyio.fail_after(10):
+            async with Runtime(providers={"scripted": provider}) as rt:
+                failed = await rt.wait(rt.run_loop("a", "go", request(), slips))
+                fine = await rt.wait(rt.run_loop("b", "go", request()))
+        assert failed.outcome is Outcome.failed
+        assert fine.outcome is Outcome.answered
+
+    async def test_a_cancel_of_the_loop_is_still_one(self) -> None:
+        """A tool that catches the loop's cancel and raises it again, or lets
+        it through, ends the loop cancelled, as before."""
+        entered = anyio.Event()
+
+        @tool
+        async def waits() -> str:
+            """Waits until cancelled."""
+            entered.set()
+            await anyio.sleep(10)
+            return "never"
+
+        provider = ScriptedProvider([calls(call("waits")), text("done")])
+        with anyio.fail_after(10):
+            async with Runtime(providers={"scripted": provider}) as rt:
+                loop_id = rt.run_loop("a", "go", request(waits))
+                await entered.wait()
+                rt.cancel(loop_id)
+                result = await rt.wait(loop_id)
+        assert result.outcome is Outcome.cancelled

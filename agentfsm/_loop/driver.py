@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Final
 import anyio
 from anyio.lowlevel import checkpoint
 
-from agentfsm._errors import error_text
+from agentfsm._errors import cancelled_from_outside, error_text
 from agentfsm._logging import bind_loop_ids
 from agentfsm._machine import TABLE
 from agentfsm.exceptions import LoopAborted, LoopTimeout
@@ -132,33 +132,34 @@ async def run(loop: Loop) -> None:
     except Halted as exc:
         halt(loop, error_text(exc.error), exc.error)
         return
-    except anyio.get_cancelled_exc_class():
-        if loop.detached:
+    except anyio.get_cancelled_exc_class() as exc:
+        if not cancelled_from_outside():
+            # Not a cancel of the loop: code it ran (a provider, a handler)
+            # raised one of its own, which fails the loop like any error.
+            _failed(loop, exc)
+        elif loop.detached:
             # Handed over (`Runtime.hand_over`): it goes on in another
             # runtime, so its task ending here is not its end.
             raise
-        if journal is not None and not loop.cancel_requested:
+        elif journal is not None and not loop.cancel_requested:
             # The runtime closing: not the loop's end. The store keeps its
             # last transition, and `recover` goes on from it.
             journal.closing(loop)
             halt(loop, "the runtime closed while the loop ran", None)
             raise
-        # Cancelled (by `Runtime.cancel`, or the runtime closing): end the
-        # loop as cancelled, then let the cancellation go on. A cancel never
-        # waits on a subscriber: what the loop holds is delivered past capacity.
-        end(loop, _T.cancel, reason=_cancel_reason(loop, "runtime closed"))
-        loop.deliver_held()
-        await _stored_end(loop)
-        raise
+        else:
+            # Cancelled (by `Runtime.cancel`, or the runtime closing): end the
+            # loop as cancelled, then let the cancellation go on. A cancel
+            # never waits on a subscriber: what the loop holds is delivered
+            # past capacity.
+            end(loop, _T.cancel, reason=_cancel_reason(loop, "runtime closed"))
+            loop.deliver_held()
+            await _stored_end(loop)
+            raise
     except LoopAborted as exc:
         end(loop, _T.abort, reason=exc.reason)
     except Exception as exc:  # noqa: BLE001 - any error fails the loop, never the runtime
-        loop.log.warning(
-            "loop_failed",
-            state=loop.state,
-            error=f"{type(exc).__name__}: {error_text(exc)}",
-        )
-        end(loop, _T.fail, reason=error_text(exc), error=exc)
+        _failed(loop, exc)
     except BaseException as exc:
         # KeyboardInterrupt, SystemExit or another BaseException from user
         # code: not the loop's to absorb (it means "stop"), so it goes on into
@@ -199,6 +200,16 @@ async def run(loop: Loop) -> None:
             end(loop, _T.cancel, reason=_cancel_reason(loop, reason))
         loop.deliver_held()
         raise
+
+
+def _failed(loop: Loop, exc: BaseException) -> None:
+    """End the loop as failed by `exc`, an error of code it ran."""
+    loop.log.warning(
+        "loop_failed",
+        state=loop.state,
+        error=f"{type(exc).__name__}: {error_text(exc)}",
+    )
+    end(loop, _T.fail, reason=error_text(exc), error=exc)
 
 
 async def _stored_end(loop: Loop) -> None:

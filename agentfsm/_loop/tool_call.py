@@ -21,7 +21,7 @@ import anyio
 from anyio.lowlevel import checkpoint_if_cancelled
 
 from agentfsm import _models, _text
-from agentfsm._errors import error_text
+from agentfsm._errors import cancelled_from_outside, error_text
 from agentfsm.exceptions import ToolError, UnknownTool
 from agentfsm.messages import FunctionCallItem, FunctionCallOutputItem, ImageBlock
 from agentfsm.tools import (
@@ -287,6 +287,15 @@ async def _invoke(
         output, is_error = error_text(exc), True
     except Exception as exc:  # noqa: BLE001 - a raising tool (or wrapper) becomes an error output
         output = f"tool {call.name!r} raised {type(exc).__name__}: {error_text(exc)}"
+        is_error = True
+    except anyio.get_cancelled_exc_class() as exc:
+        if cancelled_from_outside():
+            raise
+        # The tool's own (it awaited a task it had cancelled, say): its error.
+        output = (
+            f"tool {call.name!r} raised {type(exc).__name__} of its own, not a "
+            f"cancel of the loop: {error_text(exc) or 'no message'}"
+        )
         is_error = True
     finally:
         # Without its result (cancelled, timed out, a wrapper gave up) the
