@@ -12,9 +12,9 @@ with its `tools.ToolCallContext` as the context's current call
 
 from __future__ import annotations
 
-import contextvars
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from contextvars import copy_context
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 import anyio
@@ -22,6 +22,7 @@ from anyio.lowlevel import checkpoint_if_cancelled
 
 from agentfsm import _models, _text
 from agentfsm._errors import cancelled_from_outside, error_text
+from agentfsm._in_context import in_context
 from agentfsm.exceptions import ToolError, UnknownTool
 from agentfsm.messages import FunctionCallItem, FunctionCallOutputItem, ImageBlock
 from agentfsm.tools import (
@@ -93,7 +94,9 @@ async def run_parallel(
         # Each runs in a copy of the context, as in a task of its own.
         for planned in plan.calls:
             await checkpoint_if_cancelled()
-            results[planned.position] = await _InContext(run_call(loop, planned))
+            results[planned.position] = await in_context(
+                copy_context(), run_call(loop, planned)
+            )
         return
 
     # At most `concurrency` tasks, each taking the next call as it ends one:
@@ -108,7 +111,9 @@ async def run_parallel(
         try:
             for planned in pending:  # shared: each call is taken once
                 await checkpoint_if_cancelled()
-                results[planned.position] = await _InContext(run_call(loop, planned))
+                results[planned.position] = await in_context(
+                    copy_context(), run_call(loop, planned)
+                )
         except Halted as exc:  # the loop stops here: its siblings too
             halted.append(exc)
             tg.cancel_scope.cancel()
@@ -118,41 +123,6 @@ async def run_parallel(
             tg.start_soon(run_some, name=f"agentfsm-tools-{loop.loop_id}")
     if halted:
         raise halted[0]
-
-
-class _InContext:
-    """Awaits a coroutine with each of its steps run in a copy of the current
-    context, as a task of its own would run it: a `ContextVar` one call of a
-    parallel batch sets (structlog's bound values, say) stays with that call."""
-
-    __slots__ = ("_context", "_coro")
-
-    def __init__(self, coro: Coroutine[Any, Any, CallResult]) -> None:
-        self._coro = coro
-        self._context = contextvars.copy_context()
-
-    def __await__(self) -> Generator[Any, Any, CallResult]:
-        coro, run = self._coro, self._context.run
-        step: Callable[[Any], Any] = coro.send
-        value: Any = None
-        while True:
-            try:
-                yielded = run(step, value)
-            except StopIteration as done:
-                result: CallResult = done.value
-                return result
-            except BaseException:
-                # The error's traceback holds this frame: no cycle through it.
-                del value
-                raise
-            try:
-                value = yield yielded
-                step = coro.send
-            except GeneratorExit:
-                run(coro.close)  # its `finally` blocks in its own context too
-                raise
-            except BaseException as exc:  # noqa: BLE001 - forwarded into the coroutine
-                step, value = coro.throw, exc
 
 
 def run_call(loop: Loop, planned: PlannedCall) -> Coroutine[Any, Any, CallResult]:

@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import asyncio  # noqa: TID251 - the asyncio backend's event (`AsyncioEvent`)
 import sys
-import types
-from collections.abc import Callable, Coroutine, Generator
+from collections.abc import Callable, Coroutine
 from contextvars import Context
 from typing import Any, Self
 
 import anyio
 from anyio import EventStatistics
 from anyio.lowlevel import checkpoint
+
+from agentfsm._in_context import in_context
 
 __all__ = (
     "AsyncioEvent",
@@ -134,34 +135,3 @@ async def in_trio_context(
         await coro
     finally:
         task.context = own
-
-
-@types.coroutine
-def in_context(
-    context: Context, coro: Coroutine[Any, Any, None]
-) -> Generator[Any, Any, None]:
-    """Await `coro`, running each of its steps in `context` (on asyncio).
-
-    What an asyncio task does for its own coroutine: every step runs
-    inside `context.run`, whatever the coroutine yields goes up to the event
-    loop, and whatever the event loop sends or throws (cancellation included)
-    goes back down into it. (A generator, not an awaitable object holding
-    bound methods: a loop waiting here keeps fewer objects alive for the
-    garbage collector to walk.)
-    """
-    step: Callable[[Any], Any] = coro.send
-    value: Any = None
-    while True:
-        try:
-            yielded = context.run(step, value)
-        except StopIteration:
-            return
-        try:
-            value = yield yielded
-        except GeneratorExit:
-            context.run(coro.close)
-            raise
-        except BaseException as exc:  # noqa: BLE001 - forwarded into the coroutine
-            step, value = coro.throw, exc
-        else:
-            step = coro.send

@@ -1,5 +1,6 @@
-"""`tool_call._InContext`: a call of a parallel batch awaited in its own copy
-of the context, every step of it (sends, throws, and its closing) included."""
+"""`_in_context.in_context`: a coroutine awaited in a copy of the context (a
+call of a parallel batch, a worker's loop), every step of it (sends, throws,
+and its closing) included."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from agentfsm._loop.tool_call import _InContext
+from agentfsm._in_context import in_context
 
 VAR: contextvars.ContextVar[str | None] = contextvars.ContextVar("VAR", default=None)
 
@@ -35,7 +36,7 @@ async def test_what_a_call_sets_stays_with_it_across_its_steps() -> None:
         seen.append(VAR.get())
         return ("out", False)
 
-    result: Any = await _InContext(call())
+    result: Any = await in_context(contextvars.copy_context(), call())
     assert result == ("out", False)
     assert seen == ["call"]
     assert VAR.get() is None
@@ -54,9 +55,9 @@ async def test_an_error_and_a_cancel_reach_the_call_in_its_context() -> None:
             resets.append("failing")
 
     with pytest.raises(ValueError, match="boom"):
-        await _InContext(failing())
+        await in_context(contextvars.copy_context(), failing())
     with anyio.move_on_after(0.01):
-        await _InContext(waiting(resets, "cancelled"))
+        await in_context(contextvars.copy_context(), waiting(resets, "cancelled"))
     assert resets == ["failing", "cancelled"]
     assert VAR.get() is None
 
@@ -65,7 +66,7 @@ async def test_closing_the_awaiter_closes_the_call_in_its_context() -> None:
     resets: list[str] = []
 
     async def awaiter() -> Any:
-        return await _InContext(waiting(resets, "closed"))
+        return await in_context(contextvars.copy_context(), waiting(resets, "closed"))
 
     stepped = awaiter()
     stepped.send(None)  # by hand: suspended inside `waiting`
