@@ -304,8 +304,8 @@ async def drive(loop: Loop) -> None:
         if journal is not None:
             journal.check()  # a write it did not wait for failed: it stops now
         source = loop.state
-        dest = _EDGES[source][step[0]][2]  # the destination of the edge's step
-        rewritten_from: LoopState | None = None
+        edge = _EDGES[source][step[0]]
+        dest = edge[2]
         # Read at each step, not once: breakpoints set while the loop runs
         # give it a handler (`agentfsm.breakpoints`), from its next transition.
         if loop.handlers or loop.resumed is not None:
@@ -313,6 +313,7 @@ async def drive(loop: Loop) -> None:
             if decided is None:
                 return  # paused: `loop.pending` holds the step
             step, dest, rewritten_from = decided
+            edge = path_step(source, step[0], dest, rewritten_from)
             if loop.cancel_requested and _cancelled(loop):  # by a handler: not taken
                 return
         if journal is not None and dest is idle:
@@ -321,7 +322,7 @@ async def drive(loop: Loop) -> None:
             # store ~2,400 instructions a benchmark run, `make
             # bench-instructions`.)
             await journal.ending(loop)
-        commit(loop, source, step, dest, rewritten_from)
+        commit(loop, edge, step)
         if dest is idle:
             end(loop, *step)
             return
@@ -345,27 +346,34 @@ async def _yield_if_due() -> None:
         await checkpoint()
 
 
-def commit(
-    loop: Loop,
-    source: LoopState,
-    step: Step,
-    dest: LoopState,
-    rewritten_from: LoopState | None = None,
-) -> None:
-    """Take the edge: record it in the path, enter `dest`, publish it."""
-    trigger = step[0]
-    path_step = _EDGES[source].get(trigger)
-    if path_step is None or path_step[2] is not dest or rewritten_from is not None:
-        edge = (source, trigger, dest, rewritten_from)
-        path_step = _REWRITTEN.get(edge)
-        if path_step is None:
-            path_step = _REWRITTEN[edge] = _tuple_new(PathStep, edge)
-    loop.path.append(path_step)
-    loop.state = dest
+def commit(loop: Loop, edge: PathStep, step: Step) -> None:
+    """Take the edge (`path_step`): record it in the path, enter its
+    destination, publish it."""
+    loop.path.append(edge)
+    loop.state = dest = edge[2]
     loop.step = step
-    loop.emit_transition(source, trigger, dest, rewritten_from)
+    loop.emit_transition(edge[0], step[0], dest, edge[3])
     if loop.on_commit is not None:
         loop.on_commit(loop)
+
+
+def path_step(
+    source: LoopState,
+    trigger: Trigger,
+    dest: LoopState,
+    rewritten_from: LoopState | None = None,
+) -> PathStep:
+    """The shared `PathStep` of an edge: the machine's own (`_EDGES`), or one
+    a handler rewrote, made once (`_REWRITTEN`)."""
+    if rewritten_from is None:
+        made = _EDGES[source].get(trigger)
+        if made is not None and made[2] is dest:
+            return made
+    edge = (source, trigger, dest, rewritten_from)
+    made = _REWRITTEN.get(edge)
+    if made is None:
+        made = _REWRITTEN[edge] = _tuple_new(PathStep, edge)
+    return made
 
 
 def end(
@@ -383,7 +391,9 @@ def end(
         loop.error = ErrorInfo(type=type(error).__name__, message=error_text(error))
         loop.emit("loop.failed", error_type=loop.error.type, message=loop.error.message)
     if loop.state is not _S.idle:
-        commit(loop, loop.state, (trigger, payload, reason), _S.idle)
+        commit(
+            loop, path_step(loop.state, trigger, _S.idle), (trigger, payload, reason)
+        )
     if trigger is _T.finish:
         # The payload of `finish` is a ModelMessageItem: the state made it, or a
         # rewrite was checked to give one (`intercept.payload_problem`).

@@ -175,7 +175,7 @@ def test_allowed_loses_no_edge() -> None:
 def test_the_drivers_edges_are_the_table() -> None:
     """The driver's lookup (`_EDGES[source][trigger]`, the edge's `PathStep`)
     holds every edge of `TABLE`, nothing else, each as a step not rewritten."""
-    from agentfsm._loop.driver import _EDGES
+    from agentfsm._loop.driver import _EDGES, path_step
     from agentfsm.results import PathStep
 
     flat = {(s, t): step for s, by in _EDGES.items() for t, step in by.items()}
@@ -183,6 +183,17 @@ def test_the_drivers_edges_are_the_table() -> None:
     for (source, trigger), step in flat.items():
         assert type(step) is PathStep
         assert step == PathStep(source, trigger, TABLE[source, trigger], None)
+        assert path_step(source, trigger, step.dest) is step
+    # A rewritten edge's step is made once, then shared.
+    rewritten = path_step(
+        S.context_update, T.infer_streaming, S.inference_streaming, S.inference
+    )
+    assert rewritten == PathStep(
+        S.context_update, T.infer_streaming, S.inference_streaming, S.inference
+    )
+    assert rewritten is path_step(
+        S.context_update, T.infer_streaming, S.inference_streaming, S.inference
+    )
 
 
 def test_compile_table_accepts_declaration() -> None:
