@@ -65,39 +65,34 @@ class TestAsyncioEvent:
 
     pytestmark = pytest.mark.parametrize("anyio_backend", ["asyncio"])
 
+    @staticmethod
+    async def waiter(event: AsyncioEvent, woken: list[str], name: str) -> None:
+        await event.wait()
+        woken.append(name)
+
     async def test_set_wakes_every_waiter_once(self) -> None:
         event = AsyncioEvent()
-        woken: list[int] = []
-
-        async def waiter(n: int) -> None:
-            await event.wait()
-            woken.append(n)
-
+        woken: list[str] = []
         async with anyio.create_task_group() as tg:
-            for n in range(3):
-                tg.start_soon(waiter, n)
+            for name in "abc":
+                tg.start_soon(self.waiter, event, woken, name)
             await anyio.wait_all_tasks_blocked()
             assert event.statistics().tasks_waiting == 3
             assert not event.is_set()
             event.set()
             event.set()  # a second set changes nothing
-        assert sorted(woken) == [0, 1, 2]
+        assert sorted(woken) == ["a", "b", "c"]
         assert event.is_set()
         assert event.statistics().tasks_waiting == 0
 
     async def test_a_cancelled_waiter_leaves_the_others_waiting(self) -> None:
         event = AsyncioEvent()
         woken: list[str] = []
-
-        async def waiter(name: str) -> None:
-            await event.wait()
-            woken.append(name)
-
         async with anyio.create_task_group() as tg:
-            tg.start_soon(waiter, "stays")
+            tg.start_soon(self.waiter, event, woken, "stays")
             with anyio.CancelScope() as scope:
                 async with anyio.create_task_group() as inner:
-                    inner.start_soon(waiter, "cancelled")
+                    inner.start_soon(self.waiter, event, woken, "cancelled")
                     await anyio.wait_all_tasks_blocked()
                     scope.cancel()
             assert scope.cancelled_caught
