@@ -43,6 +43,12 @@ What makes the count repeatable:
   from a fixed start (`itertools.count(...).__next__`, a C callable like the
   real one): loop ids (UUIDv7) are made from both, and their hashes decide
   where they land in the runtime's dicts;
+- the driver's clock for its time-based yield (`driver._yield_if_due`: a
+  checkpoint when 10 ms passed since the last) advances 0.1 ms per look: a
+  yield every ~100 looks, as at the workload's real speed, where under
+  callgrind (~50x slower) real time made one every run or two, more often
+  the busier the machine (~8,000 instructions each: two counts of one tree
+  differed by ~15,000 a run with and without other work beside them);
 - the runs return None: asyncio.run's end reprs its main task, result
   included, and the CPU seconds the bench_loop functions return would be a
   float of a different length every time;
@@ -117,6 +123,9 @@ OTEL: Final = ("otel", "otel-sdk")
 FAKE_CLOCK_START_NS: Final = 1_750_000_000_000_000_000
 """The fixed clock's first `time.time_ns()` (June 2025); then +1 ms per call."""
 
+DRIVER_CLOCK_STEP: Final = 1e-4
+"""Seconds the driver's clock (`driver.monotonic`) advances per look."""
+
 TOGGLE: Final = "_PyEval_CallTracing"
 """The C function (behind `sys.call_tracing`) inside which callgrind counts."""
 
@@ -168,6 +177,9 @@ def child(subject: str, runs: int) -> None:
     import bench_loop
 
     import agentfsm
+    from agentfsm._loop import driver
+
+    driver.monotonic = itertools.count(0.0, DRIVER_CLOCK_STEP).__next__
 
     async def work(runs: int) -> None:
         # Returns None (see the module's docstring).
