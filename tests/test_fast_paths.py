@@ -9,6 +9,7 @@ import importlib
 import subprocess
 import sys
 from collections.abc import Sequence
+from functools import partial
 
 import anyio
 import pytest
@@ -26,7 +27,13 @@ from agentfsm import (
     tool,
 )
 from agentfsm._loop.states.inference import calls_and_message
-from agentfsm._runtime.backend import AsyncioEvent, primitives
+from agentfsm._runtime.backend import (
+    AsyncioEvent,
+    TaskRunner,
+    primitives,
+    run_asyncio_tasks,
+    run_tasks,
+)
 from agentfsm.interception import Decision
 from agentfsm.messages import FunctionCallItem, FunctionCallOutputItem
 from agentfsm.testing import ScriptedProvider, call, calls, text
@@ -154,6 +161,120 @@ async def test_a_loops_tool_deadline_and_wait_use_the_runtimes_classes() -> None
     assert result.answer.content == "done"
     [output] = outputs_of(request.context.items)
     assert "timed out" in output
+
+
+# ---------------------------------------------------- a parallel batch's tasks
+
+
+@pytest.fixture(params=["anyio", "asyncio"])
+async def runner(request: pytest.FixtureRequest, anyio_backend: str) -> TaskRunner:
+    """A task runner: anyio's group (every backend), asyncio's own tasks."""
+    if request.param == "anyio":
+        return run_tasks
+    if anyio_backend != "asyncio":
+        pytest.skip("asyncio's tasks run on asyncio only")
+    return partial(run_asyncio_tasks, type(anyio.CancelScope()))
+
+
+async def test_the_runtime_runs_a_batchs_tasks_with_its_backends_runner(
+    anyio_backend: str,
+) -> None:
+    runner = primitives().run_tasks
+    if anyio_backend == "asyncio":
+        assert isinstance(runner, partial)
+        assert runner.func is run_asyncio_tasks
+        assert runner.args == (type(anyio.CancelScope()),)
+    else:
+        assert runner is run_tasks
+
+
+class TestTaskRunners:
+    """`run_tasks` and `run_asyncio_tasks` behave alike: what a parallel batch
+    relies on (`tool_call.run_parallel`)."""
+
+    async def test_the_first_error_cancels_the_others_and_is_raised_as_it_is(
+        self, runner: TaskRunner
+    ) -> None:
+        started: list[int] = []
+        cancelled: list[int] = []
+        all_started = anyio.Event()
+
+        async def task() -> None:
+            number = len(started)
+            started.append(number)
+            if len(started) == 3:
+                all_started.set()
+            if number == 1:
+                await all_started.wait()
+                raise ValueError("the second task failed")
+            try:
+                await anyio.sleep_forever()
+            finally:
+                cancelled.append(number)
+
+        with anyio.fail_after(5), pytest.raises(ValueError, match="second task"):
+            await runner(3, task, "tasks")
+        assert sorted(started) == [0, 1, 2]
+        assert sorted(cancelled) == [0, 2]
+
+    async def test_a_shield_inside_a_task_holds_through_a_cancel_of_the_caller(
+        self, runner: TaskRunner
+    ) -> None:
+        entered: list[int] = []
+        cleaned: list[int] = []
+        all_in = anyio.Event()
+        release = anyio.Event()
+
+        async def task() -> None:
+            with anyio.CancelScope(shield=True):
+                entered.append(1)
+                if len(entered) == 3:
+                    all_in.set()
+                await release.wait()  # a task.cancel() would break in here
+                cleaned.append(1)
+            await anyio.sleep_forever()
+
+        async def caller(scope: anyio.CancelScope) -> None:
+            with scope:
+                await runner(3, task, "tasks")
+
+        scope = anyio.CancelScope()
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(caller, scope)
+                await all_in.wait()
+                scope.cancel()
+                await anyio.wait_all_tasks_blocked()
+                assert cleaned == []  # still inside their shields
+                release.set()
+        assert cleaned == [1, 1, 1]
+        assert scope.cancelled_caught
+
+    async def test_tasks_cancelled_before_their_first_step_run_nothing(
+        self, runner: TaskRunner
+    ) -> None:
+        ran: list[int] = []
+
+        async def task() -> None:
+            await anyio.lowlevel.checkpoint_if_cancelled()
+            ran.append(1)
+
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await runner(3, task, "tasks")
+        assert scope.cancelled_caught
+        assert ran == []
+
+    async def test_a_task_sees_the_callers_deadline(self, runner: TaskRunner) -> None:
+        seen: list[float] = []
+
+        async def task() -> None:
+            seen.append(anyio.current_effective_deadline())
+
+        with anyio.move_on_after(60):
+            deadline = anyio.current_effective_deadline()
+            await runner(2, task, "tasks")
+        assert seen == [deadline, deadline]
 
 
 # --------------------------------------------------- the tool index's rebuilding

@@ -177,6 +177,7 @@ class Loop(Emitter):
         "providers",
         "recorded_output",
         "released",
+        "run_tasks",
         "scan",
         "tool_chain",
         "tools_by_name",
@@ -196,6 +197,7 @@ class Loop(Emitter):
         providers: ProviderRegistry,
         cancel_scope: Callable[..., anyio.CancelScope],
         event: Callable[[], anyio.Event],
+        run_tasks: Callable[[int, Callable[[], Awaitable[None]], str], Awaitable[None]],
         on_end: Callable[[Loop], None],
         clock: Callable[[], datetime],
     ) -> None:
@@ -275,6 +277,9 @@ class Loop(Emitter):
         self.providers = providers
         self.cancel_scope = cancel_scope
         self.event = event
+        self.run_tasks = run_tasks
+        """Runs a parallel batch's tasks: `(count, task, name)` (the backend's,
+        `_runtime.backend.run_tasks`)."""
         self.on_end = on_end
         self.on_commit: Callable[[Loop], None] | None = None
         """The extensions' `committed` hooks, composed (`extend_with`)."""

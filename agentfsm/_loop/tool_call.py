@@ -34,7 +34,6 @@ from agentfsm.tools import (
 
 from .batch import BatchPlan, PlannedCall, may_wait, unknown
 from .bounds import checked_tool_images, checked_tool_output
-from .journal import Halted
 from .tool_run import BASE_INVOKE, run_function
 from .wrappers import chain_wrappers
 
@@ -103,26 +102,19 @@ async def run_parallel(
     # calls start in the model's order as slots free up, and a batch pays for
     # one task per slot, not per call, and for no limiter (a task and a
     # limiter's slot per call cost ~2.4x a sequential call of a tool that
-    # waits once, `bench/bench_scaling.py --only tools`).
+    # waits once, `bench/bench_scaling.py --only tools`). The first to raise
+    # (`Halted`) cancels the others, and the backend's runner raises it.
     pending = iter(plan.calls)
-    halted: list[Halted] = []
 
     async def run_some() -> None:
-        try:
-            for planned in pending:  # shared: each call is taken once
-                await checkpoint_if_cancelled()
-                results[planned.position] = await in_context(
-                    copy_context(), run_call(loop, planned)
-                )
-        except Halted as exc:  # the loop stops here: its siblings too
-            halted.append(exc)
-            tg.cancel_scope.cancel()
+        for planned in pending:  # shared: each call is taken once
+            await checkpoint_if_cancelled()
+            results[planned.position] = await in_context(
+                copy_context(), run_call(loop, planned)
+            )
 
-    async with anyio.create_task_group() as tg:
-        for _ in range(min(plan.concurrency, len(plan.calls))):
-            tg.start_soon(run_some, name=f"agentfsm-tools-{loop.loop_id}")
-    if halted:
-        raise halted[0]
+    slots = min(plan.concurrency, len(plan.calls))
+    await loop.run_tasks(slots, run_some, f"agentfsm-tools-{loop.loop_id}")
 
 
 def run_call(loop: Loop, planned: PlannedCall) -> Coroutine[Any, Any, CallResult]:

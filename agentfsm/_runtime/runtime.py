@@ -565,6 +565,7 @@ class Runtime:
             self.providers,
             primitives.cancel_scope,
             primitives.event,
+            primitives.run_tasks,
             self._loop_done,
             self._clock,
         )
@@ -676,6 +677,7 @@ class Runtime:
             self.providers,
             primitives.cancel_scope,
             primitives.event,
+            primitives.run_tasks,
             self._loop_done,
             self._clock,
         )
