@@ -7,7 +7,7 @@ it. tests/test_durable.py holds the common paths."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ import pytest
 
 from agentfsm import (
     InferenceInput,
+    InferenceOutput,
     LoopStatus,
     ModelContext,
     Outcome,
@@ -28,6 +29,7 @@ from agentfsm import (
 )
 from agentfsm.events import LoopDetached, LoopIdle
 from agentfsm.exceptions import LeaseLostError, LoopDetachedError
+from agentfsm.providers.function import FunctionProvider
 from agentfsm.store import Commit, LoopStore, MemoryStore, SQLiteStore, StoreError
 from agentfsm.store._sql import LogRow
 from agentfsm.testing import EventRecorder, ScriptedProvider, call, calls, text
@@ -145,11 +147,17 @@ class _ReleaseFailsOnce(MemoryStore):
                 errors.extend(await super().commit_many([commit]))
         return errors
 
-    async def release(self, owner: str, loop_ids: Sequence[str] | None = None) -> None:
+    async def release(
+        self,
+        owner: str,
+        loop_ids: Sequence[str] | None = None,
+        *,
+        epochs: Mapping[str, int] | None = None,
+    ) -> None:
         self.releases += 1
         if self.releases == 1:
             raise StoreError("memory: the disk is full")
-        await super().release(owner, loop_ids)
+        await super().release(owner, loop_ids, epochs=epochs)
 
 
 async def test_a_loop_whose_lease_could_not_be_given_up_is_not_renewed() -> None:
@@ -330,3 +338,84 @@ async def test_a_loop_failed_at_recovery_publishes_its_end(tmp_path: Path) -> No
         events = await store.events(loop_id)
         assert events[-1] == idle
         assert [e.seq for e in events] == list(range(1, len(events) + 1))
+
+
+class _PauseFailsOnce(MemoryStore):
+    """A store whose first commit of a paused loop fails, whose releases fail
+    while `refusing`, and which tells of its renewals (`renewed`)."""
+
+    def __init__(self) -> None:
+        super().__init__(lease_ttl=0.3)
+        self.failed = self.releases = 0
+        self.refusing = True
+        self.renewed = anyio.Event()
+
+    async def commit_many(self, commits: Sequence[Commit]) -> list[Exception | None]:
+        errors: list[Exception | None] = []
+        for commit in commits:
+            record = commit.record
+            if record is not None and record.status is LoopStatus.paused:
+                self.failed += 1
+                if self.failed == 1:
+                    errors.append(StoreError("memory: the disk is full"))
+                    continue
+            errors.extend(await super().commit_many([commit]))
+        return errors
+
+    async def release(
+        self,
+        owner: str,
+        loop_ids: Sequence[str] | None = None,
+        *,
+        epochs: Mapping[str, int] | None = None,
+    ) -> None:
+        self.releases += 1
+        if self.refusing:
+            raise StoreError("memory: the disk is full")
+        await super().release(owner, loop_ids, epochs=epochs)
+
+    async def renew(
+        self, owner: str, loop_ids: Sequence[str] | None = None
+    ) -> dict[str, int]:
+        renewed = await super().renew(owner, loop_ids)
+        self.renewed.set()
+        return renewed
+
+
+async def test_a_lease_taken_again_is_not_freed_by_the_old_ones_retried_release() -> (
+    None
+):
+    """A loop stops here (a write failed) and giving its lease up fails; the
+    same runtime takes it up again (a new epoch): the renewals that retry the
+    old lease's release leave the new one alone, so no other runtime takes
+    the loop while this one holds it."""
+    store = _PauseFailsOnce()
+
+    def asks_to_pay(request: InferenceInput) -> InferenceOutput:
+        return calls(call("pay", call_id="p", amount=5))
+
+    def rt(data: MemoryStore) -> Runtime:
+        providers = {"s": FunctionProvider(asks_to_pay)}
+        return Runtime(providers=providers, store=data, tools=[pay])
+
+    async with rt(store) as first:
+        loop_id = first.run_loop("agent", "pay 5", request(pay))
+        with anyio.fail_after(10), pytest.raises(LoopDetachedError):
+            await first.wait(loop_id)
+        old = store._loops[loop_id].epoch
+        assert (await first.recover()).running == [loop_id]  # its own: at once
+        await wait_until(lambda: first.get(loop_id).status is LoopStatus.paused)
+        taken = store._loops[loop_id].epoch
+        assert taken > old
+        assert store.releases >= 1  # the old lease's, failed
+        store.refusing = False  # a retry of it would now be carried out
+        for _ in range(2):  # the retries (if any) come before each renewal
+            store.renewed = anyio.Event()
+            with anyio.fail_after(10):
+                await store.renewed.wait()
+        entry = store._loops[loop_id]
+        assert (entry.owner, entry.epoch) == (first._keeper.owner, taken)  # type: ignore[union-attr]
+        async with rt(MemoryStoreView(store)) as second:
+            report = await second.recover()
+            assert loop_id in report.locked, report
+    assert RAN == []

@@ -15,7 +15,7 @@ import os
 import sqlite3
 import sys
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -840,8 +840,14 @@ class NoInbox(LoopStore):
     ) -> dict[str, int]:
         return await self.inner.renew(owner, loop_ids)
 
-    async def release(self, owner: str, loop_ids: Sequence[str] | None = None) -> None:
-        await self.inner.release(owner, loop_ids)
+    async def release(
+        self,
+        owner: str,
+        loop_ids: Sequence[str] | None = None,
+        *,
+        epochs: Mapping[str, int] | None = None,
+    ) -> None:
+        await self.inner.release(owner, loop_ids, epochs=epochs)
 
     def statistics(self) -> StoreStatistics:
         return self.inner.statistics()

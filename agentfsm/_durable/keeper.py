@@ -117,9 +117,10 @@ class Keeper:
         """The queue of the loops' commits (`_durable.flusher`)."""
         self.held: dict[str, Durable] = {}
         """The journals of this runtime's loops (running or paused), by loop id."""
-        self.unreleased: set[str] = set()
-        """Loops that stopped here whose lease the store failed to give up:
-        given up again at each renewal (and never renewed)."""
+        self.unreleased: dict[str, int | None] = {}
+        """Loops that stopped here whose lease the store failed to give up,
+        with the lease's epoch: given up again at each renewal (and never
+        renewed), unless taken again since."""
         self.on_lost: Callable[[str, LeaseLostError], None] | None = None
         """Told when a renewal finds a loop's lease taken (the runtime stops a
         paused loop at once: it holds no task to find out)."""
@@ -147,6 +148,10 @@ class Keeper:
         )
         loop.attach_journal(durable)
         self.held[loop.loop_id] = durable
+        # Taken again: the old lease's release, if it is still to be retried,
+        # would free this one (it names the old epoch, but not every store
+        # has one to compare).
+        self.unreleased.pop(loop.loop_id, None)
         return durable
 
     def adopt(self, loop: Loop, *, named: bool = False) -> None:
@@ -157,12 +162,15 @@ class Keeper:
         durable.named = named
         self.bindings.learn(loop)
 
-    def forget(self, loop_id: str) -> None:
+    def forget(self, loop_id: str) -> int | None:
         """The loop ended, or stopped here: its journal is no longer this
-        runtime's."""
+        runtime's. Returns its lease's epoch (None: it held none here)."""
         durable = self.held.pop(loop_id, None)
-        if durable is not None and durable.events is not None:
+        if durable is None:
+            return None
+        if durable.events is not None:
             durable.events.close()
+        return durable.lease.epoch
 
     def pending_events(self, loop_id: str) -> list[AgentEvent]:
         """A loop's events not in its store yet (queued to be written, or not
@@ -175,17 +183,20 @@ class Keeper:
             events.extend(durable.events.buffered())
         return events
 
-    async def release(self, loop_id: str) -> None:
-        """Give up the loop's lease (a loop that stopped here: for whoever takes
-        it up); a store that cannot is logged, and asked again at the next
-        renewal (the lease, never renewed, expires meanwhile)."""
+    async def release(self, loop_id: str, epoch: int | None = None) -> None:
+        """Give up the loop's lease (of `epoch`, when known: never a lease
+        taken since) for whoever takes it up (a loop that stopped here); a
+        store that cannot is logged, and asked again at the next renewal (the
+        lease, never renewed, expires meanwhile)."""
+        epochs = None if epoch is None else {loop_id: epoch}
         try:
-            await self.store.release(self.owner, [loop_id])
+            await self.store.release(self.owner, [loop_id], epochs=epochs)
         except Exception as exc:  # noqa: BLE001 - logged; the lease expires
-            self.unreleased.add(loop_id)
+            if loop_id not in self.held:  # (unless taken again meanwhile)
+                self.unreleased[loop_id] = epoch
             self.log.error("lease_release_failed", loop_id=loop_id, error=str(exc))
         else:
-            self.unreleased.discard(loop_id)
+            self.unreleased.pop(loop_id, None)
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
@@ -216,8 +227,9 @@ class Keeper:
     async def _renew(self) -> None:
         while True:
             await anyio.sleep(self.ttl / 3)
-            for loop_id in list(self.unreleased):
-                await self.release(loop_id)
+            for loop_id, epoch in list(self.unreleased.items()):
+                if self.unreleased.get(loop_id, -1) == epoch:  # (not taken since)
+                    await self.release(loop_id, epoch)
             try:
                 await self.renew()
             except Exception as exc:  # noqa: BLE001 - logged; the next try may work
@@ -300,8 +312,7 @@ class Keeper:
                     why = f"{type(exc).__name__}: {why}"
                 self.log.error("loop_not_recovered", loop_id=loop_id, error=why)
                 report.failed[loop_id] = why
-                self.forget(loop_id)
-                await self.release(loop_id)
+                await self.release(loop_id, self.forget(loop_id))
         return report
 
     async def _take(self, loop_id: str) -> Lease | None:
@@ -342,7 +353,7 @@ class Keeper:
         taken = clock()
         stored = await store.load(loop_id)
         if stored is None or stored.record.status is LoopStatus.done:
-            await self.release(loop_id)
+            await self.release(loop_id, lease.epoch)
             return  # finished by its owner meanwhile
         try:
             loop = restore(stored.record, stored.items, self.bindings, make)

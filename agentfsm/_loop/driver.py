@@ -293,8 +293,11 @@ async def drive(loop: Loop) -> None:
     journal = loop.journal
     if step is None:
         assert loop.step is not None
-        step = await STATES[loop.state](loop, loop.step[1])
-        if journal is not None:
+        if journal is None:
+            step = await STATES[loop.state](loop, loop.step[1])
+        else:
+            await journal.act()  # its side effects follow no commit: the lease first
+            step = await STATES[loop.state](loop, loop.step[1])
             await journal.take_state_output(loop)
     loop.pending = None
     idle = _S.idle  # a local: compared at every transition

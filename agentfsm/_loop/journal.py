@@ -50,6 +50,15 @@ class Journal(Protocol):
         """Raise `Halted` if a write the loop did not wait for failed, or its
         lease was found lost."""
 
+    async def act(self) -> None:
+        """Return once the loop's lease is known to be this runtime's: a side
+        effect follows that no commit comes before (a recovered loop running
+        the state it had entered again, a model request retried).
+
+        Raises:
+            Halted: it is not (or a write failed).
+        """
+
     async def write_commit(self, loop: Loop) -> None:
         """A transition was committed (the state it entered has not run): write
         it, or keep it for the next write. Before a state with side effects,

@@ -100,6 +100,8 @@ async def request_model(
         # would carry the error (and, through its traceback, the loop) as its
         # context, which anyio's asyncio task keeps until the collector runs.
         await anyio.sleep(delay)
+        if loop.journal is not None:
+            await loop.journal.act()  # a stall may have outlasted the lease
 
 
 async def _stream(

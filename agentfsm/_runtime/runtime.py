@@ -1124,10 +1124,10 @@ class Runtime:
             timer.cancel()
         keeper = self._keeper
         if keeper is not None:
-            keeper.forget(loop.loop_id)
+            epoch = keeper.forget(loop.loop_id)
             if self._tg is not None and not isinstance(error, LeaseLostError):
                 # Its lease, for whoever takes it up (here too: `recover`).
-                self._tg.start_soon(keeper.release, loop.loop_id)
+                self._tg.start_soon(keeper.release, loop.loop_id, epoch)
         if loop.done is not None:
             loop.done.set()
 

@@ -586,8 +586,16 @@ class Leases(ABC):
         their epochs (a loop `owner` lost is not among them)."""
 
     @abstractmethod
-    async def release(self, owner: str, loop_ids: Sequence[str] | None = None) -> None:
-        """Give up the leases `owner` holds (all, or those of `loop_ids`)."""
+    async def release(
+        self,
+        owner: str,
+        loop_ids: Sequence[str] | None = None,
+        *,
+        epochs: Mapping[str, int] | None = None,
+    ) -> None:
+        """Give up the leases `owner` holds (all, or those of `loop_ids`); of a
+        loop in `epochs`, only the lease of that epoch (one taken again since,
+        by `owner` too, is left as it is)."""
 
     async def hold_presence(self, owner: str) -> None:
         """`owner` (a runtime) is alive until `drop_presence`: a store that can

@@ -1249,7 +1249,13 @@ class SQLStore(
 
         return await self._run(write)
 
-    async def release(self, owner: str, loop_ids: Sequence[str] | None = None) -> None:
+    async def release(
+        self,
+        owner: str,
+        loop_ids: Sequence[str] | None = None,
+        *,
+        epochs: Mapping[str, int] | None = None,
+    ) -> None:
         def write(conn: _C) -> None:
             release = (
                 "UPDATE loops SET owner = NULL, lease_until = 0 WHERE owner = :owner"
@@ -1260,10 +1266,15 @@ class SQLStore(
             else:
                 for loop_id in loop_ids:
                     self._forget(loop_id)
+                    epoch = None if epochs is None else epochs.get(loop_id)
+                    if epoch is None:
+                        query = f"{release} AND loop_id = :loop"
+                    else:  # not a lease taken again since
+                        query = f"{release} AND loop_id = :loop AND epoch = :epoch"
                     self._execute(
                         conn,
-                        self.q(f"{release} AND loop_id = :loop"),
-                        {"owner": owner, "loop": loop_id},
+                        self.q(query),
+                        {"owner": owner, "loop": loop_id, "epoch": epoch},
                     )
             self._count(0)
 

@@ -9,7 +9,7 @@ serialized: `bytes_written` stays 0. It fences writes as the SQL stores do.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -337,10 +337,21 @@ class MemoryStore(LoopStore, EventArchive, SharedContexts, Requests, SharedBreak
                 renewed[loop_id] = entry.epoch
         return renewed
 
-    async def release(self, owner: str, loop_ids: Sequence[str] | None = None) -> None:
+    async def release(
+        self,
+        owner: str,
+        loop_ids: Sequence[str] | None = None,
+        *,
+        epochs: Mapping[str, int] | None = None,
+    ) -> None:
         for loop_id in list(self._loops) if loop_ids is None else loop_ids:
             entry = self._loops.get(loop_id)
-            if entry is not None and entry.owner == owner:
+            epoch = None if epochs is None else epochs.get(loop_id)
+            if (
+                entry is not None
+                and entry.owner == owner
+                and (epoch is None or entry.epoch == epoch)
+            ):
                 entry.owner = None
                 entry.lease_until = 0.0
 
