@@ -39,6 +39,7 @@ from agentfsm import (
 )
 from agentfsm.exceptions import (
     ConfigurationError,
+    LoopDetachedError,
     LoopStateError,
     StoreError,
     UnknownLoopError,
@@ -237,6 +238,46 @@ class TestResume:
         )
         assert request.resolved_at is not None
         assert request.resolved_at >= request.created_at
+
+    async def test_a_request_withdrawn_after_the_runtime_read_it_is_not_applied(
+        self, store_factory: Callable[[], LoopStore]
+    ) -> None:
+        """Alice's approval is refused (withdrawn) right after the runtime read
+        it: the commit that would apply it is refused, nothing runs, no
+        decision is stored, and the store keeps the loop paused for the next
+        runtime; a second refusal says it came too late."""
+        store = store_factory()
+        read = store.pending_requests  # type: ignore[attr-defined]
+
+        async def read_then_withdrawn(after_id: int = 0) -> list[LoopRequest]:
+            found: list[LoopRequest] = await read(after_id)
+            for request in found:
+                assert await inbox(store).refuse_request(request.id, "withdrawn")
+            return found
+
+        store.pending_requests = read_then_withdrawn  # type: ignore[attr-defined]
+        async with Runtime(
+            providers={"scripted": two_payments()}, store=store, requests=3600.0
+        ) as runtime:
+            loop_id = runtime.run_loop("agent", "pay ada and bob", request_with(pay))
+            seq = await paused(runtime, loop_id)
+            async with store_factory() as ui:
+                submitted = await inbox(ui).submit_request(
+                    loop_id, "resume", decision=Proceed(), seq=seq, by="alice"
+                )
+                runtime.poke_requests()
+                with anyio.fail_after(30), pytest.raises(LoopDetachedError) as caught:
+                    await runtime.wait(loop_id)
+                assert "withdrawn" in str(caught.value.cause)
+                assert not await inbox(ui).refuse_request(submitted.id, "again")
+                (request,) = await inbox(ui).requests(loop_id)
+                decisions = await ui.decisions(loop_id)
+                stored = await ui.load(loop_id)
+        assert RAN == []
+        assert (request.status, request.note) == ("refused", "withdrawn")
+        assert [d for d in decisions if d.handler is None] == []
+        assert stored is not None
+        assert stored.record.status is LoopStatus.paused
 
     async def test_a_request_that_proceeds_approves_every_call(
         self, store_factory: Callable[[], LoopStore]

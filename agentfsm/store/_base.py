@@ -783,15 +783,28 @@ class Requests(ABC):
         indexed read (what a watching runtime asks at each poll)."""
 
     @abstractmethod
-    async def refuse_request(self, request_id: int, note: str) -> None:
-        """Mark a pending request refused, saying why (`note`); a request not
-        pending (applied or refused meanwhile, or unknown) is left as it is."""
+    async def refuse_request(self, request_id: int, note: str) -> bool:
+        """Mark a pending request refused, saying why (`note`), and return True;
+        a request not pending (applied or refused meanwhile, or unknown) is
+        left as it is: False. A request refused after a runtime read it is
+        withdrawn: the commit that would apply it fails (`withdrawn`), and the
+        loop stays as its store held it."""
 
     def request_notices(self) -> RequestNotices | None:
         """A way to learn at once that a request was submitted, from any
         process (PostgreSQL: `LISTEN agentfsm_requests`); None (the default):
         the store has none, and a watching runtime polls alone."""
         return None
+
+
+def withdrawn(where: str, request_id: int) -> StoreError:
+    """The error of a commit that would apply request `request_id`, refused
+    since the loop read it."""
+    return StoreError(
+        f"{where}: request {request_id} was refused (withdrawn) after this "
+        "runtime read it: the commit applying it is not written, and the "
+        "loop stays as its store holds it"
+    )
 
 
 _REQUEST_KINDS: Final = ("resume", "cancel", "fork")

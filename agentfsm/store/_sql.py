@@ -96,6 +96,7 @@ from ._base import (
     request_id_checked,
     requests_wanted,
     unknown_loop,
+    withdrawn,
 )
 from ._breaks import (
     SharedBreakpoints,
@@ -1481,27 +1482,33 @@ class SQLStore(
                 f"({type(exc).__name__}: {str(exc)[:300]})"
             ) from exc
 
-    async def refuse_request(self, request_id: int, note: str) -> None:
+    async def refuse_request(self, request_id: int, note: str) -> bool:
         request_id = request_id_checked("request_id", request_id)
         text = json.dumps(note_checked(note), ensure_ascii=False)
         self._refuse_read_only("refuses no request")
 
-        def write(conn: _C) -> None:
-            self._execute(
+        def write(conn: _C) -> bool:
+            refused = self._execute(
                 conn,
                 self.q(
                     "UPDATE requests SET status = 'refused', resolved = {now},"
                     " note = :note WHERE id = :request AND status = 'pending'"
                 ),
                 {"request": request_id, "note": text, "now": time.time()},
-            )
+            ).rowcount
             self._count(len(text))
+            return bool(refused)
 
-        await self._run(write)
+        return await self._run(write)
 
     def _applied(self, conn: _C, commit: Commit) -> None:
         """Mark the requests `commit` applies applied, in its transaction (those
-        of its loop still pending)."""
+        of its loop still pending).
+
+        Raises:
+            StoreError: one was refused since the loop read it (withdrawn):
+                the commit that would apply it is not written.
+        """
         sql = self.q(
             "UPDATE requests SET status = 'applied', resolved = {now}"
             # A fork's request is the source loop's, applied by the fork's
@@ -1511,9 +1518,16 @@ class SQLStore(
         )
         now = time.time()
         for request_id in commit.requests:
-            self._execute(
-                conn, sql, {"request": request_id, "loop": commit.loop_id, "now": now}
+            params = {"request": request_id, "loop": commit.loop_id, "now": now}
+            if self._execute(conn, sql, params).rowcount:
+                continue
+            row = self._row(
+                conn,
+                "SELECT status FROM requests WHERE id = :request",
+                {"request": request_id},
             )
+            if row is not None and row[0] == "refused":
+                raise withdrawn(self.where, request_id)
 
     # ------------------------------------------------------------ breakpoints
 

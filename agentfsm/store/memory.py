@@ -51,6 +51,7 @@ from ._base import (
     requests_wanted,
     run_commits,
     unknown_loop,
+    withdrawn,
 )
 from ._breaks import (
     SharedBreakpoints,
@@ -135,6 +136,10 @@ class MemoryStore(LoopStore, EventArchive, SharedContexts, Requests, SharedBreak
 
     async def _write(self, commit: Commit) -> None:
         entry = self._fenced(commit)
+        for request_id in commit.requests:  # (checked before anything is written)
+            request = self._requests.get(request_id)
+            if request is not None and request.status == "refused":
+                raise withdrawn(repr(self), request_id)
         record = commit.record
         items = entry.items
         del items[commit.first :]  # (only `truncate` leaves anything to drop)
@@ -415,18 +420,16 @@ class MemoryStore(LoopStore, EventArchive, SharedContexts, Requests, SharedBreak
             if r.status == "pending" and r.id > after_id
         ]
 
-    async def refuse_request(self, request_id: int, note: str) -> None:
+    async def refuse_request(self, request_id: int, note: str) -> bool:
         request_id = request_id_checked("request_id", request_id)
         note = note_checked(note)
         request = self._requests.get(request_id)
-        if request is not None and request.status == "pending":
-            self._requests[request_id] = request.model_copy(
-                update={
-                    "status": "refused",
-                    "resolved_at": datetime.now(UTC),
-                    "note": note,
-                }
-            )
+        if request is None or request.status != "pending":
+            return False
+        self._requests[request_id] = request.model_copy(
+            update={"status": "refused", "resolved_at": datetime.now(UTC), "note": note}
+        )
+        return True
 
     # ------------------------------------------------------------ breakpoints
 
