@@ -35,6 +35,7 @@ from agentfsm import (
     Rewrite,
     Runtime,
     ToolBatch,
+    UserMessage,
     tool,
 )
 from agentfsm.exceptions import (
@@ -45,6 +46,7 @@ from agentfsm.exceptions import (
     UnknownLoopError,
 )
 from agentfsm.inference import InferenceOutput
+from agentfsm.providers.function import FunctionProvider
 from agentfsm.record import DecisionEntry, DecisionRecord, LoopRecord
 from agentfsm.store import (
     CallRecord,
@@ -776,6 +778,50 @@ class TestStore:
 
 
 class TestWatcher:
+    async def test_a_request_that_cannot_be_read_is_refused_and_stops_no_other(
+        self, tmp_path: Path
+    ) -> None:
+        """One loop's request row is damaged (bad JSON, as a faulty writer or
+        disk leaves it): it is refused with a note naming the cause, and the
+        other loop's request is applied as usual."""
+        path = tmp_path / "loops.db"
+
+        def pays(request: InferenceInput) -> InferenceOutput:
+            items = request.context.items
+            if any(isinstance(i, FunctionCallOutputItem) for i in items):
+                return text("done")
+            (asked,) = [i for i in items if isinstance(i, UserMessage)]
+            return calls(call("pay", call_id="c1", to=str(asked.content)))
+
+        async with Runtime(
+            providers={"scripted": FunctionProvider(pays)},
+            store=SQLiteStore(path),
+            requests=3600.0,
+        ) as runtime:
+            first = runtime.run_loop("agent", "ada", request_with(pay))
+            second = runtime.run_loop("agent", "bob", request_with(pay))
+            seqs = [await paused(runtime, first), await paused(runtime, second)]
+            async with SQLiteStore(path) as ui:
+                damaged = await ui.submit_request(first, "resume", seq=seqs[0], by="a")
+                with sqlite3.connect(path) as db:
+                    db.execute(
+                        "UPDATE requests SET asker = '{not json' WHERE id = ?",
+                        (damaged.id,),
+                    )
+                await ui.submit_request(second, "resume", seq=seqs[1], by="bob")
+            runtime.poke_requests()
+            result = await finished(runtime, second)
+            assert runtime.get(first).status is LoopStatus.paused
+            with sqlite3.connect(path) as db:
+                ((status, note),) = db.execute(
+                    "SELECT status, note FROM requests WHERE id = ?", (damaged.id,)
+                )
+        assert result.outcome is Outcome.answered
+        assert RAN == ["pay bob"]
+        assert status == "refused"
+        assert f"request {damaged.id} cannot be read" in note
+        assert "JSONDecodeError" in note
+
     def test_requests_needs_a_store_that_keeps_them(self) -> None:
         with pytest.raises(ConfigurationError, match="give store= too"):
             Runtime(requests=True)

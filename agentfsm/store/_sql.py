@@ -1428,25 +1428,46 @@ class SQLStore(
         )
 
     async def pending_requests(self, after_id: int = 0) -> list[LoopRequest]:
+        """The pending requests (see `Requests`); one that cannot be read is
+        not among them: it is refused, its note saying why (a store opened to
+        read only leaves it pending), so that it stops no other loop's."""
         after_id = request_id_checked("after_id", after_id)
-        return await self._run(
-            lambda conn: self._read_requests(
-                conn, " WHERE status = 'pending' AND id > :after", {"after": after_id}
-            )
-        )
+        condition = " WHERE status = 'pending' AND id > :after"
+        found: list[LoopRequest] = []
+        damaged: list[tuple[int, StoreError]] = []
+
+        def read(conn: _C) -> None:
+            for row in self._request_rows(conn, condition, {"after": after_id}):
+                try:
+                    found.append(self._request_of(row))
+                except StoreError as exc:
+                    damaged.append((int(row[0]), exc))
+
+        await self._run(read)
+        for request_id, error in damaged:
+            if not self.read_only:
+                await self.refuse_request(
+                    request_id, f"the request cannot be read: {error_text(error)}"
+                )
+        return found
 
     def _read_requests(
         self, conn: _C, condition: str, params: Mapping[str, Any]
     ) -> list[LoopRequest]:
+        rows = self._request_rows(conn, condition, params)
+        return [self._request_of(row) for row in rows]
+
+    def _request_rows(
+        self, conn: _C, condition: str, params: Mapping[str, Any]
+    ) -> list[Any]:
         if not self._has_requests:
             return []
-        rows = self._rows(
+        return self._rows(
             conn,
             "SELECT id, loop_id, kind, decision, seq, asker, reason, created,"
             f" status, resolved, note FROM requests{condition} ORDER BY id",
             params,
         )
-        return [self._request_of(row) for row in rows]
 
     def _request_of(self, row: Sequence[Any]) -> LoopRequest:
         """A request from its row.
