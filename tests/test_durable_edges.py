@@ -7,6 +7,7 @@ it. tests/test_durable.py holds the common paths."""
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -419,3 +420,31 @@ async def test_a_lease_taken_again_is_not_freed_by_the_old_ones_retried_release(
             report = await second.recover()
             assert loop_id in report.locked, report
     assert RAN == []
+
+
+@pytest.mark.parametrize(
+    ("damage", "said"),
+    [
+        ("UPDATE loops SET number = 99999 WHERE loop_id = ?", "holds no record of it"),
+        ("UPDATE loops SET epoch = 'x' WHERE loop_id = ?", "ValueError: invalid"),
+    ],
+)
+async def test_a_damaged_loop_row_is_reported_and_recovery_goes_on(
+    tmp_path: Path, damage: str, said: str
+) -> None:
+    """A loop whose row in `loops` is damaged (its log out of reach, its
+    epoch not a number) is reported in `Recovery.failed`, naming the store's
+    file and the cause; the other loop is recovered."""
+    path = tmp_path / "loops.db"
+    async with runtime(SQLiteStore(path), calls(call("pay", amount=1))) as first:
+        damaged = await paused(first)
+    async with runtime(SQLiteStore(path), calls(call("pay", amount=2))) as first:
+        healthy = await paused(first)
+    with sqlite3.connect(path) as db:
+        db.execute(damage, (damaged,))
+    async with runtime(SQLiteStore(path)) as second:
+        report = await second.recover()
+    assert report.paused == [healthy]
+    assert list(report.failed) == [damaged]
+    assert str(path) in report.failed[damaged]
+    assert said in report.failed[damaged]

@@ -308,8 +308,8 @@ class Keeper:
                 # Its data cannot be read, the store failed for it, or it cannot
                 # be rebuilt: reported, and recovery goes on with the others.
                 why = error_text(exc)
-                if not isinstance(exc, StoreError):
-                    why = f"{type(exc).__name__}: {why}"
+                if not isinstance(exc, StoreError):  # (a store's names the store)
+                    why = f"{self.store!r}: {type(exc).__name__}: {why}"
                 self.log.error("loop_not_recovered", loop_id=loop_id, error=why)
                 report.failed[loop_id] = why
                 await self.release(loop_id, self.forget(loop_id))
@@ -352,7 +352,15 @@ class Keeper:
             return  # finished by its owner meanwhile
         taken = clock()
         stored = await store.load(loop_id)
-        if stored is None or stored.record.status is LoopStatus.done:
+        if stored is None:
+            # Listed unfinished, its lease just taken, and no record: a loop
+            # row whose log the store cannot find (damaged), not an end.
+            await self.release(loop_id, lease.epoch)
+            raise StoreError(
+                f"{store!r}: the store lists loop {loop_id} as unfinished but "
+                "holds no record of it (its rows are damaged or gone)"
+            )
+        if stored.record.status is LoopStatus.done:
             await self.release(loop_id, lease.epoch)
             return  # finished by its owner meanwhile
         try:
